@@ -1,0 +1,109 @@
+"""The one small interface every gateway adapter implements, and what adapters share.
+
+An adapter sees Publications, never TrafficMaps. It writes only what it owns, atomically or
+idempotently, validates before it swaps, reads back what the gateway holds, and says what happened
+in an ApplyResult. It does not log metrics or decide anything about maps.
+
+Exceptions, for failed I/O only:
+
+    AdapterError
+    ├── Rejected      the gateway refused the whole write; the last good config is kept
+    └── Unavailable   the gateway could not be reached or read; retry later
+
+A refusal the adapter can pin on single maps is not an exception: it isolates those maps, publishes
+the rest, and lists them in ApplyResult.rejected.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from publisher.model import Held, MapKey, Publication
+
+
+class AdapterError(Exception):
+    """A gateway write or read failed."""
+
+
+class Rejected(AdapterError):
+    """The gateway refused the new configuration as a whole and kept its last good one."""
+
+
+class Unavailable(AdapterError):
+    """The gateway could not be reached, or did not confirm in time: retry later."""
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What one apply did.
+
+    rejected: maps the gateway refused, isolated so the others still publish; the gateway keeps
+        whatever it held for them before. Held.reason is ApplyFailed or ClaimRejected.
+    notes: maps the gateway took, with something worth a line in their condition message.
+    wrote: whether anything was written at all (False when nothing changed).
+    reloads: gateway reloads this apply caused.
+    """
+
+    rejected: Mapping[MapKey, Held] = field(default_factory=dict)
+    notes: Mapping[MapKey, str] = field(default_factory=dict)
+    wrote: bool = False
+    reloads: int = 0
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """A gateway behind one interface.
+
+    `apply(desired, changed)`: `desired` is the whole set of Publications the gateway must hold
+    after the call (a key absent from it is withdrawn); `changed` names the keys that differ from
+    the previous call, so an adapter can re-render only those. After `apply` returns, the gateway
+    has confirmed it serves `desired` minus `rejected`.
+    """
+
+    name: str
+
+    def check(self, pub: Publication) -> Held | None:
+        """Pure: can this gateway express `pub`? Held(InvalidPlan) when it cannot."""
+        ...
+
+    async def current(self) -> dict[MapKey, Publication]:
+        """Read back what the gateway holds now (its state survives our restarts)."""
+        ...
+
+    async def apply(self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey]) -> ApplyResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace `path` with `data` so a reader sees the old file or the new one, never a part.
+
+    Temp file in the same directory (rename is atomic only within one filesystem), fsync of the
+    file before the rename and of the directory after it, so a crash cannot leave an empty file.
+    Blocking: call it through asyncio.to_thread.
+    """
+    directory = path.parent
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            tmp.write(data)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.chmod(tmp_name, mode)
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

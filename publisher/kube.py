@@ -1,0 +1,268 @@
+"""The one home of kubernetes_asyncio: client setup, list, watch streams, apply, delete, Lease lock.
+
+Owns the HTTP conversation with an API server and the translation of its failures into KubeError
+(code, reason, message, from the API's Status body). It knows no TrafficMap semantics, never
+retries (the caller's edge decides), and never imports gate, verify, plan or loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.rest import ApiException
+from kubernetes_asyncio.leaderelection.electionconfig import Config as ElectionConfig
+from kubernetes_asyncio.leaderelection.leaderelection import LeaderElection
+from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
+
+APPLY_PATCH = "application/apply-patch+yaml"
+MERGE_PATCH = "application/merge-patch+json"
+# A request that is not a watch should answer well within this; a slow API server is retried by
+# the caller, not waited on forever.
+REQUEST_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
+        root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        parts = [root]
+        if namespace is not None and self.namespaced:
+            parts.append(f"namespaces/{namespace}")
+        parts.append(self.plural)
+        if name is not None:
+            parts.append(name)
+            if subresource is not None:
+                parts.append(subresource)
+        return "/".join(parts)
+
+
+TRAFFIC_MAPS = Resource("ome.io", "v1beta1", "trafficmaps", "TrafficMap")
+INFERENCE_SERVICES = Resource("ome.io", "v1beta1", "inferenceservices", "InferenceService")
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+HTTP_ROUTES = Resource("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute")
+SERVICES = Resource("", "v1", "services", "Service")
+
+
+class KubeError(Exception):
+    """A failed API call, as the API server's Status described it (code 0: no answer at all)."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(f"{code} {reason}: {message}")
+        self.code = code
+        self.reason = reason
+        self.message = message
+
+    @property
+    def gone(self) -> bool:
+        return self.code == 410
+
+    @property
+    def conflict(self) -> bool:
+        return self.code == 409
+
+    @property
+    def not_found(self) -> bool:
+        return self.code == 404
+
+    @classmethod
+    def from_status(cls, code: int, body: bytes | str | dict[str, Any] | None) -> KubeError:
+        status: Any = body
+        if isinstance(body, (bytes, str)):
+            try:
+                status = json.loads(body)
+            except ValueError:
+                status = None
+        if isinstance(status, dict):
+            return cls(int(status.get("code") or code), str(status.get("reason") or ""), str(status.get("message") or ""))
+        text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
+        return cls(code, "", text[:500])
+
+
+async def _configuration(kubeconfig: str | os.PathLike[str] | None) -> k8s_client.Configuration:
+    configuration = k8s_client.Configuration()
+    if kubeconfig is not None:
+        await k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    else:
+        path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or str(Path("~/.kube/config").expanduser())
+        await k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
+    return configuration
+
+
+class Kube:
+    """A connection to one API server. Methods return decoded JSON and raise KubeError."""
+
+    def __init__(self, api_client: k8s_client.ApiClient) -> None:
+        self.api_client = api_client
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | os.PathLike[str] | None = None) -> Kube:
+        """`kubeconfig` when given, else in-cluster, else $KUBECONFIG or ~/.kube/config."""
+        try:
+            configuration = await _configuration(kubeconfig)
+        except (k8s_config.ConfigException, OSError, ValueError) as exc:
+            raise KubeError(0, "InvalidConfiguration", str(exc)) from exc
+        return cls(k8s_client.ApiClient(configuration=configuration))
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+    @asynccontextmanager
+    async def _response(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | aiohttp.ClientTimeout = REQUEST_TIMEOUT_SECONDS,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The raw response of one call, with auth applied by kubernetes_asyncio; 2xx only."""
+        try:
+            response = await self.api_client.call_api(
+                path,
+                method,
+                query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout,
+            )
+        except ApiException as exc:
+            raise KubeError.from_status(exc.status or 0, exc.body) from exc
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise KubeError(0, type(exc).__name__, str(exc) or type(exc).__name__) from exc
+        try:
+            if not 200 <= response.status < 300:
+                try:
+                    payload = await response.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    payload = b""
+                raise KubeError.from_status(response.status, payload)
+            yield response
+        finally:
+            response.release()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        async with self._response(method, path, query=query, body=body, content_type=content_type) as response:
+            try:
+                payload = await response.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise KubeError(0, type(exc).__name__, str(exc) or type(exc).__name__) from exc
+        return json.loads(payload) if payload else {}
+
+    async def list(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+    ) -> dict[str, Any]:
+        query = {"labelSelector": label_selector, "limit": limit, "continue": continue_token}
+        return await self.request("GET", resource.path(namespace), query=query)
+
+    @asynccontextmanager
+    async def watch(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None,
+        resource_version: str,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+        silence_timeout: float = 60.0,
+    ) -> AsyncIterator[aiohttp.StreamReader]:
+        """An open watch stream: newline-delimited JSON events. A read silent for longer than
+        `silence_timeout` raises asyncio.TimeoutError (bookmarks keep a healthy watch talking)."""
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": timeout_seconds,
+            "labelSelector": label_selector,
+        }
+        timeout = aiohttp.ClientTimeout(total=None, connect=REQUEST_TIMEOUT_SECONDS, sock_read=silence_timeout)
+        async with self._response("GET", resource.path(namespace), query=query, timeout=timeout) as response:
+            yield response.content
+
+    async def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any]:
+        return await self.request("GET", resource.path(namespace, name))
+
+    async def apply(
+        self,
+        resource: Resource,
+        body: dict[str, Any],
+        *,
+        field_manager: str,
+        subresource: str | None = None,
+        force: bool = True,
+    ) -> dict[str, Any]:
+        """Server-side apply of `body` (which carries apiVersion, kind, metadata.name/namespace)."""
+        metadata = body["metadata"]
+        path = resource.path(metadata.get("namespace"), metadata["name"], subresource)
+        query = {"fieldManager": field_manager, "force": "true" if force else None}
+        return await self.request("PATCH", path, query=query, body=body, content_type=APPLY_PATCH)
+
+    async def delete(self, resource: Resource, namespace: str, name: str) -> None:
+        await self.request("DELETE", resource.path(namespace, name))
+
+    async def lead(
+        self,
+        *,
+        name: str,
+        namespace: str,
+        identity: str,
+        lease_duration: float,
+        renew_deadline: float,
+        retry_period: float,
+        on_started: Callable[[], Awaitable[None]],
+        on_stopped: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Compete for a coordination.k8s.io/v1 Lease forever, with kubernetes_asyncio's Lease lock.
+        `on_started` must return promptly: the library runs it in a task of its own."""
+        lock = LeaseLock(name, namespace, identity, self.api_client)
+        config = ElectionConfig(
+            lock,
+            lease_duration=lease_duration,
+            renew_deadline=renew_deadline,
+            retry_period=retry_period,
+            onstarted_leading=on_started,
+            onstopped_leading=on_stopped,
+        )
+        while True:
+            await LeaderElection(config).run()
+            await asyncio.sleep(retry_period)

@@ -1,0 +1,551 @@
+"""The loop: the one place that wires source -> gate -> verify -> plan -> adapter -> report.
+
+A source fills the Stores and marks keys dirty in a KeyQueue. One applier per adapter takes every
+dirty key at once, decides each map from the newest objects, and makes one gateway write that
+carries all of them: a burst costs one write, and at most one apply is ever in flight. A failed
+map backs off on its own key. Reports go to a second queue drained by status writers, so a slow
+API server never delays the gateway. `sync_once` is one full pass; `run` schedules around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from adapters.base import Adapter, AdapterError, ApplyResult
+from publisher import gate, metrics, plan, status
+from publisher.kube import Kube, KubeError
+from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, TrafficMap
+from publisher.plan import Hold, Outcome, Publish, Withdraw
+from publisher.source import Stores
+
+log = logging.getLogger(__name__)
+
+
+class KeyQueue:
+    """Dirty keys, deduplicated. A key added again before it is taken is processed once; one added
+    while its batch is being processed is processed once more afterwards. `add_after` parks a key
+    until a delay passes (backoff). Remembers the earliest event time of each pending key."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._ready: dict[MapKey, float | None] = {}
+        self._delayed: list[tuple[float, int, MapKey]] = []
+        self._sequence = 0
+        self._wakeup = asyncio.Event()
+
+    def add(self, key: MapKey, at: float | None = None) -> None:
+        previous = self._ready.get(key)
+        if key not in self._ready or (previous is None and at is not None):
+            self._ready[key] = at
+        self._wakeup.set()
+
+    def add_after(self, key: MapKey, delay: float) -> None:
+        self._sequence += 1
+        heapq.heappush(self._delayed, (self._clock() + delay, self._sequence, key))
+        self._wakeup.set()
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def _promote_due(self) -> float | None:
+        """Move due delayed keys to ready; return seconds until the next one is due."""
+        now = self._clock()
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, key = heapq.heappop(self._delayed)
+            self._ready.setdefault(key, None)
+        return self._delayed[0][0] - now if self._delayed else None
+
+    def take_ready(self) -> dict[MapKey, float | None]:
+        self._promote_due()
+        ready, self._ready = self._ready, {}
+        return ready
+
+    async def take(self) -> dict[MapKey, float | None]:
+        """Every ready key with its earliest event time; waits until there is at least one."""
+        while True:
+            wait = self._promote_due()
+            if self._ready:
+                return self.take_ready()
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
+            except TimeoutError:
+                pass
+
+
+class Backoff:
+    """Per-key exponential backoff: base, 2x base, ... up to cap; `forget` on success."""
+
+    def __init__(self, base: float = 0.5, cap: float = 60.0) -> None:
+        self._base = base
+        self._cap = cap
+        self._failures: dict[MapKey, int] = {}
+
+    def delay(self, key: MapKey) -> float:
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        return min(self._cap, self._base * (2**failures))
+
+    def forget(self, key: MapKey) -> None:
+        self._failures.pop(key, None)
+
+    def failures(self, key: MapKey) -> int:
+        return self._failures.get(key, 0)
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    instance: str = "default"
+    adapter_name: str = "json"
+    gate: gate.GateOptions = field(default_factory=gate.GateOptions)
+    host_template: str = plan.DEFAULT_HOST_TEMPLATE
+    # Resync re-reads the gateway and repairs drift; a minute bounds how long drift can last.
+    resync: float = 60.0
+    report_status: bool = True
+    # A few concurrent status writes keep 10,000 first-time conditions to seconds without
+    # flooding the API server.
+    status_concurrency: int = 8
+    backoff_base: float = 0.5
+    backoff_cap: float = 60.0
+
+
+@dataclass
+class MapState:
+    """What the loop last decided for a map, for /debug/maps, metrics and logs."""
+
+    state: str = "pending"  # published | held | withdrawn | pending | failed
+    reason: str | None = None
+    message: str | None = None
+
+
+class Publisher:
+    """Decides maps, applies them through one adapter, and queues reports."""
+
+    def __init__(
+        self,
+        stores: Stores,
+        adapter: Adapter,
+        options: LoopOptions,
+        *,
+        kube: Kube | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.stores = stores
+        self.adapter = adapter
+        self.options = options
+        self.kube = kube
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.queue = KeyQueue(clock)
+        self.backoff = Backoff(options.backoff_base, options.backoff_cap)
+        self.status_queue = KeyQueue(clock)
+        self.status_backoff = Backoff(options.backoff_base, options.backoff_cap)
+        self.published: dict[MapKey, Publication] = {}
+        self.states: dict[MapKey, MapState] = {}
+        self.reports: dict[MapKey, status.Report] = {}
+        self.is_synced = False
+        self.synced_event = asyncio.Event()
+        self.started = False
+        self.leading = kube is not None and options.report_status
+        self.last_success: float | None = None
+        self._state_counts: dict[str, int] = {}
+
+    # --- ChangeSink ---------------------------------------------------------------------------
+
+    def changed(self, keys: Iterable[MapKey], *, at: float) -> None:
+        for key in keys:
+            self.queue.add(key, at)
+
+    def synced(self) -> None:
+        """The source has delivered its first full view: from now on absence means withdrawal."""
+        self.is_synced = True
+        self.synced_event.set()
+        for key in self.all_keys():
+            self.queue.add(key)
+
+    # --- deciding ------------------------------------------------------------------------------
+
+    def decide(self, key: MapKey) -> Outcome:
+        item = self.stores.maps.get(key)
+        # The InferenceService is the one spec.service names, in the map's namespace.
+        service = item.spec.service if isinstance(item, TrafficMap) else key.name
+        isvc = self.stores.isvcs.get(MapKey(key.namespace, service))
+        if isinstance(item, InvalidObject):
+            held = gate.decide(item, isvc, self.options.gate)
+            assert held is not None
+            return Hold(held)
+        reason = plan.withdrawal(item, isvc)
+        if reason is not None:
+            return Withdraw(reason)
+        assert isinstance(item, TrafficMap)
+        held = gate.decide(item, isvc, self.options.gate)
+        if held is not None:
+            return Hold(held)
+        publication = plan.publication_for(item, isvc, self.options.host_template)
+        held = self.adapter.check(publication)
+        return Hold(held) if held is not None else Publish(publication)
+
+    # --- one pass ------------------------------------------------------------------------------
+
+    async def sync_once(self, pending: Mapping[MapKey, float | None]) -> None:
+        """Decide `pending`, make one gateway write for all that changed, and queue reports."""
+        if not pending:
+            return
+        outcomes = {key: self.decide(key) for key in pending}
+        desired_entries: dict[MapKey, Publication | None] = {
+            key: plan.desired_for(outcome, self.published.get(key)) for key, outcome in outcomes.items()
+        }
+        changed = frozenset(key for key, pub in desired_entries.items() if pub != self.published.get(key))
+        result = ApplyResult()
+        failure: AdapterError | None = None
+        if changed:
+            desired = dict(self.published)
+            for key in changed:
+                pub = desired_entries[key]
+                if pub is None:
+                    desired.pop(key, None)
+                else:
+                    desired[key] = pub
+            started = self.clock()
+            try:
+                result = await self.adapter.apply(desired, changed)
+            except AdapterError as exc:
+                failure = exc
+                log.warning("apply failed", extra={"adapter": self.adapter.name, "maps": len(changed), "error": str(exc)})
+            finally:
+                metrics.APPLY_DURATION.labels(adapter=self.adapter.name).observe(self.clock() - started)
+            if failure is None:
+                self._record_apply(desired, changed, result, pending)
+        if failure is None:
+            self.last_success = self.clock()
+            metrics.LAST_SUCCESS.labels(adapter=self.adapter.name).set(time.time())
+        for key, outcome in outcomes.items():
+            self._settle(key, outcome, changed, result, failure)
+
+    def _record_apply(
+        self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey], result: ApplyResult, pending: Mapping[MapKey, float | None]
+    ) -> None:
+        if result.reloads:
+            metrics.RELOADS.labels(adapter=self.adapter.name, result="success").inc(result.reloads)
+        now = self.clock()
+        for key in changed:
+            if key in result.rejected:
+                continue
+            pub = desired.get(key)
+            old = self.published.get(key)
+            if pub is None:
+                self.published.pop(key, None)
+                metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="withdrawn").inc()
+            else:
+                self.published[key] = pub
+                metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="published").inc()
+            self._set_weight_metrics(key, old, pub)
+            seen_at = pending.get(key)
+            if seen_at is not None:
+                metrics.EVENT_TO_APPLY.labels(adapter=self.adapter.name).observe(now - seen_at)
+
+    def _settle(
+        self, key: MapKey, outcome: Outcome, changed: frozenset[MapKey], result: ApplyResult, failure: AdapterError | None
+    ) -> None:
+        """Record the map's state, back off what failed, and queue its report."""
+        item = self.stores.maps.get(key)
+        generation = item.metadata.generation if isinstance(item, TrafficMap) else getattr(item, "generation", 0)
+        last = self.published.get(key)
+        failed: Held | None = None
+        if key in changed and failure is not None:
+            failed = Held(Reason.APPLY_FAILED, f"gateway write failed, retrying: {failure}")
+        elif key in result.rejected:
+            failed = result.rejected[key]
+        if failed is not None:
+            metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="failed").inc()
+            self.queue.add_after(key, self.backoff.delay(key))
+            self._set_state(key, MapState("failed", str(failed.reason), failed.message))
+            report = status.Report(False, failed.reason, _keeping(failed.message, last), generation)
+        else:
+            self.backoff.forget(key)
+            if isinstance(outcome, Publish):
+                pub = outcome.publication
+                note = result.notes.get(key)
+                self._set_state(key, MapState("published"))
+                report = status.Report(True, Reason.PUBLISHED, _published_message(self.adapter.name, pub, note), pub.generation)
+            elif isinstance(outcome, Hold):
+                held = outcome.held
+                if held.reason == Reason.VERIFICATION_FAILED and self._state(key).reason != held.reason:
+                    metrics.VERIFICATION_FAILURES.inc()
+                self._set_state(key, MapState("held", str(held.reason), held.message))
+                report = status.Report(False, held.reason, _keeping(held.message, last), generation)
+            else:
+                self._set_state(key, MapState("withdrawn", str(Reason.WITHDRAWN), outcome.message))
+                report = status.Report(False, Reason.WITHDRAWN, f"withdrawn from the {self.adapter.name} gateway: {outcome.message}", generation)
+        if isinstance(item, (TrafficMap, InvalidObject)) and self.kube is not None and self.options.report_status:
+            self.reports[key] = report
+            self.status_queue.add(key)
+        elif item is None:
+            self.reports.pop(key, None)
+
+    def _state(self, key: MapKey) -> MapState:
+        return self.states.get(key) or MapState()
+
+    def _set_state(self, key: MapKey, new: MapState) -> None:
+        old = self.states.get(key)
+        if old is not None and old.state == new.state and old.reason == new.reason:
+            self.states[key] = new
+            return
+        self.states[key] = new
+        if old is not None:
+            self._count(old.state, -1)
+            if old.state == "held":
+                metrics.MAP_HELD.remove(key.namespace, key.name, old.reason)
+        self._count(new.state, +1)
+        if new.state == "held":
+            metrics.MAP_HELD.labels(namespace=key.namespace, name=key.name, reason=new.reason).set(1)
+            log.warning("map held", extra={"map": str(key), "reason": new.reason, "detail": new.message})
+        elif new.state == "failed":
+            log.warning("map apply failed", extra={"map": str(key), "reason": new.reason, "detail": new.message})
+        elif new.state == "published" and old is not None and old.state != "pending":
+            log.info("map published", extra={"map": str(key)})
+        elif new.state == "withdrawn":
+            log.info("map withdrawn", extra={"map": str(key), "detail": new.message})
+
+    def _count(self, state: str, delta: int) -> None:
+        self._state_counts[state] = self._state_counts.get(state, 0) + delta
+        metrics.MAPS.labels(state=state).set(self._state_counts[state])
+
+    @staticmethod
+    def _set_weight_metrics(key: MapKey, old: Publication | None, new: Publication | None) -> None:
+        clusters = {b.cluster for b in new.backends} if new else set()
+        for backend in old.backends if old else ():
+            if backend.cluster not in clusters:
+                metrics.WEIGHT.remove(key.namespace, key.name, backend.cluster)
+        for backend in new.backends if new else ():
+            metrics.WEIGHT.labels(namespace=key.namespace, name=key.name, cluster=backend.cluster).set(backend.weight)
+
+    # --- status ---------------------------------------------------------------------------------
+
+    async def write_reports(self, keys: Iterable[MapKey]) -> None:
+        """Write the condition of each key whose map does not already carry it."""
+        semaphore = asyncio.Semaphore(self.options.status_concurrency)
+
+        async def write(key: MapKey) -> None:
+            async with semaphore:
+                await self._write_report(key)
+
+        async with asyncio.TaskGroup() as group:
+            for key in keys:
+                group.create_task(write(key))
+
+    async def _write_report(self, key: MapKey) -> None:
+        report = self.reports.get(key)
+        item = self.stores.maps.get(key)
+        if report is None or item is None or self.kube is None or not self.leading:
+            return
+        existing = item.status.condition(status.condition_type(self.options.instance)) if isinstance(item, TrafficMap) else None
+        condition = status.condition_for(report, self.options.instance, existing, self.wall_clock())
+        if condition is None:
+            return
+        try:
+            await status.write_condition(self.kube, key, condition, self.options.instance)
+        except KubeError as exc:
+            if exc.not_found:
+                return
+            metrics.STATUS_WRITES.labels(result="error").inc()
+            log.warning("status write failed", extra={"map": str(key), "error": str(exc)})
+            self.status_queue.add_after(key, self.status_backoff.delay(key))
+            return
+        metrics.STATUS_WRITES.labels(result="written").inc()
+        self.status_backoff.forget(key)
+
+    # --- scheduling ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Read back what the gateway holds: the starting state after a restart."""
+        self.published = dict(await self.adapter.current())
+        for key, pub in self.published.items():
+            self._set_weight_metrics(key, None, pub)
+        self.started = True
+
+    def all_keys(self) -> set[MapKey]:
+        return set(self.stores.maps.keys()) | set(self.published)
+
+    async def run_applier(self) -> None:
+        """Forever: take every dirty key, sync them in one pass. Nothing before the first sync."""
+        await self.synced_event.wait()
+        while True:
+            await self.sync_once(await self.queue.take())
+
+    async def run_status_writer(self) -> None:
+        while True:
+            keys = await self.status_queue.take()
+            await self.write_reports(keys)
+
+    async def run_resync(self) -> None:
+        """Periodically re-decide every map and repair drift between the gateway and our record."""
+        while True:
+            await asyncio.sleep(self.options.resync)
+            if not self.is_synced:
+                continue
+            try:
+                held_now = await self.adapter.current()
+            except AdapterError as exc:
+                log.warning("resync read failed", extra={"adapter": self.adapter.name, "error": str(exc)})
+                continue
+            drift = {k for k in set(held_now) | set(self.published) if held_now.get(k) != self.published.get(k)}
+            if drift:
+                log.warning("gateway drift repaired", extra={"adapter": self.adapter.name, "maps": len(drift)})
+                # What the gateway holds is the truth now; re-deciding these keys writes them back.
+                self.published = dict(held_now)
+            for key in self.all_keys():
+                self.queue.add(key)
+
+    # --- health -------------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        return self.started
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.started:
+            return False, "gateway not read yet"
+        if not self.is_synced:
+            return False, "waiting for the first sync"
+        if self.last_success is None:
+            return False, "no successful sync yet"
+        age = self.clock() - self.last_success
+        if age > 3 * self.options.resync:
+            return False, f"last successful sync {age:.0f}s ago"
+        return True, "ready"
+
+    def debug_maps(self) -> list[dict[str, Any]]:
+        maps = []
+        for key in sorted(self.all_keys() | set(self.states)):
+            state = self._state(key)
+            pub = self.published.get(key)
+            maps.append(
+                {
+                    "namespace": key.namespace,
+                    "name": key.name,
+                    "decision": state.state,
+                    "reason": state.reason,
+                    "message": state.message,
+                    "publishedGeneration": pub.generation if pub else None,
+                    "weights": {b.cluster: b.weight for b in pub.backends} if pub else None,
+                }
+            )
+        return maps
+
+
+def _published_message(adapter: str, pub: Publication, note: str | None) -> str:
+    weights = ", ".join(f"{b.cluster}={b.weight}" for b in pub.backends) or "no backends"
+    message = f"the {adapter} gateway serves generation {pub.generation} for {pub.hostname}: {weights}"
+    if pub.all_zero:
+        message += "; every weight is 0, so the gateway answers 503"
+    return f"{message}; {note}" if note else message
+
+
+def _keeping(message: str, last: Publication | None) -> str:
+    if last is None:
+        return f"{message}; nothing is published for this map"
+    return f"{message}; the gateway keeps generation {last.generation}"
+
+
+# --- running it -------------------------------------------------------------------------------
+
+
+class Source(Protocol):
+    async def run(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class LeaderOptions:
+    """Lease-based leader election for status writes (client-go's default timings)."""
+
+    lease_namespace: str
+    identity: str
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+
+async def run_leader_election(publisher: Publisher, kube: Kube, options: LeaderOptions) -> None:
+    """Compete for the Lease forever; only while holding it does `publisher` write status."""
+
+    async def started() -> None:
+        publisher.leading = True
+        log.info("leading: writing status", extra={"identity": options.identity})
+        for key in publisher.reports:
+            publisher.status_queue.add(key)
+
+    async def stopped() -> None:
+        publisher.leading = False
+        log.info("lost the lease: status writes stop", extra={"identity": options.identity})
+
+    await kube.lead(
+        name=status.field_manager(publisher.options.instance),
+        namespace=options.lease_namespace,
+        identity=options.identity,
+        lease_duration=options.lease_duration,
+        renew_deadline=options.renew_deadline,
+        retry_period=options.retry_period,
+        on_started=started,
+        on_stopped=stopped,
+    )
+
+
+async def serve(app: web.Application, host: str, port: int) -> None:
+    """Serve `app` until cancelled (aiohttp's runner and site, inside our TaskGroup)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        log.info("serving", extra={"listen": f"{host}:{port}"})
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+async def run(
+    publisher: Publisher,
+    source: Source,
+    *,
+    listen: tuple[str, int] | None = None,
+    leader: LeaderOptions | None = None,
+) -> None:
+    """The sidecar: one TaskGroup owns the server, the source, the applier, resync and status."""
+    async with asyncio.TaskGroup() as group:
+        if listen is not None:
+            group.create_task(serve(metrics.make_app(publisher), *listen))
+        await publisher.start()
+        group.create_task(source.run())
+        group.create_task(publisher.run_applier())
+        group.create_task(publisher.run_resync())
+        if publisher.kube is not None and publisher.options.report_status:
+            group.create_task(publisher.run_status_writer())
+            if leader is not None:
+                publisher.leading = False
+                group.create_task(run_leader_election(publisher, publisher.kube, leader))
+
+
+async def once(publisher: Publisher, source: Source, *, read_gateway: bool = True) -> None:
+    """One full sync: read the gateway, take the source's first full view, one gateway write,
+    then every status write. `read_gateway=False` plans against an empty gateway (dry run)."""
+    if read_gateway:
+        await publisher.start()
+    else:
+        publisher.started = True
+    async with asyncio.TaskGroup() as group:
+        source_task = group.create_task(source.run())
+        await publisher.synced_event.wait()
+        source_task.cancel()
+    await publisher.sync_once(publisher.queue.take_ready())
+    if publisher.kube is not None and publisher.options.report_status and publisher.leading:
+        await publisher.write_reports(publisher.status_queue.take_ready())

@@ -1,0 +1,378 @@
+"""Types every stage shares: the TrafficMap and InferenceService as we read them, and our own values.
+
+Owns the shape of the input (pydantic, strict: a wrong type is refused with the field path) and the
+small frozen values that travel between stages (MapKey, Backend, Publication, Reason, Held).
+Imports nothing of ours but `quantity`; no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+
+from publisher.quantity import QuantityError, parse_quantity
+
+MAX_WEIGHT = 1_000_000
+
+# DNS-1123 subdomain: what Kubernetes accepts as an object name, and so as a WorkloadCluster name.
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# An endpoint is http(s), a plain host (DNS name, IPv4 or bracketed IPv6), an optional port and an
+# optional path of unreserved characters: nothing a gateway's config syntax could read as syntax.
+_ENDPOINT = re.compile(
+    r"^(?P<scheme>https?)://"
+    r"(?P<host>[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*"
+    r"|\[[0-9A-Fa-f:.]+\])"
+    r"(:(?P<port>[0-9]{1,5}))?"
+    r"(?P<path>/[A-Za-z0-9._~/-]*)?$"
+)
+
+
+class Reason(StrEnum):
+    """Every reason code, spelled as in SPEC: gates (§4), and the sidecar's own condition (§5)."""
+
+    INVALID_MAP = "InvalidMap"
+    SOURCE_MISSING = "SourceMissing"
+    SOURCE_UID_MISMATCH = "SourceUIDMismatch"
+    ISVC_GENERATION_MISMATCH = "ISVCGenerationMismatch"
+    ROUTABLE_OUTDATED = "RoutableOutdated"
+    NOT_PUBLISHED_BY_OME = "NotPublishedByOME"
+    VERIFICATION_FAILED = "VerificationFailed"
+    INVALID_PLAN = "InvalidPlan"
+    CLAIM_REJECTED = "ClaimRejected"
+    APPLY_FAILED = "ApplyFailed"
+    PUBLISHED = "Published"
+    WITHDRAWN = "Withdrawn"
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A map that must not be published now. `message` names the field and both values."""
+
+    reason: Reason
+    message: str
+
+
+class MapKey(NamedTuple):
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    cluster: str
+    endpoint: str
+    weight: int
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """What one map asks of a gateway: adapter-neutral, backends in cluster order."""
+
+    namespace: str
+    name: str
+    hostname: str
+    generation: int
+    observed_isvc_generation: int
+    backends: tuple[Backend, ...]
+
+    @property
+    def key(self) -> MapKey:
+        return MapKey(self.namespace, self.name)
+
+    @property
+    def all_zero(self) -> bool:
+        """No backend may get requests: the gateway answers 503 for this host."""
+        return not any(b.weight for b in self.backends)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "name": self.name,
+            "hostname": self.hostname,
+            "generation": self.generation,
+            "observedISVCGeneration": self.observed_isvc_generation,
+            "backends": [
+                {"cluster": b.cluster, "endpoint": b.endpoint, "weight": b.weight} for b in self.backends
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Publication:
+        """Reads back what an adapter wrote; raises ValueError on anything it did not write."""
+        try:
+            return cls(
+                namespace=str(data["namespace"]),
+                name=str(data["name"]),
+                hostname=str(data["hostname"]),
+                generation=int(data["generation"]),
+                observed_isvc_generation=int(data["observedISVCGeneration"]),
+                backends=tuple(
+                    Backend(cluster=str(b["cluster"]), endpoint=str(b["endpoint"]), weight=int(b["weight"]))
+                    for b in data["backends"]
+                ),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a publication: {exc!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    scheme: str
+    host: str
+    port: int
+    path: str
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "https"
+
+
+def parse_endpoint(url: str) -> Endpoint:
+    """Splits a validated endpoint URL; the port defaults to the scheme's. Raises ValueError."""
+    match = _ENDPOINT.match(url)
+    if match is None:
+        raise ValueError(f"{url!r} is not an http(s) URL with a plain host")
+    scheme = match["scheme"]
+    port = int(match["port"]) if match["port"] else (443 if scheme == "https" else 80)
+    if not 0 < port < 65536:
+        raise ValueError(f"{url!r} has port {port}, outside 1..65535")
+    return Endpoint(scheme=scheme, host=match["host"], port=port, path=match["path"] or "")
+
+
+def is_dns_label(value: str) -> bool:
+    return bool(_DNS_LABEL.match(value))
+
+
+# --- The TrafficMap and InferenceService as pydantic models ----------------------------------------
+
+
+def _cluster_name(value: str) -> str:
+    if len(value) > 253 or not _DNS1123_SUBDOMAIN.match(value):
+        raise ValueError(f"{value!r} is not a DNS-1123 subdomain")
+    return value
+
+
+def _endpoint_url(value: str) -> str:
+    parse_endpoint(value)
+    return value
+
+
+def _quantity(value: str) -> str:
+    try:
+        parse_quantity(value)
+    except QuantityError as exc:
+        raise ValueError(str(exc)) from exc
+    return value
+
+
+class _Lenient(BaseModel):
+    """Strict types, unknown fields ignored: older and newer maps both parse."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, populate_by_name=True)
+
+
+class OwnerReference(_Lenient):
+    api_version: StrictStr = Field(default="", alias="apiVersion")
+    kind: StrictStr = ""
+    name: StrictStr = ""
+    uid: StrictStr = ""
+    controller: StrictBool = False
+
+
+class ObjectMeta(_Lenient):
+    name: StrictStr
+    namespace: StrictStr = "default"
+    uid: StrictStr = ""
+    generation: StrictInt = 0
+    resource_version: StrictStr = Field(default="", alias="resourceVersion")
+    deletion_timestamp: StrictStr | None = Field(default=None, alias="deletionTimestamp")
+    annotations: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    labels: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    owner_references: list[OwnerReference] = Field(default_factory=list, alias="ownerReferences")
+
+    @property
+    def key(self) -> MapKey:
+        return MapKey(self.namespace, self.name)
+
+
+class Condition(_Lenient):
+    """A metav1.Condition as it appears on the map."""
+
+    type: StrictStr
+    status: Literal["True", "False", "Unknown"]
+    reason: StrictStr = ""
+    message: StrictStr = ""
+    observed_generation: StrictInt | None = Field(default=None, alias="observedGeneration")
+    last_transition_time: StrictStr = Field(default="", alias="lastTransitionTime")
+
+
+class Capacity(_Lenient):
+    allocated: StrictInt = 0
+    ready: StrictInt = 0
+    factor: Annotated[StrictStr, AfterValidator(_quantity)] | None = None
+    source: StrictStr | None = None
+    reported: StrictInt | None = None
+    fallback_reason: StrictStr | None = Field(default=None, alias="fallbackReason")
+
+
+class Probe(_Lenient):
+    result: StrictStr | None = None
+    gated: StrictBool = False
+    last_probe_time: StrictStr | None = Field(default=None, alias="lastProbeTime")
+    consecutive_failures: StrictInt | None = Field(default=None, alias="consecutiveFailures")
+    message: StrictStr | None = None
+    policy_digest: StrictStr | None = Field(default=None, alias="policyDigest")
+
+
+class Entry(_Lenient):
+    cluster: Annotated[StrictStr, AfterValidator(_cluster_name)]
+    endpoint: Annotated[StrictStr, AfterValidator(_endpoint_url)]
+    weight: Annotated[StrictInt, Field(ge=0, le=MAX_WEIGHT)]
+    healthy: StrictBool
+    capacity: Capacity = Capacity()
+    probe: Probe | None = None
+    drain_refs: list[StrictStr] = Field(default_factory=list, alias="drainRefs")
+
+
+class TrafficMapSpec(_Lenient):
+    service: StrictStr
+    mode: StrictStr | None = None
+    observed_isvc_generation: StrictInt = Field(alias="observedISVCGeneration")
+    entries: list[Entry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_clusters(self) -> TrafficMapSpec:
+        seen: set[str] = set()
+        for entry in self.entries:
+            if entry.cluster in seen:
+                raise ValueError(f"entries: duplicate cluster {entry.cluster!r}")
+            seen.add(entry.cluster)
+        return self
+
+
+class TrafficMapStatus(_Lenient):
+    source_uid: StrictStr = Field(default="", alias="sourceUID")
+    observed_traffic_map_generation: StrictInt | None = Field(default=None, alias="observedTrafficMapGeneration")
+    conditions: list[Condition] = Field(default_factory=list)
+
+    def condition(self, type_: str) -> Condition | None:
+        for condition in self.conditions:
+            if condition.type == type_:
+                return condition
+        return None
+
+
+class TrafficMap(_Lenient):
+    metadata: ObjectMeta
+    spec: TrafficMapSpec
+    status: TrafficMapStatus = TrafficMapStatus()
+
+    @property
+    def key(self) -> MapKey:
+        return self.metadata.key
+
+
+class RoutingSpec(_Lenient):
+    enabled: StrictBool | None = None
+    capacity_factors: dict[StrictStr, StrictStr] = Field(default_factory=dict, alias="capacityFactors")
+
+
+class InferenceServiceSpec(_Lenient):
+    routing: RoutingSpec = RoutingSpec()
+
+
+class InferenceService(_Lenient):
+    """Only the InferenceService fields the gates and the plan read."""
+
+    metadata: ObjectMeta
+    spec: InferenceServiceSpec = InferenceServiceSpec()
+
+    @property
+    def key(self) -> MapKey:
+        return self.metadata.key
+
+    @property
+    def opted_out(self) -> bool:
+        return self.spec.routing.enabled is False
+
+    @property
+    def deleting(self) -> bool:
+        return self.metadata.deletion_timestamp is not None
+
+
+GLOBAL_HOST_ANNOTATION = "ome.io/global-host"
+TRAFFIC_MAP_KIND = "TrafficMap"
+INFERENCE_SERVICE_KIND = "InferenceService"
+API_VERSION = "ome.io/v1beta1"
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidObject:
+    """A TrafficMap that failed validation: its key and raw form survive so it can be reported."""
+
+    key: MapKey
+    generation: int
+    message: str
+    raw: dict[str, Any]
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line per problem, each naming the field path: `spec.entries[0].weight: ...`."""
+    parts = []
+    for error in exc.errors():
+        path = ""
+        for loc in error["loc"]:
+            if isinstance(loc, int):
+                path += f"[{loc}]"
+            else:
+                path += f".{loc}" if path else str(loc)
+        value = error.get("input")
+        shown = f" (got {value!r})" if not isinstance(value, (dict, list)) else ""
+        parts.append(f"{path or '<root>'}: {error['msg']}{shown}")
+    return "; ".join(parts)
+
+
+def object_key(raw: dict[str, Any]) -> MapKey | None:
+    """The namespace/name of a raw object, or None when it has no usable name."""
+    metadata = raw.get("metadata")
+    if not isinstance(metadata, dict):
+        return None
+    name, namespace = metadata.get("name"), metadata.get("namespace", "default")
+    if not isinstance(name, str) or not name or not isinstance(namespace, str):
+        return None
+    return MapKey(namespace, name)
+
+
+def parse_traffic_map(raw: dict[str, Any]) -> TrafficMap | InvalidObject:
+    """A TrafficMap, or the reason it is not one. Raises ValueError only when it has no name at all."""
+    key = object_key(raw)
+    if key is None:
+        raise ValueError("TrafficMap without metadata.name")
+    try:
+        return TrafficMap.model_validate(raw)
+    except ValidationError as exc:
+        generation = raw["metadata"].get("generation", 0)
+        return InvalidObject(
+            key=key,
+            generation=generation if isinstance(generation, int) else 0,
+            message=describe_validation_error(exc),
+            raw=raw,
+        )

@@ -1,0 +1,495 @@
+"""Sources of TrafficMaps and InferenceServices, and the Store of the newest object per key.
+
+Two sources fill the same Stores: `KubeSource` (client-go informer semantics: paginated list,
+watch from the list's version with bookmarks, relist on 410 Gone that yields deletions for what
+vanished, reconnect with capped exponential backoff and jitter) and `DirectorySource` (manifests
+in a directory, re-read when a file changes). A source only writes Stores and says which keys
+changed; what a change means is the loop's business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+import aiohttp
+import tenacity
+from pydantic import ValidationError
+
+from publisher import metrics
+from publisher.kube import INFERENCE_SERVICES, TRAFFIC_MAPS, Kube, KubeError, Resource
+from publisher.manifests import ManifestError, parse_manifests
+from publisher.model import (
+    INFERENCE_SERVICE_KIND,
+    TRAFFIC_MAP_KIND,
+    InferenceService,
+    InvalidObject,
+    MapKey,
+    TrafficMap,
+    describe_validation_error,
+    object_key,
+    parse_traffic_map,
+)
+
+log = logging.getLogger(__name__)
+
+MapObject = TrafficMap | InvalidObject
+T = TypeVar("T")
+
+
+class Store(Generic[T]):
+    """The newest object per key, with the resourceVersion it was seen at."""
+
+    def __init__(self) -> None:
+        self._objects: dict[MapKey, T] = {}
+        self._versions: dict[MapKey, str] = {}
+
+    def get(self, key: MapKey) -> T | None:
+        return self._objects.get(key)
+
+    def keys(self) -> Iterable[MapKey]:
+        return self._objects.keys()
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def upsert(self, key: MapKey, obj: T, version: str) -> bool:
+        """Store `obj`; False when the same version is already held (nothing changed)."""
+        if version and self._versions.get(key) == version:
+            return False
+        self._objects[key] = obj
+        self._versions[key] = version
+        return True
+
+    def delete(self, key: MapKey) -> bool:
+        self._versions.pop(key, None)
+        return self._objects.pop(key, None) is not None
+
+    def replace(
+        self, objects: Iterable[tuple[MapKey, T, str]], *, namespace: str | None = None
+    ) -> set[MapKey]:
+        """Make the store hold exactly `objects` (within `namespace`, when given). Returns every key
+        that changed, appeared or vanished: a relist is a replace, and a replace yields deletions."""
+        changed: set[MapKey] = set()
+        seen: set[MapKey] = set()
+        for key, obj, version in objects:
+            seen.add(key)
+            if self.upsert(key, obj, version):
+                changed.add(key)
+        for key in [k for k in self._objects if k not in seen and (namespace is None or k.namespace == namespace)]:
+            self.delete(key)
+            changed.add(key)
+        return changed
+
+
+@dataclass
+class Stores:
+    maps: Store[MapObject]
+    isvcs: Store[InferenceService]
+
+    @classmethod
+    def empty(cls) -> Stores:
+        return cls(maps=Store(), isvcs=Store())
+
+
+class ChangeSink(Protocol):
+    """What a source tells the loop: these keys changed (`at` is when the change was seen)."""
+
+    def changed(self, keys: Iterable[MapKey], *, at: float) -> None: ...
+
+    def synced(self) -> None: ...
+
+
+def _version(raw: dict[str, Any]) -> str:
+    return str(raw.get("metadata", {}).get("resourceVersion", ""))
+
+
+def parse_isvc(raw: dict[str, Any]) -> InferenceService | None:
+    try:
+        return InferenceService.model_validate(raw)
+    except ValidationError as exc:
+        log.warning("inferenceservice unreadable", extra={"object": str(object_key(raw)), "error": describe_validation_error(exc)})
+        return None
+
+
+# --- The watch protocol, free of I/O -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    type: str  # ADDED | MODIFIED | DELETED
+    object: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Bookmark:
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class Relist:
+    """The watch cannot go on from its version (410 Gone): list again."""
+
+    reason: str
+
+
+class WatchError(Exception):
+    """A watch ERROR event other than 410: reconnect from the last version."""
+
+
+class WatchState:
+    """Tracks the resourceVersion of a watch and turns each line into what it means."""
+
+    def __init__(self, resource_version: str) -> None:
+        self.resource_version = resource_version
+
+    def feed(self, line: bytes) -> Event | Bookmark | Relist | None:
+        line = line.strip()
+        if not line:
+            return None
+        try:
+            event = json.loads(line)
+            kind, obj = event["type"], event["object"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise WatchError(f"undecodable watch line: {line[:200]!r}") from exc
+        if kind == "ERROR":
+            code = obj.get("code") if isinstance(obj, dict) else None
+            if code == 410:
+                return Relist(str(obj.get("reason") or "Expired"))
+            raise WatchError(f"watch error {code}: {obj.get('message') if isinstance(obj, dict) else obj}")
+        version = _version(obj)
+        if version:
+            self.resource_version = version
+        if kind == "BOOKMARK":
+            return Bookmark(version)
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            return Event(kind, obj)
+        raise WatchError(f"unknown watch event type {kind!r}")
+
+
+# --- Kubernetes ---------------------------------------------------------------------------------
+
+
+class _Gone(Exception):
+    pass
+
+
+# Transient failures of list and watch: retried with backoff, never surfaced.
+_TRANSIENT = (KubeError, aiohttp.ClientError, asyncio.TimeoutError, WatchError, ConnectionError)
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    namespaces: tuple[str, ...] = ()
+    label_selector: str | None = None
+    # Pages of 500 keep one list response near a megabyte for 4-entry maps.
+    page_size: int = 500
+    # The server ends a watch after this; we reopen from the last version (cheap, no relist).
+    watch_seconds: int = 300
+    # Bookmarks arrive about once a minute from a real server; twice that silent means dead.
+    silence_timeout: float = 120.0
+    # Reconnect backoff: starts small so a dropped connection costs little, caps so a long outage
+    # does not hammer the API server.
+    backoff_initial: float = 0.2
+    backoff_max: float = 30.0
+
+
+class Informer:
+    """List then watch one resource in one namespace (or all), feeding a Store."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        resource: Resource,
+        *,
+        namespace: str | None,
+        options: WatchOptions,
+        apply_object: Callable[[str, dict[str, Any]], MapKey | None],
+        replace_objects: Callable[[list[dict[str, Any]], str | None], set[MapKey]],
+        sink: ChangeSink,
+        on_synced: Callable[[], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self._kube = kube
+        self._resource = resource
+        self._namespace = namespace
+        self._options = options
+        self._apply_object = apply_object
+        self._replace_objects = replace_objects
+        self._sink = sink
+        self._on_synced = on_synced
+        self._clock = clock
+
+    def _retrying(self) -> tenacity.AsyncRetrying:
+        return tenacity.AsyncRetrying(
+            wait=tenacity.wait_exponential_jitter(initial=self._options.backoff_initial, max=self._options.backoff_max),
+            retry=tenacity.retry_if_exception_type(_TRANSIENT),
+            before_sleep=self._count_restart,
+            reraise=True,
+        )
+
+    def _count_restart(self, state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        reason = exc.reason if isinstance(exc, KubeError) and exc.reason else type(exc).__name__
+        metrics.WATCH_RESTARTS.labels(resource=self._resource.plural, reason=reason).inc()
+        log.warning("watch restarting", extra={"resource": self._resource.plural, "namespace": self._namespace, "error": str(exc)})
+
+    async def run(self) -> None:
+        synced = False
+        while True:
+            version = await self._list()
+            if not synced:
+                synced = True
+                self._on_synced()
+            try:
+                await self._watch_from(version)
+            except _Gone as gone:
+                metrics.WATCH_RESTARTS.labels(resource=self._resource.plural, reason="Expired").inc()
+                log.info("watch expired, relisting", extra={"resource": self._resource.plural, "reason": str(gone)})
+
+    async def _list(self) -> str:
+        async for attempt in self._retrying():
+            with attempt:
+                items: list[dict[str, Any]] = []
+                token: str | None = None
+                while True:
+                    page = await self._kube.list(
+                        self._resource,
+                        namespace=self._namespace,
+                        label_selector=self._options.label_selector,
+                        limit=self._options.page_size,
+                        continue_token=token,
+                    )
+                    items.extend(page.get("items") or ())
+                    metadata = page.get("metadata") or {}
+                    if not token:
+                        version = str(metadata.get("resourceVersion", ""))
+                    token = metadata.get("continue") or None
+                    if not token:
+                        break
+        changed = self._replace_objects(items, self._namespace)
+        if changed:
+            self._sink.changed(changed, at=self._clock())
+        return version
+
+    async def _watch_from(self, version: str) -> None:
+        state = WatchState(version)
+        while True:
+            async for attempt in self._retrying():
+                with attempt:
+                    await self._watch_once(state)
+
+    async def _watch_once(self, state: WatchState) -> None:
+        """One watch connection; returns when the server ends it, raises on a drop or 410."""
+        async with self._kube.watch(
+            self._resource,
+            namespace=self._namespace,
+            resource_version=state.resource_version,
+            label_selector=self._options.label_selector,
+            timeout_seconds=self._options.watch_seconds,
+            silence_timeout=self._options.silence_timeout,
+        ) as stream:
+            buffer = b""
+            # Split lines ourselves: StreamReader.readline caps the line length, objects do not.
+            async for chunk in stream.iter_any():
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    self._handle(state.feed(line))
+            if buffer.strip():
+                self._handle(state.feed(buffer))
+
+    def _handle(self, item: Event | Bookmark | Relist | None) -> None:
+        if isinstance(item, Relist):
+            raise _Gone(item.reason)
+        if isinstance(item, Event):
+            key = self._apply_object(item.type, item.object)
+            if key is not None:
+                self._sink.changed((key,), at=self._clock())
+
+
+class KubeSource:
+    """TrafficMaps and InferenceServices from an API server, per namespace or cluster-wide."""
+
+    def __init__(self, kube: Kube, stores: Stores, sink: ChangeSink, options: WatchOptions, *, clock: Callable[[], float]) -> None:
+        self._kube = kube
+        self._stores = stores
+        self._sink = sink
+        self._options = options
+        self._clock = clock
+        self._pending_sync = 0
+
+    def _informers(self) -> list[Informer]:
+        namespaces: tuple[str | None, ...] = self._options.namespaces or (None,)
+        informers = []
+        for namespace in namespaces:
+            for resource in (TRAFFIC_MAPS, INFERENCE_SERVICES):
+                informers.append(
+                    Informer(
+                        self._kube,
+                        resource,
+                        namespace=namespace,
+                        options=self._options,
+                        apply_object=self._map_event if resource is TRAFFIC_MAPS else self._isvc_event,
+                        replace_objects=self._replace_maps if resource is TRAFFIC_MAPS else self._replace_isvcs,
+                        sink=self._sink,
+                        on_synced=self._one_synced,
+                        clock=self._clock,
+                    )
+                )
+        return informers
+
+    async def run(self) -> None:
+        informers = self._informers()
+        self._pending_sync = len(informers)
+        async with asyncio.TaskGroup() as group:
+            for informer in informers:
+                group.create_task(informer.run())
+
+    def _one_synced(self) -> None:
+        self._pending_sync -= 1
+        if self._pending_sync == 0:
+            self._sink.synced()
+
+    def _map_event(self, kind: str, raw: dict[str, Any]) -> MapKey | None:
+        key = object_key(raw)
+        if key is None:
+            return None
+        if kind == "DELETED":
+            return key if self._stores.maps.delete(key) else None
+        return key if self._stores.maps.upsert(key, parse_traffic_map(raw), _version(raw)) else None
+
+    def _isvc_event(self, kind: str, raw: dict[str, Any]) -> MapKey | None:
+        key = object_key(raw)
+        if key is None:
+            return None
+        isvc = parse_isvc(raw) if kind != "DELETED" else None
+        if isvc is None:
+            return key if self._stores.isvcs.delete(key) else None
+        return key if self._stores.isvcs.upsert(key, isvc, _version(raw)) else None
+
+    def _replace_maps(self, items: list[dict[str, Any]], namespace: str | None) -> set[MapKey]:
+        entries = []
+        for raw in items:
+            key = object_key(raw)
+            if key is not None:
+                entries.append((key, parse_traffic_map(raw), _version(raw)))
+        return self._stores.maps.replace(entries, namespace=namespace)
+
+    def _replace_isvcs(self, items: list[dict[str, Any]], namespace: str | None) -> set[MapKey]:
+        entries = []
+        for raw in items:
+            key, isvc = object_key(raw), parse_isvc(raw)
+            if key is not None and isvc is not None:
+                entries.append((key, isvc, _version(raw)))
+        return self._stores.isvcs.replace(entries, namespace=namespace)
+
+
+# --- A directory of manifests -------------------------------------------------------------------
+
+_MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+@dataclass(frozen=True)
+class _FileState:
+    signature: tuple[int, int, int]
+    maps: tuple[tuple[MapKey, MapObject, str], ...]
+    isvcs: tuple[tuple[MapKey, InferenceService, str], ...]
+
+
+class DirectorySource:
+    """Manifests in one directory (not recursive), re-read when a file's size or mtime changes.
+
+    A file that fails to parse is reported and skipped; the objects it held before stay as they
+    were, so its maps keep their last state while the other files' maps move on.
+    """
+
+    def __init__(self, path: Path, stores: Stores, sink: ChangeSink, *, clock: Callable[[], float], poll_interval: float = 0.5) -> None:
+        self._path = path
+        self._stores = stores
+        self._sink = sink
+        self._clock = clock
+        # Half a second keeps a change visible within a second without a filesystem-events dependency.
+        self._poll_interval = poll_interval
+        self._files: dict[str, _FileState] = {}
+        self._bad: dict[str, tuple[tuple[int, int, int], str]] = {}
+
+    async def run(self) -> None:
+        await self.scan()
+        self._sink.synced()
+        while True:
+            await asyncio.sleep(self._poll_interval)
+            await self.scan()
+
+    async def scan(self) -> None:
+        """Read what changed since the last scan, then update the Stores in one step."""
+        started = self._clock()
+        changed = await asyncio.to_thread(self._scan_files)
+        if not changed:
+            return
+        maps = [item for state in self._files.values() for item in state.maps]
+        isvcs = [item for state in self._files.values() for item in state.isvcs]
+        keys = self._stores.maps.replace(maps) | self._stores.isvcs.replace(isvcs)
+        if keys:
+            self._sink.changed(keys, at=started)
+
+    def _scan_files(self) -> bool:
+        try:
+            names = sorted(e.name for e in os.scandir(self._path) if e.is_file() and e.name.endswith(_MANIFEST_SUFFIXES) and not e.name.startswith("."))
+        except OSError as exc:
+            log.error("manifest directory unreadable", extra={"path": str(self._path), "error": str(exc)})
+            return False
+        changed = False
+        for name in [n for n in self._files if n not in names]:
+            del self._files[name]
+            changed = True
+        for name in [n for n in self._bad if n not in names]:
+            del self._bad[name]
+        for name in names:
+            path = self._path / name
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            signature = (st.st_mtime_ns, st.st_size, st.st_ino)
+            known = self._files.get(name)
+            if known is not None and known.signature == signature:
+                continue
+            if name in self._bad and self._bad[name][0] == signature:
+                continue
+            try:
+                state = self._read(path, signature)
+            except (ManifestError, OSError, ValueError) as exc:
+                self._bad[name] = (signature, str(exc))
+                metrics.SOURCE_ERRORS.labels(source="dir").inc()
+                log.error("manifest file skipped", extra={"path": str(path), "error": str(exc)})
+                continue
+            self._bad.pop(name, None)
+            self._files[name] = state
+            changed = True
+        return changed
+
+    @staticmethod
+    def _read(path: Path, signature: tuple[int, int, int]) -> _FileState:
+        objects = parse_manifests(str(path), path.read_text(encoding="utf-8"))
+        maps, isvcs = [], []
+        for raw in objects:
+            kind, key = raw.get("kind"), object_key(raw)
+            if key is None:
+                continue
+            # An object's content is its version: a rewritten file with the same object is no change.
+            version = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
+            if kind == TRAFFIC_MAP_KIND:
+                maps.append((key, parse_traffic_map(raw), version))
+            elif kind == INFERENCE_SERVICE_KIND:
+                isvc = parse_isvc(raw)
+                if isvc is not None:
+                    isvcs.append((key, isvc, version))
+        return _FileState(signature, tuple(maps), tuple(isvcs))

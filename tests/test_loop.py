@@ -1,0 +1,286 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from adapters.base import Unavailable
+from publisher import loop
+from publisher.loop import Backoff, KeyQueue, LoopOptions, Publisher
+from publisher.model import MapKey, Reason, parse_traffic_map
+from publisher.source import Stores, parse_isvc
+from tests.builders import make_entry, make_isvc, make_map
+from tests.fakes.memory_adapter import MemoryAdapter
+
+CHAT = MapKey("prod", "chat")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def put_map(stores: Stores, raw: dict, *, isvc: dict | None = None) -> MapKey:
+    tm = parse_traffic_map(raw)
+    stores.maps.upsert(tm.key, tm, raw["metadata"]["resourceVersion"])
+    isvc_raw = isvc if isvc is not None else make_isvc(raw["metadata"]["name"], raw["metadata"]["namespace"])
+    stores.isvcs.upsert(tm.key, parse_isvc(isvc_raw), isvc_raw["metadata"]["resourceVersion"])
+    return tm.key
+
+
+def make_publisher(adapter: MemoryAdapter | None = None) -> tuple[Publisher, Stores, MemoryAdapter]:
+    stores = Stores.empty()
+    adapter = adapter or MemoryAdapter()
+    return Publisher(stores, adapter, LoopOptions(adapter_name=adapter.name)), stores, adapter
+
+
+def weights(adapter: MemoryAdapter, key: MapKey) -> list[int]:
+    return [b.weight for b in adapter.held[key].backends]
+
+
+# --- KeyQueue and Backoff -------------------------------------------------------------------------
+
+
+def test_queue_dedups_and_keeps_earliest_event_time():
+    queue = KeyQueue(FakeClock())
+    queue.add(CHAT, 1.0)
+    queue.add(CHAT, 2.0)
+    queue.add(MapKey("prod", "embed"))
+    assert queue.take_ready() == {CHAT: 1.0, MapKey("prod", "embed"): None}
+    assert queue.take_ready() == {}
+
+
+def test_queue_key_added_while_processing_comes_back_once():
+    queue = KeyQueue(FakeClock())
+    queue.add(CHAT)
+    taken = queue.take_ready()
+    queue.add(CHAT)
+    queue.add(CHAT)
+    assert list(taken) == [CHAT]
+    assert list(queue.take_ready()) == [CHAT]
+
+
+def test_queue_delayed_key_waits_for_its_time():
+    clock = FakeClock()
+    queue = KeyQueue(clock)
+    queue.add_after(CHAT, 5.0)
+    assert queue.take_ready() == {}
+    clock.now += 5.0
+    assert list(queue.take_ready()) == [CHAT]
+
+
+async def test_queue_take_waits_for_an_add():
+    queue = KeyQueue()
+    waiter = asyncio.create_task(queue.take())
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    queue.add(CHAT)
+    assert await asyncio.wait_for(waiter, 5) == {CHAT: None}
+
+
+def test_backoff_doubles_caps_and_forgets():
+    backoff = Backoff(base=0.5, cap=3.0)
+    assert [backoff.delay(CHAT) for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    backoff.forget(CHAT)
+    assert backoff.delay(CHAT) == 0.5
+
+
+# --- Publisher ------------------------------------------------------------------------------------
+
+
+async def test_publishes_a_verified_map():
+    publisher, stores, adapter = make_publisher()
+    put_map(stores, make_map())
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    pub = adapter.held[CHAT]
+    assert [(b.cluster, b.weight) for b in pub.backends] == [("worker-a", 2), ("worker-b", 3)]
+    assert pub.hostname == "chat.example.com"
+    assert publisher.states[CHAT].state == "published"
+
+
+async def test_held_map_keeps_its_publication_while_others_move():
+    publisher, stores, adapter = make_publisher()
+    put_map(stores, make_map())
+    embed = put_map(stores, make_map("embed"), isvc=make_isvc("embed"))
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    before = adapter.held[CHAT]
+    # chat now claims weights that do not match its replicas; embed scales worker-b down.
+    put_map(stores, make_map(resource_version="2", generation=4,
+                             entries=[make_entry("worker-a", allocated=4, ready=4, weight=1),
+                                      make_entry("worker-b", allocated=2, ready=2, factor="3", weight=1)]))
+    put_map(stores, make_map("embed", resource_version="2", generation=4,
+                             entries=[make_entry("worker-a", allocated=4, ready=4, weight=1),
+                                      make_entry("worker-b", allocated=0, ready=0, weight=0, healthy=False)]),
+            isvc=make_isvc("embed"))
+    publisher.changed([CHAT, embed], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert adapter.held[CHAT] == before
+    assert publisher.states[CHAT].reason == Reason.VERIFICATION_FAILED
+    assert weights(adapter, embed) == [1, 0]
+    assert publisher.reports == {}  # no kube: nothing to report to
+
+
+async def test_nothing_is_withdrawn_before_the_first_sync():
+    adapter = MemoryAdapter()
+    publisher, stores, _ = make_publisher(adapter)
+    put_map(stores, make_map())
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    # A restart: the gateway holds chat, the new source has not listed yet.
+    restarted, stores2, _ = make_publisher(adapter)
+    await restarted.start()
+    applier = asyncio.create_task(restarted.run_applier())
+    restarted.changed([CHAT], at=0.0)
+    await asyncio.sleep(0.05)
+    assert CHAT in adapter.held and len(adapter.applies) == 1
+    put_map(stores2, make_map())
+    restarted.synced()
+    await asyncio.sleep(0.05)
+    applier.cancel()
+    await asyncio.gather(applier, return_exceptions=True)
+    # Same map, same weights: the restarted loop wrote nothing.
+    assert len(adapter.applies) == 1
+
+
+async def test_deleted_map_and_opted_out_isvc_are_withdrawn():
+    publisher, stores, adapter = make_publisher()
+    put_map(stores, make_map())
+    embed = put_map(stores, make_map("embed"), isvc=make_isvc("embed"))
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    stores.maps.delete(CHAT)
+    stores.isvcs.upsert(embed, parse_isvc(make_isvc("embed", enabled=False)), "2")
+    publisher.changed([CHAT, embed], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert adapter.held == {}
+    assert publisher.states[embed].state == "withdrawn"
+
+
+async def test_failed_apply_backs_off_and_retries():
+    clock = FakeClock()
+    adapter = MemoryAdapter(fail_with=[Unavailable("gateway down")])
+    stores = Stores.empty()
+    publisher = Publisher(stores, adapter, LoopOptions(backoff_base=1.0), clock=clock)
+    put_map(stores, make_map())
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert CHAT not in adapter.held
+    assert publisher.states[CHAT].reason == Reason.APPLY_FAILED
+    assert publisher.queue.take_ready() == {}
+    clock.now += 1.0
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert weights(adapter, CHAT) == [2, 3]
+    assert publisher.states[CHAT].state == "published"
+
+
+async def test_rejected_map_is_isolated():
+    adapter = MemoryAdapter(reject={CHAT: "gateway refused it"})
+    publisher, stores, _ = make_publisher(adapter)
+    put_map(stores, make_map())
+    embed = put_map(stores, make_map("embed"), isvc=make_isvc("embed"))
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert set(adapter.held) == {embed}
+    assert publisher.states[CHAT].state == "failed"
+    assert CHAT not in publisher.published
+
+
+async def test_map_the_adapter_cannot_express_is_held_as_invalid_plan():
+    adapter = MemoryAdapter(cannot_express={CHAT: "too many backends"})
+    publisher, stores, _ = make_publisher(adapter)
+    put_map(stores, make_map())
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert adapter.held == {}
+    assert publisher.states[CHAT].reason == Reason.INVALID_PLAN
+
+
+async def test_burst_on_one_map_costs_one_write_per_apply_and_ends_in_the_last_state():
+    adapter = MemoryAdapter(apply_delay=0.01)
+    publisher, stores, _ = make_publisher(adapter)
+    put_map(stores, make_map())
+    await publisher.start()
+    publisher.synced()
+    applier = asyncio.create_task(publisher.run_applier())
+    for ready in range(1, 101):
+        put_map(stores, make_map(resource_version=str(ready + 1),
+                                 entries=[make_entry("worker-a", allocated=ready, ready=ready, weight=1)]))
+        publisher.changed([CHAT], at=0.0)
+        if ready % 10 == 0:
+            await asyncio.sleep(0)
+    await loop_idle(publisher)
+    applier.cancel()
+    await asyncio.gather(applier, return_exceptions=True)
+    assert [b.endpoint for b in adapter.held[CHAT].backends] == ["http://chat.prod.worker-a.example.com"]
+    assert len(adapter.applies) < 100
+
+
+async def loop_idle(publisher: Publisher) -> None:
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if not len(publisher.queue):
+            await asyncio.sleep(0.05)
+            if not len(publisher.queue):
+                return
+    raise AssertionError("loop never went idle")
+
+
+async def test_resync_repairs_drift():
+    adapter = MemoryAdapter()
+    stores = Stores.empty()
+    publisher = Publisher(stores, adapter, LoopOptions(resync=0.05))
+    put_map(stores, make_map())
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    adapter.held.clear()  # someone emptied the gateway behind our back
+    resync = asyncio.create_task(publisher.run_resync())
+    applier = asyncio.create_task(publisher.run_applier())
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if CHAT in adapter.held:
+            break
+    for task in (resync, applier):
+        task.cancel()
+    await asyncio.gather(resync, applier, return_exceptions=True)
+    assert weights(adapter, CHAT) == [2, 3]
+
+
+def test_ready_needs_start_sync_and_a_recent_success():
+    clock = FakeClock()
+    publisher = Publisher(Stores.empty(), MemoryAdapter(), LoopOptions(resync=10), clock=clock)
+    assert publisher.ready()[0] is False
+    publisher.started = True
+    publisher.is_synced = True
+    assert publisher.ready() == (False, "no successful sync yet")
+    publisher.last_success = clock.now
+    assert publisher.ready() == (True, "ready")
+    clock.now += 31
+    assert publisher.ready()[0] is False
+
+
+@pytest.mark.parametrize("leader", [None])
+async def test_once_publishes_from_a_source(leader):
+    publisher, stores, adapter = make_publisher()
+
+    class OneShotSource:
+        async def run(self) -> None:
+            put_map(stores, make_map())
+            publisher.changed([CHAT], at=0.0)
+            publisher.synced()
+            await asyncio.Event().wait()
+
+    await loop.once(publisher, OneShotSource())
+    assert weights(adapter, CHAT) == [2, 3]
