@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from publisher import config
+from publisher.config import ConfigError, RunConfig, load, parse_duration
+
+
+def parse_flags(*argv: str) -> dict:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    return vars(parser.parse_args(argv))
+
+
+def test_defaults_are_valid():
+    cfg = load({}, environ={})
+    assert cfg.adapter == "json" and cfg.resync == 60.0 and cfg.report_status and cfg.listen_address == ("0.0.0.0", 8080)
+
+
+def test_flags_beat_environment_which_beats_the_file(tmp_path):
+    file = tmp_path / "c.yaml"
+    file.write_text("listen: 127.0.0.1:9000\nlog-format: json\nresync: 5m\nname: from-file\n")
+    environ = {"OME_PUBLISHER_LISTEN": "127.0.0.1:9001", "OME_PUBLISHER_NAME": "from-env"}
+    cfg = load(parse_flags("--config", str(file), "--name", "from-flag"), environ=environ)
+    assert cfg.name == "from-flag"
+    assert cfg.listen == "127.0.0.1:9001"
+    assert cfg.log_format == "json"
+    assert cfg.resync == 300.0
+
+
+def test_every_field_has_a_flag_an_environment_variable_and_help():
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    help_text = parser.format_help()
+    for name, info in RunConfig.model_fields.items():
+        spelled = f"--no-{name.replace('_', '-')}" if info.default is True else config.flag(name)
+        assert spelled in help_text, name
+        assert info.description, name
+    cfg = load({}, environ={"OME_PUBLISHER_DRY_RUN": "true", "OME_PUBLISHER_NAMESPACE": "a,b", "OME_PUBLISHER_REPORT_STATUS": "false"})
+    assert cfg.dry_run and cfg.namespace == ("a", "b") and not cfg.report_status
+
+
+def test_repeated_namespace_and_negated_boolean():
+    cfg = load(parse_flags("--namespace", "a", "--namespace", "b", "--no-report-status", "--once"), environ={})
+    assert cfg.namespace == ("a", "b") and not cfg.report_status and cfg.once
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        ({"name": "Not_A_Label"}, "--name"),
+        ({"source": "s3://bucket"}, "--source"),
+        ({"adapter": "haproxy"}, "--adapter"),
+        ({"resync": "soon"}, "--resync"),
+        ({"listen": "8080"}, "--listen"),
+        ({"host_template": "{name}.{cluster}"}, "--host-template"),
+        ({"ome_published_gate": "sometimes"}, "--ome-published-gate"),
+    ],
+    ids=["name", "source", "adapter", "resync", "listen", "host-template", "gate"],
+)
+def test_bad_option_names_the_flag(flags, named):
+    with pytest.raises(ConfigError, match=named):
+        load(flags, environ={})
+
+
+def test_unknown_key_in_the_file_is_refused(tmp_path):
+    file = tmp_path / "c.yaml"
+    file.write_text("lisen: 1\n")
+    with pytest.raises(ConfigError, match="unknown option 'lisen'"):
+        load({"config": str(file)}, environ={})
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("60s", 60.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), ("1.5", 1.5), (3, 3.0)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["0s", "-1s", "1d", "", "fast"])
+def test_bad_durations(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)

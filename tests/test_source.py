@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from publisher.model import InvalidObject, MapKey, TrafficMap
+from publisher.source import Bookmark, DirectorySource, Event, Relist, Store, Stores, WatchError, WatchState
+from tests.builders import make_isvc, make_map
+
+CHAT = MapKey("prod", "chat")
+
+
+# --- WatchState: the watch protocol as plain strings ---------------------------------------------
+
+
+def line(kind: str, obj: dict) -> bytes:
+    return json.dumps({"type": kind, "object": obj}).encode()
+
+
+def test_watch_state_tracks_the_version_of_each_event():
+    state = WatchState("10")
+    item = state.feed(line("MODIFIED", make_map(resource_version="11")))
+    assert isinstance(item, Event) and item.type == "MODIFIED"
+    assert state.resource_version == "11"
+
+
+def test_bookmark_moves_the_version_without_an_object():
+    state = WatchState("10")
+    assert state.feed(line("BOOKMARK", {"kind": "TrafficMap", "metadata": {"resourceVersion": "42"}})) == Bookmark("42")
+    assert state.resource_version == "42"
+
+
+def test_gone_error_event_asks_for_a_relist():
+    state = WatchState("10")
+    status = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}
+    assert state.feed(line("ERROR", status)) == Relist("Expired")
+    assert state.resource_version == "10"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"not json", json.dumps({"type": "ERROR", "object": {"code": 500, "message": "boom"}}).encode(), line("SURPRISE", {})],
+    ids=["undecodable", "error-500", "unknown-type"],
+)
+def test_other_watch_failures_raise(raw):
+    with pytest.raises(WatchError):
+        WatchState("1").feed(raw)
+
+
+def test_blank_lines_are_ignored():
+    assert WatchState("1").feed(b"  \n") is None
+
+
+# --- Store ------------------------------------------------------------------------------------------
+
+
+def test_upsert_of_the_same_version_is_no_change():
+    store: Store[str] = Store()
+    assert store.upsert(CHAT, "a", "1")
+    assert not store.upsert(CHAT, "a", "1")
+    assert store.upsert(CHAT, "b", "2")
+
+
+def test_replace_yields_vanished_keys_within_its_namespace():
+    store: Store[str] = Store()
+    other = MapKey("dev", "x")
+    store.upsert(CHAT, "a", "1")
+    store.upsert(MapKey("prod", "gone"), "a", "1")
+    store.upsert(other, "a", "1")
+    changed = store.replace([(CHAT, "a", "1")], namespace="prod")
+    assert changed == {MapKey("prod", "gone")}
+    assert store.get(other) == "a"
+
+
+# --- DirectorySource --------------------------------------------------------------------------------
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.keys: set[MapKey] = set()
+        self.synced_count = 0
+
+    def changed(self, keys, *, at: float) -> None:
+        self.keys |= set(keys)
+
+    def synced(self) -> None:
+        self.synced_count += 1
+
+
+def write(path: Path, *objects: dict) -> None:
+    path.write_text(yaml.safe_dump_all(objects))
+
+
+async def test_directory_source_reads_maps_and_isvcs(tmp_path):
+    write(tmp_path / "chat.yaml", make_isvc(), make_map())
+    stores, sink = Stores.empty(), Sink()
+    source = DirectorySource(tmp_path, stores, sink, clock=lambda: 0.0)
+    await source.scan()
+    assert isinstance(stores.maps.get(CHAT), TrafficMap)
+    assert stores.isvcs.get(CHAT) is not None
+    assert sink.keys == {CHAT}
+
+
+async def test_rewriting_a_file_with_the_same_objects_changes_nothing(tmp_path):
+    write(tmp_path / "chat.yaml", make_isvc(), make_map())
+    stores, sink = Stores.empty(), Sink()
+    source = DirectorySource(tmp_path, stores, sink, clock=lambda: 0.0)
+    await source.scan()
+    sink.keys.clear()
+    (tmp_path / "chat.yaml").write_text("# touched\n" + (tmp_path / "chat.yaml").read_text())
+    await source.scan()
+    assert sink.keys == set()
+
+
+async def test_bad_file_is_skipped_and_its_maps_keep_their_last_state(tmp_path):
+    write(tmp_path / "chat.yaml", make_isvc(), make_map())
+    write(tmp_path / "embed.yaml", make_isvc("embed"), make_map("embed"))
+    stores, sink = Stores.empty(), Sink()
+    source = DirectorySource(tmp_path, stores, sink, clock=lambda: 0.0)
+    await source.scan()
+    (tmp_path / "chat.yaml").write_text("metadata: [unclosed\n")
+    write(tmp_path / "embed.yaml", make_isvc("embed"), make_map("embed", generation=5))
+    sink.keys.clear()
+    await source.scan()
+    assert sink.keys == {MapKey("prod", "embed")}
+    assert isinstance(stores.maps.get(CHAT), TrafficMap)
+    assert stores.maps.get(MapKey("prod", "embed")).metadata.generation == 5
+
+
+async def test_removed_file_removes_its_objects(tmp_path):
+    write(tmp_path / "chat.yaml", make_isvc(), make_map())
+    stores, sink = Stores.empty(), Sink()
+    source = DirectorySource(tmp_path, stores, sink, clock=lambda: 0.0)
+    await source.scan()
+    (tmp_path / "chat.yaml").unlink()
+    await source.scan()
+    assert stores.maps.get(CHAT) is None
+
+
+async def test_invalid_map_is_stored_as_invalid_object(tmp_path):
+    write(tmp_path / "chat.yaml", make_map(spec={"entries": [{"cluster": "a;b", "endpoint": "http://x", "weight": 1, "healthy": True}]}))
+    stores, sink = Stores.empty(), Sink()
+    await DirectorySource(tmp_path, stores, sink, clock=lambda: 0.0).scan()
+    assert isinstance(stores.maps.get(CHAT), InvalidObject)
+
+
+async def test_run_reports_synced_once_and_sees_changes(tmp_path):
+    write(tmp_path / "chat.yaml", make_isvc(), make_map())
+    stores, sink = Stores.empty(), Sink()
+    source = DirectorySource(tmp_path, stores, sink, clock=lambda: 0.0, poll_interval=0.01)
+    task = asyncio.create_task(source.run())
+    try:
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if sink.synced_count:
+                break
+        write(tmp_path / "chat.yaml", make_isvc(), make_map(generation=9))
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if stores.maps.get(CHAT).metadata.generation == 9:
+                break
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert sink.synced_count == 1
+    assert stores.maps.get(CHAT).metadata.generation == 9
