@@ -81,6 +81,7 @@ class RunConfig(BaseModel):
     envoy_dir: Path | None = Field(None, description="envoy adapter: directory of cds.yaml and rds.yaml that Envoy watches.")
     envoy_route_config: str = Field("ome-global", description="envoy adapter: name of the route configuration in rds.yaml.")
     envoy_admin: str | None = Field(None, description="envoy adapter: admin URL, to confirm Envoy took each version.")
+    envoy_ca_file: Path | None = Field(None, description="envoy adapter: CA bundle for https endpoints (default: the system trust store).")
     rewrite_host: bool = Field(False, description="envoy and nginx adapters: send each backend its endpoint's host as the Host header.")
     nginx_conf_file: Path | None = Field(None, description="nginx adapter: the file it owns, included inside http {}.")
     nginx_listen: str = Field("8080", description="nginx adapter: listen address of the published servers.")

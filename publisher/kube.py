@@ -246,9 +246,9 @@ class Kube:
         name: str,
         namespace: str,
         identity: str,
-        lease_duration: float,
-        renew_deadline: float,
-        retry_period: float,
+        lease_duration: int,
+        renew_deadline: int,
+        retry_period: int,
         on_started: Callable[[], Awaitable[None]],
         on_stopped: Callable[[], Awaitable[None]],
     ) -> None:

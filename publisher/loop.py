@@ -470,9 +470,9 @@ class LeaderOptions:
 
     lease_namespace: str
     identity: str
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
+    lease_duration: int = 15
+    renew_deadline: int = 10
+    retry_period: int = 2
 
 
 async def run_leader_election(publisher: Publisher, kube: Kube, options: LeaderOptions) -> None:

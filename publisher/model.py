@@ -147,7 +147,7 @@ class Endpoint:
 
 def parse_endpoint(url: str) -> Endpoint:
     """Splits a validated endpoint URL; the port defaults to the scheme's. Raises ValueError."""
-    match = _ENDPOINT.match(url)
+    match = _ENDPOINT.fullmatch(url)
     if match is None:
         raise ValueError(f"{url!r} is not an http(s) URL with a plain host")
     scheme = match["scheme"]
@@ -158,14 +158,14 @@ def parse_endpoint(url: str) -> Endpoint:
 
 
 def is_dns_label(value: str) -> bool:
-    return bool(_DNS_LABEL.match(value))
+    return bool(_DNS_LABEL.fullmatch(value))
 
 
 # --- The TrafficMap and InferenceService as pydantic models ----------------------------------------
 
 
 def _cluster_name(value: str) -> str:
-    if len(value) > 253 or not _DNS1123_SUBDOMAIN.match(value):
+    if len(value) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(value):
         raise ValueError(f"{value!r} is not a DNS-1123 subdomain")
     return value
 

@@ -229,7 +229,7 @@ class Informer:
 
     def _retrying(self) -> tenacity.AsyncRetrying:
         return tenacity.AsyncRetrying(
-            wait=tenacity.wait_exponential_jitter(initial=self._options.backoff_initial, max=self._options.backoff_max),
+            wait=tenacity.wait_exponential_jitter(multiplier=self._options.backoff_initial, max=self._options.backoff_max),
             retry=tenacity.retry_if_exception_type(_TRANSIENT),
             before_sleep=self._count_restart,
             reraise=True,

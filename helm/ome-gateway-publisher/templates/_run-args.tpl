@@ -1,0 +1,65 @@
+{{/*
+The arguments of `ome-publisher run` (the image's ENTRYPOINT), one per list item.
+Paths name the pod's mounts (see deployment.yaml). tests/test_helm.py checks every flag here
+against `ome-publisher run --help`.
+*/}}
+{{- define "ome-gateway-publisher.runArgs" -}}
+- run
+- {{ printf "--name=%s" .Values.instanceName | quote }}
+- --source=kube
+{{- if not .Values.controlPlane.inCluster }}
+- --kubeconfig=/etc/ome-publisher/control-plane/kubeconfig
+{{- end }}
+{{- range .Values.watch.namespaces }}
+- {{ printf "--namespace=%s" . | quote }}
+{{- end }}
+{{- with .Values.watch.labelSelector }}
+- {{ printf "--label-selector=%s" . | quote }}
+{{- end }}
+- {{ printf "--resync=%s" .Values.watch.resync | quote }}
+- {{ printf "--ome-published-gate=%s" .Values.gates.omePublishedGate | quote }}
+{{- with .Values.gates.probeMaxAge }}
+- {{ printf "--probe-max-age=%s" . | quote }}
+{{- end }}
+- {{ printf "--host-template=%s" .Values.hostTemplate | quote }}
+{{- if not .Values.reportStatus }}
+- --no-report-status
+{{- end }}
+{{- if .Values.leaderElection.enabled }}
+- --leader-elect
+- {{ printf "--lease-namespace=%s" (include "ome-gateway-publisher.leaseNamespace" .) | quote }}
+{{- end }}
+- {{ printf "--listen=0.0.0.0:%d" (int .Values.metrics.port) | quote }}
+- {{ printf "--log-format=%s" .Values.log.format | quote }}
+- {{ printf "--log-level=%s" .Values.log.level | quote }}
+- {{ printf "--adapter=%s" .Values.adapter.name | quote }}
+{{- if eq .Values.adapter.name "envoy" }}
+- --envoy-dir=/run/ome-gateway
+- {{ printf "--envoy-route-config=%s" .Values.adapter.envoy.routeConfig | quote }}
+- {{ printf "--envoy-admin=http://127.0.0.1:%d" (int .Values.gateway.envoy.adminPort) | quote }}
+{{- if .Values.adapter.envoy.rewriteHost }}
+- --rewrite-host
+{{- end }}
+{{- else if eq .Values.adapter.name "nginx" }}
+- --nginx-conf-file=/run/ome-gateway/ome-gateway.conf
+- {{ printf "--nginx-listen=%d" (int .Values.gateway.port) | quote }}
+- --nginx-pid-file=/run/nginx/nginx.pid
+- {{ printf "--nginx-status-listen=%s" .Values.adapter.nginx.statusListen | quote }}
+- {{ printf "--nginx-min-reload-interval=%s" .Values.adapter.nginx.minReloadInterval | quote }}
+{{- with .Values.adapter.nginx.testCmd }}
+- {{ printf "--nginx-test-cmd=%s" . | quote }}
+{{- end }}
+{{- with .Values.adapter.nginx.reloadCmd }}
+- {{ printf "--nginx-reload-cmd=%s" . | quote }}
+{{- end }}
+{{- else if eq .Values.adapter.name "httproute" }}
+- {{ printf "--gateway=%s" (required "adapter.httproute.gateway (NAMESPACE/NAME) is required for the httproute adapter" .Values.adapter.httproute.gateway) | quote }}
+- {{ printf "--backend-port=%d" (int .Values.adapter.httproute.backendPort) | quote }}
+- {{ printf "--route-namespace=%s" (include "ome-gateway-publisher.routeNamespace" .) | quote }}
+{{- if .Values.adapter.httproute.gatewayKubeconfigSecret.name }}
+- --gateway-kubeconfig=/etc/ome-publisher/gateway-cluster/kubeconfig
+{{- end }}
+{{- else if eq .Values.adapter.name "json" }}
+- --json-path=/run/ome-gateway/maps.json
+{{- end }}
+{{- end }}

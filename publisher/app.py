@@ -1,0 +1,132 @@
+"""Assembles a running publisher from a RunConfig: the adapter, the source, the loop.
+
+The only module that turns configuration into objects; cli.py calls it and prints what it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from adapters import ADAPTERS
+from adapters.base import Adapter, ApplyResult
+from publisher import gate, loop
+from publisher.config import ConfigError, RunConfig, flag
+from publisher.kube import Kube
+from publisher.loop import LeaderOptions, LoopOptions, Publisher
+from publisher.model import Held, MapKey, Publication
+from publisher.source import DirectorySource, KubeSource, Stores, WatchOptions
+
+
+def build_adapter(config: RunConfig) -> Adapter:
+    """The chosen adapter with its options taken from the config; errors name the flags."""
+    options_model, adapter_class = ADAPTERS[config.adapter].load()
+    values: dict[str, Any] = {}
+    for name in options_model.model_fields:
+        value = getattr(config, name, None)
+        if value is not None:
+            values[name] = value
+    try:
+        options = options_model.model_validate(values)
+    except ValidationError as exc:
+        problems = [f"{flag(str(e['loc'][0]))}: {e['msg']}" if e["loc"] else e["msg"] for e in exc.errors()]
+        raise ConfigError(f"--adapter {config.adapter}: " + "; ".join(problems)) from exc
+    adapter: Adapter = adapter_class(options)
+    return adapter
+
+
+class DryRunAdapter:
+    """Wraps an adapter so nothing is written: records what would have been applied."""
+
+    def __init__(self, inner: Adapter) -> None:
+        self._inner = inner
+        self.name = inner.name
+        self.desired: dict[MapKey, Publication] = {}
+
+    def check(self, pub: Publication) -> Held | None:
+        return self._inner.check(pub)
+
+    async def current(self) -> dict[MapKey, Publication]:
+        return {}
+
+    async def apply(self, desired, changed) -> ApplyResult:  # type: ignore[no-untyped-def]
+        self.desired = dict(desired)
+        return ApplyResult(wrote=False)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@dataclass
+class Summary:
+    """What one pass did, for --once and --dry-run output and exit codes."""
+
+    publications: list[Publication] = field(default_factory=list)
+    held: list[dict[str, Any]] = field(default_factory=list)
+    maps: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def all_published(self) -> bool:
+        return not self.held
+
+
+def _identity(config: RunConfig) -> str:
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+async def run(config: RunConfig) -> Summary | None:
+    """Run as configured. Returns a Summary for --once and --dry-run; runs forever otherwise."""
+    adapter: Adapter = build_adapter(config)
+    if config.dry_run:
+        adapter = DryRunAdapter(adapter)
+    kube = await Kube.connect(config.kubeconfig) if config.source == "kube" else None
+    report_status = config.report_status and not config.dry_run and kube is not None
+    options = LoopOptions(
+        instance=config.name,
+        adapter_name=config.adapter,
+        gate=gate.GateOptions(published_gate=config.ome_published_gate),
+        host_template=config.host_template,
+        resync=config.resync,
+        report_status=report_status,
+    )
+    stores = Stores.empty()
+    publisher = Publisher(stores, adapter, options, kube=kube)
+    source: loop.Source
+    source_dir = config.source_dir
+    if source_dir is not None:
+        if not source_dir.is_dir():
+            raise ConfigError(f"--source: {source_dir} is not a directory")
+        source = DirectorySource(source_dir, stores, publisher, clock=publisher.clock)
+    else:
+        assert kube is not None
+        watch = WatchOptions(namespaces=config.namespace, label_selector=config.label_selector)
+        source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
+    try:
+        if config.once or config.dry_run:
+            await loop.once(publisher, source, read_gateway=not config.dry_run)
+            return _summary(publisher, adapter)
+        leader = LeaderOptions(config.effective_lease_namespace(), _identity(config)) if config.leader_elect else None
+        await loop.run(publisher, source, listen=config.listen_address, leader=leader)
+        return None
+    finally:
+        await asyncio.shield(_close(adapter, kube))
+
+
+async def _close(adapter: Adapter, kube: Kube | None) -> None:
+    await adapter.aclose()
+    if kube is not None:
+        await kube.close()
+
+
+def _summary(publisher: Publisher, adapter: Adapter) -> Summary:
+    published = adapter.desired if isinstance(adapter, DryRunAdapter) else publisher.published
+    summary = Summary(publications=[published[k] for k in sorted(published)], maps=publisher.debug_maps())
+    for key, state in sorted(publisher.states.items()):
+        if state.state in ("held", "failed"):
+            summary.held.append({"namespace": key.namespace, "name": key.name, "reason": state.reason, "message": state.message})
+    return summary

@@ -1,0 +1,273 @@
+"""The `ome-publisher` command: argument parsing, printing and exit codes.
+
+The only module that prints or exits. Each subcommand is one `_add_<name>(subparsers)` function
+that declares its arguments and sets `run` to a function (args) -> exit code; `_SUBCOMMANDS`
+lists them. The work itself lives in the stages (gate, verify, ...); this module only shows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from publisher.gate import GateOptions, PublishedGate, decide
+from publisher.manifests import ManifestError, parse_manifests, read_manifests
+from publisher.model import (
+    INFERENCE_SERVICE_KIND,
+    TRAFFIC_MAP_KIND,
+    InferenceService,
+    InvalidObject,
+    MapKey,
+    Reason,
+    TrafficMap,
+    describe_validation_error,
+    object_key,
+    parse_traffic_map,
+)
+from publisher.verify import compare
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_HELD, EXIT_INPUT = 0, 1, 2
+STDIN = "-"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one subcommand and returns its exit code (the console script exits with it)."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the usage error (2) or the help (0)
+        return exc.code if isinstance(exc.code, int) else EXIT_INPUT
+    code: int = args.run(args)
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ome-publisher",
+        description="Publishes OME TrafficMap weights into a global gateway.",
+    )
+    subparsers = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+    for add in _SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+# --- verify ------------------------------------------------------------------------------------------
+
+
+def _add_verify(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "verify",
+        help="check TrafficMaps in files: gates and recomputed weights",
+        description=(
+            "Checks each TrafficMap in PATH (YAML or JSON; several documents or a `kind: List`) as the "
+            "publisher would before publishing it. Its InferenceService, when in the input, is checked "
+            "too. Exit 0 when every map is ok, 1 when any is held, 2 when an input cannot be read."
+        ),
+    )
+    parser.add_argument("--output", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--ome-published-gate",
+        choices=[mode.value for mode in PublishedGate],
+        default=PublishedGate.AUTO.value,
+        help="how to honour OME's own Published condition (default: auto)",
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="a manifest file, or - for stdin")
+    parser.set_defaults(run=_verify)
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    cluster: str
+    allocated: int | None
+    ready: int | None
+    factor: str | None
+    weight: int | None
+    expected: int | None
+    healthy: bool | None
+    expected_healthy: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Report:
+    key: MapKey
+    reason: Reason | None
+    message: str | None
+    rows: tuple[_Row, ...]
+    source_known: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.key.namespace,
+            "name": self.key.name,
+            "verdict": "ok" if self.reason is None else "held",
+            "reason": None if self.reason is None else str(self.reason),
+            "message": self.message,
+            "entries": [
+                {
+                    "cluster": row.cluster,
+                    "weight": row.weight,
+                    "expected": row.expected,
+                    "healthy": row.healthy,
+                    "expectedHealthy": row.expected_healthy,
+                }
+                for row in self.rows
+            ],
+        }
+
+
+class _InputError(Exception):
+    """An input that cannot be read or parsed; the message names it."""
+
+
+def _verify(args: argparse.Namespace) -> int:
+    try:
+        maps, isvcs = _load(args.paths)
+    except (ManifestError, _InputError) as exc:
+        print(f"ome-publisher verify: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    gate = PublishedGate(args.ome_published_gate)
+    reports = []
+    for item in maps:
+        isvc = isvcs.get(item.key)
+        options = GateOptions(published_gate=gate, source_known=isvc is not None)
+        held = decide(item, isvc, options)
+        reports.append(
+            _Report(
+                key=item.key,
+                reason=None if held is None else held.reason,
+                message=None if held is None else held.message,
+                rows=_rows(item),
+                source_known=isvc is not None,
+            )
+        )
+    if args.output == "json":
+        print(json.dumps({"maps": [report.to_json() for report in reports]}, indent=2))
+    else:
+        print("\n\n".join(_text(report) for report in reports))
+    return EXIT_HELD if any(report.reason is not None for report in reports) else EXIT_OK
+
+
+def _load(paths: Sequence[str]) -> tuple[list[TrafficMap | InvalidObject], dict[MapKey, InferenceService]]:
+    """The maps in input order, and the InferenceServices by key (the last one of a key wins)."""
+    maps: list[TrafficMap | InvalidObject] = []
+    isvcs: dict[MapKey, InferenceService] = {}
+    for path in paths:
+        name = "<stdin>" if path == STDIN else path
+        objects = parse_manifests(name, sys.stdin.read()) if path == STDIN else read_manifests(path)
+        for number, raw in enumerate(objects, start=1):
+            kind = raw.get("kind")
+            if kind not in (TRAFFIC_MAP_KIND, INFERENCE_SERVICE_KIND):
+                continue
+            if object_key(raw) is None:
+                raise _InputError(f"{name}: object {number} ({kind}) has no metadata.name")
+            if kind == TRAFFIC_MAP_KIND:
+                maps.append(parse_traffic_map(raw))
+                continue
+            try:
+                isvc = InferenceService.model_validate(raw)
+            except ValidationError as exc:
+                raise _InputError(
+                    f"{name}: InferenceService {object_key(raw)}: {describe_validation_error(exc)}"
+                ) from exc
+            isvcs[isvc.key] = isvc
+    if not maps:
+        raise _InputError(f"no {TRAFFIC_MAP_KIND} in {', '.join(paths)}")
+    return maps, isvcs
+
+
+def _rows(item: TrafficMap | InvalidObject) -> tuple[_Row, ...]:
+    if isinstance(item, TrafficMap):
+        return tuple(
+            _Row(
+                check.cluster,
+                check.allocated,
+                check.ready,
+                check.factor,
+                check.weight,
+                check.expected,
+                check.healthy,
+                check.expected_healthy,
+            )
+            for check in compare(item)
+        )
+    # A map that failed validation: only what can be read from its raw entries, nothing recomputed.
+    spec = item.raw.get("spec")
+    entries = spec.get("entries") if isinstance(spec, dict) else None
+    rows = []
+    for entry in entries if isinstance(entries, list) else ():
+        if not isinstance(entry, dict):
+            continue
+        cluster, weight, healthy = entry.get("cluster"), entry.get("weight"), entry.get("healthy")
+        rows.append(
+            _Row(
+                cluster=cluster if isinstance(cluster, str) else "",
+                allocated=None,
+                ready=None,
+                factor=None,
+                weight=weight if isinstance(weight, int) and not isinstance(weight, bool) else None,
+                expected=None,
+                healthy=healthy if isinstance(healthy, bool) else None,
+                expected_healthy=None,
+            )
+        )
+    return tuple(rows)
+
+
+_HEADER = ("CLUSTER", "ALLOCATED", "READY", "FACTOR", "WEIGHT", "RECOMPUTED", "HEALTHY")
+
+
+def _text(report: _Report) -> str:
+    table = [_HEADER] + [
+        (
+            row.cluster,
+            _cell(row.allocated),
+            _cell(row.ready),
+            _cell(row.factor),
+            _cell(row.weight),
+            _cell(row.expected),
+            _healthy_cell(row),
+        )
+        for row in report.rows
+    ]
+    widths = [max(len(line[column]) for line in table) for column in range(len(_HEADER))]
+    lines = [f"{report.key}"]
+    lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
+    if not report.source_known:
+        lines.append(
+            f"  InferenceService {report.key} is not in the input: "
+            f"{Reason.SOURCE_UID_MISMATCH} and {Reason.ISVC_GENERATION_MISMATCH} not checked"
+        )
+    if report.reason is None:
+        lines.append("  verdict: ok")
+    else:
+        lines.append(f"  verdict: held, {report.reason}: {report.message}")
+    return "\n".join(lines)
+
+
+def _cell(value: int | str | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _healthy_cell(row: _Row) -> str:
+    if row.healthy is None:
+        return "-"
+    shown = "true" if row.healthy else "false"
+    if row.expected_healthy is not None and row.expected_healthy != row.healthy:
+        shown += f" (recomputed {'true' if row.expected_healthy else 'false'})"
+    return shown
+
+
+_SUBCOMMANDS = (_add_verify,)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

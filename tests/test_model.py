@@ -1,0 +1,110 @@
+"""publisher.model as the gates see it: the malformed-map corpus is InvalidMap with the field named;
+unknown and missing optional fields are tolerated."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from publisher.gate import GateOptions, decide
+from publisher.model import Reason, TrafficMap, parse_traffic_map
+from tests.builders import make_entry, make_map
+
+A = "worker-a"
+
+
+def entries_with(**fields: Any) -> list[dict[str, Any]]:
+    """worker-a valid, worker-b with `fields` overriding its valid defaults."""
+    return [make_entry(A, weight=1), make_entry("worker-b", **{"weight": 1, **fields})]
+
+
+CORPUS = [
+    pytest.param(entries_with(weight=-1), "spec.entries[worker-b].weight", "-1", id="weight-negative"),
+    pytest.param(entries_with(weight=1_000_001), "spec.entries[worker-b].weight", "1000001", id="weight-over-cap"),
+    pytest.param(entries_with(weight="3"), "spec.entries[worker-b].weight", "'3'", id="weight-string"),
+    pytest.param(entries_with(healthy="true"), "spec.entries[worker-b].healthy", "'true'", id="healthy-string"),
+    pytest.param([make_entry(A), make_entry(A)], "entries", "duplicate cluster 'worker-a'", id="duplicate-cluster"),
+    pytest.param(
+        [make_entry("a;b", endpoint="http://x.example.com")], "spec.entries[0].cluster", "'a;b'", id="cluster-semicolon"
+    ),
+    pytest.param(entries_with(endpoint="ftp://x"), "spec.entries[worker-b].endpoint", "ftp://x", id="endpoint-ftp"),
+    pytest.param(
+        entries_with(endpoint="http://user@x"), "spec.entries[worker-b].endpoint", "user@x", id="endpoint-userinfo"
+    ),
+    pytest.param(
+        entries_with(endpoint="http://x\n.example.com"), "spec.entries[worker-b].endpoint", "\\n", id="endpoint-newline"
+    ),
+    pytest.param(
+        entries_with(endpoint="http://x .example.com"), "spec.entries[worker-b].endpoint", "x .example", id="endpoint-space"
+    ),
+    pytest.param(entries_with(factor="abc"), "spec.entries[worker-b].capacity.factor", "'abc'", id="factor-abc"),
+    pytest.param(entries_with(factor="1.5.5"), "spec.entries[worker-b].capacity.factor", "'1.5.5'", id="factor-1.5.5"),
+    pytest.param(entries_with(factor=3), "spec.entries[worker-b].capacity.factor", "3", id="factor-number"),
+    pytest.param(entries_with(drainRefs="d1"), "spec.entries[worker-b].drainRefs", "", id="drain-refs-not-a-list"),
+]
+
+
+@pytest.mark.parametrize(("entries", "field", "value"), CORPUS)
+def test_malformed_maps_are_invalid_map_naming_the_field(entries, field, value) -> None:
+    item = parse_traffic_map(make_map(entries=entries))
+    held = decide(item, None, GateOptions())
+    assert held is not None and held.reason is Reason.INVALID_MAP
+    assert field in held.message
+    assert value in held.message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        pytest.param({"metadata": {"generation": "3"}}, "metadata.generation", id="generation-string"),
+        pytest.param({"spec": {"observedISVCGeneration": None}}, "spec.observedISVCGeneration", id="missing-required"),
+        pytest.param({"spec": {"entries": {"a": 1}}}, "spec.entries", id="entries-not-a-list"),
+        pytest.param({"status": {"sourceUID": 7}}, "status.sourceUID", id="source-uid-number"),
+        pytest.param({"status": {"conditions": [{"type": "Routable", "status": "Yes"}]}}, "status.conditions[0].status",
+                     id="condition-status"),
+    ],
+)
+def test_wrong_types_name_the_field(overrides: dict[str, Any], field: str) -> None:
+    item = parse_traffic_map(make_map(**overrides))
+    held = decide(item, None, GateOptions())
+    assert held is not None and held.reason is Reason.INVALID_MAP and field in held.message
+
+
+def test_unknown_fields_are_tolerated() -> None:
+    raw = make_map(
+        spec={"futureField": {"x": 1}},
+        status={"published": [{"gateway": "g"}], "publisher": {"claims": []}},
+        entries=[make_entry(A, weight=1, probe={"result": "Passing", "gated": False, "newThing": 1}, extra=True)],
+    )
+    assert isinstance(parse_traffic_map(raw), TrafficMap)
+
+
+def test_missing_optional_fields_are_tolerated() -> None:
+    raw = {
+        "apiVersion": "ome.io/v1beta1",
+        "kind": "TrafficMap",
+        "metadata": {"name": "old", "namespace": "prod"},
+        "spec": {
+            "service": "old",
+            "observedISVCGeneration": 1,
+            "entries": [{"cluster": A, "endpoint": "https://old.example.com:8443/v1", "weight": 0, "healthy": False}],
+        },
+    }
+    tm = parse_traffic_map(raw)
+    assert isinstance(tm, TrafficMap)
+    assert tm.spec.entries[0].capacity.allocated == 0 and tm.spec.entries[0].probe is None
+    assert tm.status.conditions == []
+
+
+@pytest.mark.parametrize(
+    ("entry", "field"),
+    [
+        pytest.param(make_entry("worker-b", endpoint="http://x.example.com\n"), "spec.entries[worker-b].endpoint", id="endpoint"),
+        pytest.param(make_entry("worker-b\n", endpoint="http://x.example.com"), "spec.entries[1].cluster", id="cluster"),
+    ],
+)
+def test_a_trailing_newline_is_invalid_map(entry: dict[str, Any], field: str) -> None:
+    item = parse_traffic_map(make_map(entries=[make_entry(A, weight=1), entry]))
+    held = decide(item, None, GateOptions())
+    assert held is not None and held.reason is Reason.INVALID_MAP and field in held.message
