@@ -93,6 +93,7 @@ async def run(config: RunConfig) -> Summary | None:
         host_template=config.host_template,
         resync=config.resync,
         report_status=report_status,
+        probe_max_age=config.probe_max_age,
     )
     stores = Stores.empty()
     publisher = Publisher(stores, adapter, options, kube=kube)

@@ -8,14 +8,18 @@ lists them. The work itself lives in the stages (gate, verify, ...); this module
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from adapters.base import AdapterError
+from publisher import app, config, logs
 from publisher.gate import GateOptions, PublishedGate, decide
 from publisher.manifests import ManifestError, parse_manifests, read_manifests
 from publisher.model import (
@@ -30,6 +34,7 @@ from publisher.model import (
     object_key,
     parse_traffic_map,
 )
+from publisher.kube import KubeError
 from publisher.verify import compare
 
 __all__ = ["main"]
@@ -266,7 +271,108 @@ def _healthy_cell(row: _Row) -> str:
     return shown
 
 
-_SUBCOMMANDS = (_add_verify,)
+# --- run ---------------------------------------------------------------------------------------------
+
+
+def _add_run(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="watch TrafficMaps and publish their weights into a gateway",
+        description=(
+            "Runs the sidecar: watches TrafficMaps (and their InferenceServices), holds stale or "
+            "inconsistent ones, and writes verified weights into the gateway through an adapter. "
+            "Every option can also be set as OME_PUBLISHER_<OPTION> (upper case, dashes as "
+            "underscores) or as a key of the --config file; flags beat the environment, which beats "
+            "the file."
+        ),
+    )
+    config.add_arguments(parser)
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    flags = {k: v for k, v in vars(args).items() if k != "run"}
+    try:
+        run_config = config.load(flags)
+    except config.ConfigError as exc:
+        print(f"ome-publisher run: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    logs.configure(run_config.log_format, run_config.log_level)
+    try:
+        summary = asyncio.run(app.run(run_config))
+    except config.ConfigError as exc:
+        print(f"ome-publisher run: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except (KubeError, AdapterError) as exc:
+        print(f"ome-publisher run: {exc}", file=sys.stderr)
+        return EXIT_HELD
+    except KeyboardInterrupt:
+        return EXIT_OK
+    if summary is None:
+        return EXIT_OK
+    if run_config.output == "json":
+        document: dict[str, Any] = {
+            "publications": [pub.to_json() for pub in summary.publications],
+            "held": summary.held,
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(_run_text(summary, dry_run=run_config.dry_run))
+    return EXIT_OK if summary.all_published else EXIT_HELD
+
+
+def _run_text(summary: app.Summary, *, dry_run: bool) -> str:
+    lines = [f"{'would publish' if dry_run else 'published'} {len(summary.publications)} map(s)"]
+    for pub in summary.publications:
+        weights = " ".join(f"{b.cluster}={b.weight}" for b in pub.backends) or "(no backends: 503)"
+        lines.append(f"  {pub.namespace}/{pub.name} {pub.hostname} generation {pub.generation}: {weights}")
+    if summary.held:
+        lines.append(f"held {len(summary.held)} map(s)")
+        lines.extend(f"  {h['namespace']}/{h['name']} {h['reason']}: {h['message']}" for h in summary.held)
+    return "\n".join(lines)
+
+
+# --- envoy-bootstrap -----------------------------------------------------------------------------------
+
+
+def _add_envoy_bootstrap(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "envoy-bootstrap",
+        help="print an Envoy bootstrap that serves what the envoy adapter writes",
+        description="Prints (YAML) an Envoy bootstrap whose listener serves the route configuration "
+        "from DIR/rds.yaml and the clusters from DIR/cds.yaml, as `run --adapter envoy` writes them.",
+    )
+    parser.add_argument("--envoy-dir", required=True, metavar="DIR", help="the directory the envoy adapter writes")
+    parser.add_argument("--listen", required=True, metavar="HOST:PORT", help="address of the traffic listener")
+    parser.add_argument("--admin", metavar="HOST:PORT", help="address of Envoy's admin interface (default: none)")
+    parser.add_argument("--envoy-route-config", default="ome-global", metavar="NAME", help="route configuration name (default: ome-global)")
+    parser.set_defaults(run=_envoy_bootstrap)
+
+
+def _envoy_bootstrap(args: argparse.Namespace) -> int:
+    from adapters.envoy import bootstrap
+
+    try:
+        listen_host, listen_port = config.split_host_port(args.listen)
+        admin = config.split_host_port(args.admin) if args.admin else (None, None)
+    except ValueError as exc:
+        print(f"ome-publisher envoy-bootstrap: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    print(
+        bootstrap(
+            envoy_dir=Path(args.envoy_dir),
+            listen_host=listen_host,
+            listen_port=listen_port,
+            admin_host=admin[0],
+            admin_port=admin[1],
+            route_config=args.envoy_route_config,
+        ),
+        end="",
+    )
+    return EXIT_OK
+
+
+_SUBCOMMANDS = (_add_verify, _add_run, _add_envoy_bootstrap)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -160,3 +161,21 @@ def _published(tm: TrafficMap, mode: PublishedGate) -> Held | None:
 
 def _unset(value: int | None) -> str:
     return "unset" if value is None else str(value)
+
+
+def stalled_probes(tm: TrafficMap, max_age: float, now: datetime) -> str | None:
+    """Entries whose prober has not reported within `max_age` seconds: reported, never held (a
+    stalled prober says nothing about the backends, and holding would freeze every weight)."""
+    stalled = []
+    for entry in tm.spec.entries:
+        if entry.probe is None or not entry.probe.last_probe_time:
+            continue
+        try:
+            probed = datetime.fromisoformat(entry.probe.last_probe_time.replace("Z", "+00:00"))
+        except ValueError:
+            stalled.append(f"{entry.cluster} (unreadable lastProbeTime {entry.probe.last_probe_time!r})")
+            continue
+        age = (now - probed).total_seconds()
+        if age > max_age:
+            stalled.append(f"{entry.cluster} ({age:.0f}s since the last probe)")
+    return "probe results are stale for " + ", ".join(stalled) if stalled else None

@@ -116,6 +116,8 @@ class LoopOptions:
     status_concurrency: int = 8
     backoff_base: float = 0.5
     backoff_cap: float = 60.0
+    # None: stale probe results are not looked for.
+    probe_max_age: float | None = None
 
 
 @dataclass
@@ -275,7 +277,8 @@ class Publisher:
             self.backoff.forget(key)
             if isinstance(outcome, Publish):
                 pub = outcome.publication
-                note = result.notes.get(key)
+                notes = [n for n in (result.notes.get(key), self._stale_probes(item)) if n]
+                note = "; ".join(notes) or None
                 self._set_state(key, MapState("published"))
                 report = status.Report(True, Reason.PUBLISHED, _published_message(self.adapter.name, pub, note), pub.generation)
             elif isinstance(outcome, Hold):
@@ -292,6 +295,14 @@ class Publisher:
             self.status_queue.add(key)
         elif item is None:
             self.reports.pop(key, None)
+
+    def _stale_probes(self, item: TrafficMap | InvalidObject | None) -> str | None:
+        if self.options.probe_max_age is None or not isinstance(item, TrafficMap):
+            return None
+        stale = gate.stalled_probes(item, self.options.probe_max_age, self.wall_clock())
+        if stale is not None:
+            log.warning("prober stalled", extra={"map": str(item.key), "detail": stale})
+        return stale
 
     def _state(self, key: MapKey) -> MapState:
         return self.states.get(key) or MapState()

@@ -229,3 +229,18 @@ def test_verification_failed() -> None:
 def test_gate_order(raw: dict[str, Any], isvc: Any, reason: Reason) -> None:
     result = held(raw, isvc=isvc)
     assert result is not None and result.reason is reason
+
+
+def test_stalled_prober_is_reported_with_its_age() -> None:
+    from datetime import UTC, datetime
+
+    from publisher.gate import stalled_probes
+
+    entries = [
+        make_entry("worker-a", weight=1, probe={"result": "Passing", "gated": False, "lastProbeTime": "2026-11-30T11:58:00Z"}),
+        make_entry("worker-b", weight=1, probe={"result": "Passing", "gated": False, "lastProbeTime": "2026-11-30T11:59:50Z"}),
+    ]
+    tm = parse_traffic_map(make_map(entries=entries))
+    now = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+    assert stalled_probes(tm, 60, now) == "probe results are stale for worker-a (120s since the last probe)"
+    assert stalled_probes(tm, 600, now) is None
