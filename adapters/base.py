@@ -77,6 +77,12 @@ class Adapter(Protocol):
 
     async def apply(self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey]) -> ApplyResult: ...
 
+    def hold_off(self) -> float:
+        """Seconds the next apply would have to wait (0: it may write now). The loop waits this
+        out before taking its next batch, so one write carries every change made meanwhile:
+        NGINX reloads cut long-lived streams and are rate-limited this way."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

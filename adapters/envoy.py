@@ -634,6 +634,9 @@ class EnvoyAdapter:
             await self._io.write(RDS_FILE, rds_text)
         self._rds_version, self._cds_version = rds_version, cds_version
 
+    def hold_off(self) -> float:
+        return 0.0
+
     async def aclose(self) -> None:
         await self._io.aclose()
 

@@ -89,5 +89,8 @@ class JsonAdapter:
         self._written, self._fragments = data, fragments
         return ApplyResult(wrote=True)
 
+    def hold_off(self) -> float:
+        return 0.0
+
     async def aclose(self) -> None:
         return None

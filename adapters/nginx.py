@@ -549,10 +549,16 @@ class NginxAdapter:
             log.warning("nginx refused map", extra={"map": str(key), "error": held.message})
         return bad
 
-    async def _wait_for_interval(self) -> None:
+    def hold_off(self) -> float:
+        """Seconds until the next reload is allowed. The loop waits this out before it takes its
+        next batch, so one reload carries every change made while it waited."""
         if self._last_reload is None:
-            return
-        wait = self._last_reload + self._options.nginx_min_reload_interval - self._clock()
+            return 0.0
+        return max(0.0, self._last_reload + self._options.nginx_min_reload_interval - self._clock())
+
+    async def _wait_for_interval(self) -> None:
+        # Still enforced here: a caller that ignores hold_off() must not reload more often.
+        wait = self.hold_off()
         if wait > 0:
             await self._sleep(wait)
 

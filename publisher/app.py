@@ -58,6 +58,9 @@ class DryRunAdapter:
         self.desired = dict(desired)
         return ApplyResult(wrote=False)
 
+    def hold_off(self) -> float:
+        return 0.0
+
     async def aclose(self) -> None:
         await self._inner.aclose()
 

@@ -69,17 +69,22 @@ class KeyQueue:
         ready, self._ready = self._ready, {}
         return ready
 
-    async def take(self) -> dict[MapKey, float | None]:
-        """Every ready key with its earliest event time; waits until there is at least one."""
+    async def wait(self) -> None:
+        """Until at least one key is ready."""
         while True:
             wait = self._promote_due()
             if self._ready:
-                return self.take_ready()
+                return
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
             except TimeoutError:
                 pass
+
+    async def take(self) -> dict[MapKey, float | None]:
+        """Every ready key with its earliest event time; waits until there is at least one."""
+        await self.wait()
+        return self.take_ready()
 
 
 class Backoff:
@@ -392,7 +397,11 @@ class Publisher:
         """Forever: take every dirty key, sync them in one pass. Nothing before the first sync."""
         await self.synced_event.wait()
         while True:
-            await self.sync_once(await self.queue.take())
+            await self.queue.wait()
+            hold_off = self.adapter.hold_off()
+            if hold_off > 0:
+                await asyncio.sleep(hold_off)
+            await self.sync_once(self.queue.take_ready())
 
     async def run_status_writer(self) -> None:
         while True:

@@ -284,3 +284,20 @@ async def test_once_publishes_from_a_source(leader):
 
     await loop.once(publisher, OneShotSource())
     assert weights(adapter, CHAT) == [2, 3]
+
+
+async def test_held_map_is_logged_once_per_reason(caplog):
+    publisher, stores, _ = make_publisher()
+    put_map(stores, make_map(entries=[make_entry("worker-a", allocated=4, ready=4, weight=7)]))
+    await publisher.start()
+    publisher.synced()
+    with caplog.at_level("WARNING", logger="publisher.loop"):
+        for version in ("2", "3"):
+            put_map(stores, make_map(resource_version=version, entries=[make_entry("worker-a", allocated=4, ready=4, weight=7)]))
+            publisher.changed([CHAT], at=0.0)
+            await publisher.sync_once(publisher.queue.take_ready())
+        put_map(stores, make_map(resource_version="4", routable=False))
+        publisher.changed([CHAT], at=0.0)
+        await publisher.sync_once(publisher.queue.take_ready())
+    held = [r for r in caplog.records if r.getMessage() == "map held"]
+    assert [r.reason for r in held] == ["VerificationFailed", "RoutableOutdated"]

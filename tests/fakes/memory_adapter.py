@@ -56,5 +56,8 @@ class MemoryAdapter:
         finally:
             self._in_flight = False
 
+    def hold_off(self) -> float:
+        return 0.0
+
     async def aclose(self) -> None:
         self.closed = True

