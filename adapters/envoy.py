@@ -101,17 +101,17 @@ def _virtual_host_name(key: MapKey) -> str:
 
 def _problem(pub: Publication) -> str | None:
     """Why Envoy cannot be given `pub`, or None: every value that reaches the config, checked."""
-    if not _DNS_LABEL.match(pub.namespace):
+    if not _DNS_LABEL.fullmatch(pub.namespace):
         return f"namespace {pub.namespace!r} is not a DNS label"
-    if len(pub.name) > 253 or not _DNS1123_SUBDOMAIN.match(pub.name):
+    if len(pub.name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(pub.name):
         return f"name {pub.name!r} is not a DNS-1123 subdomain"
-    if len(pub.hostname) > 253 or not _HOSTNAME.match(pub.hostname):
+    if len(pub.hostname) > 253 or not _HOSTNAME.fullmatch(pub.hostname):
         return f"hostname {pub.hostname!r} is not a lower-case DNS name (optionally '*.')"
     if pub.generation < 0 or pub.observed_isvc_generation < 0:
         return "generation is negative"
     seen: set[str] = set()
     for backend in pub.backends:
-        if len(backend.cluster) > 253 or not _DNS1123_SUBDOMAIN.match(backend.cluster):
+        if len(backend.cluster) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(backend.cluster):
             return f"cluster {backend.cluster!r} is not a DNS-1123 subdomain"
         if backend.cluster in seen:
             return f"cluster {backend.cluster!r} appears twice"

@@ -54,7 +54,7 @@ _LISTEN = re.compile(r"^((?P<host>\*|[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):)?(?P<po
 
 
 def _check_listen(value: str) -> str:
-    match = _LISTEN.match(value)
+    match = _LISTEN.fullmatch(value)
     if match is None or not 0 < int(match["port"]) < 65536:
         raise ValueError(f"{value!r} is not an NGINX listen address (PORT or HOST:PORT)")
     return value
@@ -105,7 +105,7 @@ class NginxOptions(BaseModel):
 
     @property
     def status_url(self) -> str:
-        match = _LISTEN.match(self.nginx_status_listen)
+        match = _LISTEN.fullmatch(self.nginx_status_listen)
         assert match is not None  # validated above
         host = match["host"] or "127.0.0.1"
         host = {"*": "127.0.0.1", "0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)
@@ -117,11 +117,11 @@ class NginxOptions(BaseModel):
 
 def problem(pub: Publication, *, rewrite_host: bool = False) -> str | None:
     """Why `pub` cannot be written into an NGINX config, or None. Every written value passes here."""
-    if not _DNS_LABEL.match(pub.namespace):
+    if not _DNS_LABEL.fullmatch(pub.namespace):
         return f"namespace {pub.namespace!r} is not a DNS label"
-    if len(pub.name) > 253 or not _DNS1123_SUBDOMAIN.match(pub.name):
+    if len(pub.name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(pub.name):
         return f"name {pub.name!r} is not a DNS-1123 subdomain"
-    if len(pub.hostname) > 253 or not _HOSTNAME.match(pub.hostname):
+    if len(pub.hostname) > 253 or not _HOSTNAME.fullmatch(pub.hostname):
         return f"hostname {pub.hostname!r} is not a DNS name"
     for field_name in ("generation", "observed_isvc_generation"):
         value = getattr(pub, field_name)
@@ -130,7 +130,7 @@ def problem(pub: Publication, *, rewrite_host: bool = False) -> str | None:
     seen: set[str] = set()
     schemes: set[str] = set()
     for backend in pub.backends:
-        if len(backend.cluster) > 253 or not _DNS1123_SUBDOMAIN.match(backend.cluster):
+        if len(backend.cluster) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(backend.cluster):
             return f"backends[{backend.cluster!r}].cluster is not a DNS-1123 subdomain"
         if backend.cluster in seen:
             return f"backends: duplicate cluster {backend.cluster!r}"

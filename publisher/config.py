@@ -94,6 +94,7 @@ class RunConfig(BaseModel):
     gateway: str | None = Field(None, description="httproute adapter: the parent Gateway, NAMESPACE/NAME.")
     backend_port: int | None = Field(None, description="httproute adapter: port of each backend's ExternalName Service.")
     route_namespace: str | None = Field(None, description="httproute adapter: namespace of the routes (default: the map's).")
+    route_status_timeout: Duration = Field(5.0, description="httproute adapter: how long to wait for the gateway to report on a route before publishing with a note.")
 
     @field_validator("name")
     @classmethod

@@ -16,6 +16,7 @@ from adapters.nginx import (
     SPLIT_UNITS,
     NginxAdapter,
     NginxOptions,
+    problem,
     read_back,
     render,
     split_units,
@@ -485,3 +486,10 @@ async def test_real_nginx_keeps_serving_the_old_config_when_a_reload_fails(tmp_p
             assert await measure(nginx.url, "m.example.com", 20) == {"a": 20}
         finally:
             await adapter.aclose()
+
+
+@pytest.mark.parametrize("hostname", ["chat.example.com\n", "chat.example.com;", "chat.example.com }"], ids=["newline", "semicolon", "brace"])
+def test_a_hostname_that_could_end_a_directive_is_refused(hostname: str) -> None:
+    pub = make_pub("m", ("a", "http://127.0.0.1:8000", 1))
+    bad = Publication(pub.namespace, pub.name, hostname, pub.generation, pub.observed_isvc_generation, pub.backends)
+    assert problem(bad, rewrite_host=False) is not None

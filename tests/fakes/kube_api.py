@@ -460,7 +460,12 @@ class FakeKubeAPI:
             raise sem.Invalid("the request body is empty", code=400)
         try:
             if content_type in (PATCH_APPLY, "application/yaml"):
-                return yaml.safe_load(raw)
+                # An apply body may be YAML; most clients send JSON, which YAML's parser reads ten
+                # times slower.
+                try:
+                    return json.loads(raw)
+                except ValueError:
+                    return yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
             return json.loads(raw)
         except (ValueError, yaml.YAMLError) as error:
             raise sem.Invalid(f"the request body could not be decoded: {error}", code=400) from error
