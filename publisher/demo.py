@@ -52,86 +52,9 @@ PUBLISH_TIMEOUT = 15.0
 CONCURRENCY = 8
 BACKEND_HEADER = "x-ome-backend"
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trafficmaps" / "chat.yaml"
-
-# examples/trafficmaps/chat.yaml without its comments, for an installed package, which has no
-# examples directory. tests/test_demo.py keeps the two equal.
-BUILTIN_CHAT = """\
-apiVersion: ome.io/v1beta1
-kind: InferenceService
-metadata:
-  name: chat
-  namespace: prod
-  uid: 5d3c6f2e-8a41-4b7e-9c2d-1f0e6a7b8c90
-  generation: 6
-  annotations:
-    ome.io/global-host: chat.example.com
-spec:
-  model:
-    name: llama-3-1-8b-instruct
-  runtime:
-    name: srt-llama-3-1-8b-instruct
-  engine:
-    minReplicas: 2
-    maxReplicas: 4
-  placement:
-    policy: ClusterAffinity
-    mode: All
-    clusterAffinity:
-      - matchFields:
-          - key: metadata.name
-            operator: In
-            values: [worker-a, worker-b]
-  routing:
-    capacityFactors:
-      worker-b: "3"
----
-apiVersion: ome.io/v1beta1
-kind: TrafficMap
-metadata:
-  name: chat
-  namespace: prod
-  uid: 0b7e4d8a-3c21-4f5e-8a6b-2d9c1e0f7a43
-  generation: 3
-  ownerReferences:
-    - apiVersion: ome.io/v1beta1
-      kind: InferenceService
-      name: chat
-      uid: 5d3c6f2e-8a41-4b7e-9c2d-1f0e6a7b8c90
-      controller: true
-      blockOwnerDeletion: true
-spec:
-  service: chat
-  mode: All
-  observedISVCGeneration: 6
-  entries:
-    - cluster: worker-a
-      endpoint: http://chat.prod.worker-a.example.com
-      weight: 2
-      healthy: true
-      capacity:
-        allocated: 4
-        ready: 4
-        source: ControlPlane
-    - cluster: worker-b
-      endpoint: http://chat.prod.worker-b.example.com
-      weight: 3
-      healthy: true
-      capacity:
-        allocated: 2
-        ready: 2
-        factor: "3"
-        source: ControlPlane
-status:
-  sourceUID: 5d3c6f2e-8a41-4b7e-9c2d-1f0e6a7b8c90
-  conditions:
-    - type: Routable
-      status: "True"
-      reason: Routable
-      message: 2 of 2 homes routable
-      observedGeneration: 3
-      lastTransitionTime: "2025-06-01T12:00:00Z"
-"""
+# The seed's chat example ships inside the package (examples/trafficmaps/chat.yaml links to it),
+# so an installed package runs the same demo as a checkout.
+EXAMPLE = Path(__file__).resolve().parent / "examples" / "chat.yaml"
 
 
 # --- Pure: the maps the demo writes, and how it judges a measurement ------------------------------
@@ -278,11 +201,8 @@ def _manifests(objects: Sequence[dict[str, Any]]) -> bytes:
 
 
 async def _read_example() -> tuple[str, list[dict[str, Any]]]:
-    try:
-        text = await asyncio.to_thread(EXAMPLE.read_text, encoding="utf-8")
-        return str(EXAMPLE), parse_manifests(str(EXAMPLE), text)
-    except FileNotFoundError:
-        return "the built-in copy of examples/trafficmaps/chat.yaml", parse_manifests("built-in chat.yaml", BUILTIN_CHAT)
+    text = await asyncio.to_thread(EXAMPLE.read_text, encoding="utf-8")
+    return "examples/trafficmaps/chat.yaml", parse_manifests(str(EXAMPLE), text)
 
 
 async def _published(publisher: Publisher, key: MapKey, generation: int) -> Publication | None:

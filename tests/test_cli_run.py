@@ -155,3 +155,8 @@ async def test_http_endpoints_of_a_running_sidecar(tmp_path):
 
 async def _is(awaitable, value) -> bool:
     return await awaitable == value
+
+
+def test_demo_refuses_too_few_requests(capsys):
+    assert main(["demo", "--requests", "10"]) == 2
+    assert "--requests" in capsys.readouterr().err
