@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from publisher.model import Held, MapKey, Publication
+from publisher.model import MAX_WEIGHT, Held, MapKey, Publication, is_dns_label, is_dns_subdomain, is_hostname, parse_endpoint
 
 
 class AdapterError(Exception):
@@ -113,3 +113,33 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def publication_problem(pub: Publication) -> str | None:
+    """Why `pub` must not reach any gateway's configuration, or None: every value an adapter
+    writes, checked against a strict pattern. Each adapter's `check` adds what its gateway
+    cannot express on top of this."""
+    if not is_dns_label(pub.namespace):
+        return f"namespace {pub.namespace!r} is not a DNS label"
+    if not is_dns_subdomain(pub.name):
+        return f"name {pub.name!r} is not a DNS-1123 subdomain"
+    if not is_hostname(pub.hostname):
+        return f"hostname {pub.hostname!r} is not a lower-case DNS name (optionally '*.')"
+    for field_name in ("generation", "observed_isvc_generation"):
+        value = getattr(pub, field_name)
+        if type(value) is not int or value < 0:
+            return f"{field_name} {value!r} is not a non-negative integer"
+    seen: set[str] = set()
+    for backend in pub.backends:
+        if not is_dns_subdomain(backend.cluster):
+            return f"cluster {backend.cluster!r} is not a DNS-1123 subdomain"
+        if backend.cluster in seen:
+            return f"cluster {backend.cluster!r} appears twice"
+        seen.add(backend.cluster)
+        if type(backend.weight) is not int or not 0 <= backend.weight <= MAX_WEIGHT:
+            return f"backends[{backend.cluster}].weight {backend.weight!r} is outside 0..{MAX_WEIGHT}"
+        try:
+            parse_endpoint(backend.endpoint)
+        except ValueError as exc:
+            return f"backends[{backend.cluster}].endpoint: {exc}"
+    return None

@@ -28,8 +28,8 @@ import aiohttp
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from adapters.base import ApplyResult, Unavailable, write_atomic
-from publisher.model import MAX_WEIGHT, Held, MapKey, Publication, Reason, parse_endpoint
+from adapters.base import ApplyResult, Unavailable, publication_problem, write_atomic
+from publisher.model import Held, MapKey, Publication, Reason, parse_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,6 @@ _TLS_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Upstr
 _HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 
-_HOSTNAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _ROUTE_CONFIG = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
 
 
@@ -101,27 +98,11 @@ def _virtual_host_name(key: MapKey) -> str:
 
 def _problem(pub: Publication) -> str | None:
     """Why Envoy cannot be given `pub`, or None: every value that reaches the config, checked."""
-    if not _DNS_LABEL.fullmatch(pub.namespace):
-        return f"namespace {pub.namespace!r} is not a DNS label"
-    if len(pub.name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(pub.name):
-        return f"name {pub.name!r} is not a DNS-1123 subdomain"
-    if len(pub.hostname) > 253 or not _HOSTNAME.fullmatch(pub.hostname):
-        return f"hostname {pub.hostname!r} is not a lower-case DNS name (optionally '*.')"
-    if pub.generation < 0 or pub.observed_isvc_generation < 0:
-        return "generation is negative"
-    seen: set[str] = set()
+    problem = publication_problem(pub)
+    if problem is not None:
+        return problem
     for backend in pub.backends:
-        if len(backend.cluster) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(backend.cluster):
-            return f"cluster {backend.cluster!r} is not a DNS-1123 subdomain"
-        if backend.cluster in seen:
-            return f"cluster {backend.cluster!r} appears twice"
-        seen.add(backend.cluster)
-        if not 0 <= backend.weight <= MAX_WEIGHT:
-            return f"backends[{backend.cluster}].weight is {backend.weight}, outside 0..{MAX_WEIGHT}"
-        try:
-            endpoint = parse_endpoint(backend.endpoint)
-        except ValueError as exc:
-            return f"backends[{backend.cluster}].endpoint: {exc}"
+        endpoint = parse_endpoint(backend.endpoint)
         if endpoint.path not in ("", "/"):
             return f"backends[{backend.cluster}].endpoint has path {endpoint.path!r}; Envoy weighted_clusters cannot rewrite the path per backend"
         if endpoint.host.startswith("["):

@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adapters.base import ApplyResult, Rejected, Unavailable
+from adapters.base import ApplyResult, Rejected, Unavailable, publication_problem
 from publisher.kube import HTTP_ROUTES, SERVICES, Kube, KubeError
-from publisher.model import MAX_WEIGHT, Backend, Held, MapKey, Publication, Reason, parse_endpoint
+from publisher.model import Backend, Held, MapKey, Publication, Reason, is_dns_label, is_dns_subdomain, parse_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +62,6 @@ _CONCURRENCY = 16
 # How often a route's status is read while waiting for the gateway controller to report on it.
 _STATUS_POLL_SECONDS = 0.1
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-# Gateway API's Hostname: a lower-case DNS name, optionally with one leading `*.` label.
-_GATEWAY_HOSTNAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
 
 class HttpRouteOptions(BaseModel):
     """Where the routes go and how they point at the workload clusters."""
@@ -96,21 +91,21 @@ class HttpRouteOptions(BaseModel):
     @classmethod
     def _namespaced_name(cls, value: str) -> str:
         namespace, _, name = value.partition("/")
-        if not _DNS_LABEL.fullmatch(namespace) or len(name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(name):
+        if not is_dns_label(namespace) or not is_dns_subdomain(name):
             raise ValueError(f"{value!r} is not NAMESPACE/NAME")
         return value
 
     @field_validator("route_namespace")
     @classmethod
     def _namespace(cls, value: str | None) -> str | None:
-        if value is not None and not _DNS_LABEL.fullmatch(value):
+        if value is not None and not is_dns_label(value):
             raise ValueError(f"{value!r} is not a DNS label")
         return value
 
     @field_validator("name")
     @classmethod
     def _instance(cls, value: str) -> str:
-        if not _DNS_LABEL.fullmatch(value):
+        if not is_dns_label(value):
             raise ValueError(f"{value!r} is not a DNS label")
         if value == "global":
             # `<map>-global` is the name of OME's own route for the same InferenceService.
@@ -166,38 +161,21 @@ def _label_value(value: str) -> str:
 
 def _problem(pub: Publication) -> str | None:
     """Why an HTTPRoute cannot carry `pub`, or None: every value that reaches an object, checked."""
-    if not _DNS_LABEL.fullmatch(pub.namespace):
-        return f"namespace {pub.namespace!r} is not a DNS label"
-    if len(pub.name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(pub.name):
-        return f"name {pub.name!r} is not a DNS-1123 subdomain"
-    if len(pub.hostname) > 253 or not _GATEWAY_HOSTNAME.fullmatch(pub.hostname) or _is_ip(pub.hostname):
-        return f"hostname {pub.hostname!r} is not a Gateway API hostname (a lower-case DNS name, optionally '*.', no IP)"
-    if pub.generation < 0 or pub.observed_isvc_generation < 0:
-        return "generation is negative"
+    problem = publication_problem(pub)
+    if problem is not None:
+        return problem
+    if _is_ip(pub.hostname):
+        return f"hostname {pub.hostname!r} is an IP address, which is not a Gateway API hostname"
     if len(pub.backends) > MAX_BACKEND_REFS:
         return f"{len(pub.backends)} backends, but Gateway API allows at most {MAX_BACKEND_REFS} backendRefs per rule"
-    seen: set[str] = set()
     for backend in pub.backends:
-        if len(backend.cluster) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(backend.cluster):
-            return f"cluster {backend.cluster!r} is not a DNS-1123 subdomain"
-        if backend.cluster in seen:
-            return f"cluster {backend.cluster!r} appears twice"
-        seen.add(backend.cluster)
-        if not 0 <= backend.weight <= MAX_WEIGHT:
-            return f"backends[{backend.cluster}].weight is {backend.weight}, outside 0..{MAX_WEIGHT}"
-        if not backend.endpoint.isprintable() or " " in backend.endpoint:
-            return f"backends[{backend.cluster}].endpoint {backend.endpoint!r} holds whitespace or control characters"
-        try:
-            endpoint = parse_endpoint(backend.endpoint)
-        except ValueError as exc:
-            return f"backends[{backend.cluster}].endpoint: {exc}"
+        endpoint = parse_endpoint(backend.endpoint)
         if _is_ip(endpoint.host):
             return (
                 f"backends[{backend.cluster}].endpoint host {endpoint.host} is an IP address, "
                 "which an ExternalName Service cannot hold"
             )
-        host = endpoint.host.lower()
-        if len(host) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(host):
+        if not is_dns_subdomain(endpoint.host.lower()):
             return f"backends[{backend.cluster}].endpoint host {endpoint.host!r} is not a DNS-1123 subdomain"
     return None
 

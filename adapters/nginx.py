@@ -30,8 +30,8 @@ from typing import Annotated, Protocol
 import aiohttp
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from adapters.base import ApplyResult, Rejected, Unavailable, write_atomic
-from publisher.model import MAX_WEIGHT, Held, MapKey, Publication, Reason, parse_endpoint
+from adapters.base import ApplyResult, Rejected, Unavailable, publication_problem, write_atomic
+from publisher.model import Held, MapKey, Publication, Reason, parse_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +42,6 @@ VERSION_PREFIX = "# version "
 # split_clients takes percentages with two decimals: the whole is 10,000 hundredths of a percent.
 SPLIT_UNITS = 10_000
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_HOSTNAME = re.compile(
-    r"^(\*\.)?[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$"
-)
 _LISTEN = re.compile(r"^((?P<host>\*|[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):)?(?P<port>[0-9]{1,5})$")
 
 
@@ -117,30 +112,12 @@ class NginxOptions(BaseModel):
 
 def problem(pub: Publication, *, rewrite_host: bool = False) -> str | None:
     """Why `pub` cannot be written into an NGINX config, or None. Every written value passes here."""
-    if not _DNS_LABEL.fullmatch(pub.namespace):
-        return f"namespace {pub.namespace!r} is not a DNS label"
-    if len(pub.name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(pub.name):
-        return f"name {pub.name!r} is not a DNS-1123 subdomain"
-    if len(pub.hostname) > 253 or not _HOSTNAME.fullmatch(pub.hostname):
-        return f"hostname {pub.hostname!r} is not a DNS name"
-    for field_name in ("generation", "observed_isvc_generation"):
-        value = getattr(pub, field_name)
-        if type(value) is not int or value < 0:
-            return f"{field_name} {value!r} is not a non-negative integer"
-    seen: set[str] = set()
+    common = publication_problem(pub)
+    if common is not None:
+        return common
     schemes: set[str] = set()
     for backend in pub.backends:
-        if len(backend.cluster) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(backend.cluster):
-            return f"backends[{backend.cluster!r}].cluster is not a DNS-1123 subdomain"
-        if backend.cluster in seen:
-            return f"backends: duplicate cluster {backend.cluster!r}"
-        seen.add(backend.cluster)
-        if type(backend.weight) is not int or not 0 <= backend.weight <= MAX_WEIGHT:
-            return f"backends[{backend.cluster}].weight {backend.weight!r} is outside 0..{MAX_WEIGHT}"
-        try:
-            endpoint = parse_endpoint(backend.endpoint)
-        except ValueError as exc:
-            return f"backends[{backend.cluster}].endpoint: {exc}"
+        endpoint = parse_endpoint(backend.endpoint)
         if endpoint.path not in ("", "/"):
             return f"backends[{backend.cluster}].endpoint has path {endpoint.path!r}; NGINX proxies to the root only"
         schemes.add(endpoint.scheme)

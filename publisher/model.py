@@ -31,6 +31,8 @@ MAX_WEIGHT = 1_000_000
 # DNS-1123 subdomain: what Kubernetes accepts as an object name, and so as a WorkloadCluster name.
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# A hostname a gateway routes on: a lower-case DNS name, optionally a leading wildcard label.
+_HOSTNAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$")
 # An endpoint is http(s), a plain host (DNS name, IPv4 or bracketed IPv6), an optional port and an
 # optional path of unreserved characters: nothing a gateway's config syntax could read as syntax.
 _ENDPOINT = re.compile(
@@ -161,11 +163,19 @@ def is_dns_label(value: str) -> bool:
     return bool(_DNS_LABEL.fullmatch(value))
 
 
+def is_dns_subdomain(value: str) -> bool:
+    return len(value) <= 253 and bool(_DNS1123_SUBDOMAIN.fullmatch(value))
+
+
+def is_hostname(value: str) -> bool:
+    return len(value) <= 253 and bool(_HOSTNAME.fullmatch(value))
+
+
 # --- The TrafficMap and InferenceService as pydantic models ----------------------------------------
 
 
 def _cluster_name(value: str) -> str:
-    if len(value) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(value):
+    if not is_dns_subdomain(value):
         raise ValueError(f"{value!r} is not a DNS-1123 subdomain")
     return value
 

@@ -12,7 +12,7 @@ import pytest
 
 from publisher import demo
 from publisher.gate import GateOptions, decide
-from publisher.manifests import parse_manifests, read_manifests
+from publisher.manifests import read_manifests
 from publisher.model import INFERENCE_SERVICE_KIND, Backend, Publication, TrafficMap, parse_traffic_map
 from publisher.source import parse_isvc
 

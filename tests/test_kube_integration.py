@@ -8,8 +8,6 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-
 from adapters.json_file import JsonAdapter, JsonOptions
 from publisher import loop
 from publisher.kube import Kube

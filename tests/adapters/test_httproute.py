@@ -23,7 +23,6 @@ from adapters.httproute import (
 )
 from publisher.kube import HTTP_ROUTES, Kube
 from publisher.model import Backend, Held, MapKey, Publication, Reason
-from tests.fakes.fixtures import kube_api, kubeconfig  # noqa: F401
 from tests.fakes.kube_api import FakeKubeAPI
 
 ROUTES = "gateway.networking.k8s.io/v1/httproutes"
@@ -191,12 +190,12 @@ def _with(base: Publication, **changes: Any) -> Publication:
         (_with(pub("chat", 1), backends=(Backend("a", "http://a.example.com", -1),)), "outside 0..1000000"),
         (_with(pub("chat", 1), backends=(Backend("a", "http://10.0.0.7:8080", 1),)), "IP address"),
         (_with(pub("chat", 1), backends=(Backend("a", "http://[fd00::7]:8080", 1),)), "IP address"),
-        (_with(pub("chat", 1), hostname="Chat.Example.com"), "not a Gateway API hostname"),
+        (_with(pub("chat", 1), hostname="Chat.Example.com"), "not a lower-case DNS name"),
         (_with(pub("chat", 1), hostname="10.1.2.3"), "not a Gateway API hostname"),
-        (_with(pub("chat", 1), hostname="chat.example.com\n"), "not a Gateway API hostname"),
+        (_with(pub("chat", 1), hostname="chat.example.com\n"), "not a lower-case DNS name"),
         (_with(pub("chat", 1), backends=(Backend("Bad_Cluster", "http://a.example.com", 1),)), "not a DNS-1123 subdomain"),
         (_with(pub("chat", 1), backends=(Backend("a", "ftp://a.example.com", 1),)), "endpoint"),
-        (_with(pub("chat", 1), backends=(Backend("a", "http://a.example.com\n", 1),)), "control characters"),
+        (_with(pub("chat", 1), backends=(Backend("a", "http://a.example.com\n", 1),)), "not an http(s) URL with a plain host"),
         (_with(pub("chat", 1), backends=(Backend("a", "http://a", 1), Backend("a", "http://b", 1))), "appears twice"),
     ],
 )

@@ -12,7 +12,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.fakes.fixtures import kube_api, kubeconfig  # noqa: F401  (fixtures)
 from tests.fakes.kube_api import PATCH_APPLY, PATCH_JSON, PATCH_MERGE, PATCH_STRATEGIC, FakeKubeAPI
 from tests.gateways import eventually
 
