@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,14 +23,15 @@ class JsonOptions(BaseModel):
     json_path: Path = Field(description="The file the adapter owns; its directory must exist and be writable.")
 
 
-def render_publication(pub: Publication) -> str:
-    return json.dumps(pub.to_json(), separators=(",", ":"))
+def render_publication(pub: Publication) -> bytes:
+    return json.dumps(pub.to_json(), separators=(",", ":")).encode()
 
 
-def render(fragments: Mapping[MapKey, str]) -> bytes:
-    """The whole file from each map's rendered fragment, in namespace/name order."""
-    body = ",\n".join(fragments[key] for key in sorted(fragments))
-    return f'{{"publications": [\n{body}\n]}}\n'.encode() if fragments else b'{"publications": []}\n'
+def render(fragments: Iterable[bytes]) -> bytes:
+    """The whole file from each map's rendered fragment, given in namespace/name order. Fragments
+    stay encoded, so a write of 10,000 maps costs one join, not a re-render."""
+    body = b",\n".join(fragments)
+    return b'{"publications": [\n' + body + b"\n]}\n" if body else b'{"publications": []}\n'
 
 
 def parse(data: bytes) -> dict[MapKey, Publication]:
@@ -44,7 +45,7 @@ class JsonAdapter:
 
     def __init__(self, options: JsonOptions) -> None:
         self._path = options.json_path
-        self._fragments: dict[MapKey, str] = {}
+        self._fragments: dict[MapKey, bytes] = {}
         self._written: bytes | None = None
 
     def check(self, pub: Publication) -> Held | None:
@@ -63,19 +64,24 @@ class JsonAdapter:
             # Not ours to repair silently: a file we cannot read back must be looked at.
             raise Rejected(f"{self._path} is not a publications file: {exc}") from exc
         self._written = data
-        self._fragments = {key: render_publication(pub) for key, pub in held.items()}
+        self._fragments = {key: render_publication(held[key]) for key in sorted(held)}
         return held
 
     async def apply(self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey]) -> ApplyResult:
         # Work on a copy: a failed write must leave the fragments matching the file.
+        # Fragments are kept in key order; an update keeps its place, so only a new key re-sorts.
         fragments = dict(self._fragments)
+        new_key = False
         for key in changed:
             pub = desired.get(key)
             if pub is None:
                 fragments.pop(key, None)
             else:
+                new_key = new_key or key not in fragments
                 fragments[key] = render_publication(pub)
-        data = render(fragments)
+        if new_key:
+            fragments = {key: fragments[key] for key in sorted(fragments)}
+        data = render(fragments.values())
         if data == self._written:
             self._fragments = fragments
             return ApplyResult(wrote=False)

@@ -33,6 +33,7 @@ from publisher.model import (
     describe_validation_error,
     object_key,
     parse_traffic_map,
+    validate,
 )
 from publisher.kube import KubeError
 from publisher.verify import compare
@@ -178,7 +179,7 @@ def _load(paths: Sequence[str]) -> tuple[list[TrafficMap | InvalidObject], dict[
                 maps.append(parse_traffic_map(raw))
                 continue
             try:
-                isvc = InferenceService.model_validate(raw)
+                isvc = validate(InferenceService, raw)
             except ValidationError as exc:
                 raise _InputError(
                     f"{name}: InferenceService {object_key(raw)}: {describe_validation_error(exc)}"

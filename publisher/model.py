@@ -1,32 +1,36 @@
 """Types every stage shares: the TrafficMap and InferenceService as we read them, and our own values.
 
-Owns the shape of the input (pydantic, strict: a wrong type is refused with the field path) and the
+Owns the shape of the input (pydantic dataclasses, strict: a wrong type is refused with the field
+path) and the
 small frozen values that travel between stages (MapKey, Backend, Publication, Reason, Held).
 Imports nothing of ours but `quantity`; no I/O.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     ConfigDict,
     Field,
     StrictBool,
     StrictInt,
     StrictStr,
+    TypeAdapter,
     ValidationError,
     model_validator,
 )
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from publisher.quantity import QuantityError, parse_quantity
 
 MAX_WEIGHT = 1_000_000
+T = TypeVar("T")
 
 # DNS-1123 subdomain: what Kubernetes accepts as an object name, and so as a WorkloadCluster name.
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -193,13 +197,18 @@ def _quantity(value: str) -> str:
     return value
 
 
-class _Lenient(BaseModel):
-    """Strict types, unknown fields ignored: older and newer maps both parse."""
+# Pydantic dataclasses with slots: validated like models, but about a fifth of a BaseModel's memory
+# per object, which matters at 10,000 maps held for the life of the process. Every field is strict
+# on its own (Strict*), and unknown fields are ignored: older and newer maps both parse.
+_INPUT = ConfigDict(extra="ignore", populate_by_name=True)
 
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, populate_by_name=True)
+
+def _input(cls: type[T]) -> type[T]:
+    return pydantic_dataclass(frozen=True, slots=True, config=_INPUT)(cls)
 
 
-class OwnerReference(_Lenient):
+@_input
+class OwnerReference:
     api_version: StrictStr = Field(default="", alias="apiVersion")
     kind: StrictStr = ""
     name: StrictStr = ""
@@ -207,7 +216,8 @@ class OwnerReference(_Lenient):
     controller: StrictBool = False
 
 
-class ObjectMeta(_Lenient):
+@_input
+class ObjectMeta:
     name: StrictStr
     namespace: StrictStr = "default"
     uid: StrictStr = ""
@@ -215,7 +225,6 @@ class ObjectMeta(_Lenient):
     resource_version: StrictStr = Field(default="", alias="resourceVersion")
     deletion_timestamp: StrictStr | None = Field(default=None, alias="deletionTimestamp")
     annotations: dict[StrictStr, StrictStr] = Field(default_factory=dict)
-    labels: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     owner_references: list[OwnerReference] = Field(default_factory=list, alias="ownerReferences")
 
     @property
@@ -223,7 +232,8 @@ class ObjectMeta(_Lenient):
         return MapKey(self.namespace, self.name)
 
 
-class Condition(_Lenient):
+@_input
+class Condition:
     """A metav1.Condition as it appears on the map."""
 
     type: StrictStr
@@ -234,7 +244,8 @@ class Condition(_Lenient):
     last_transition_time: StrictStr = Field(default="", alias="lastTransitionTime")
 
 
-class Capacity(_Lenient):
+@_input
+class Capacity:
     allocated: StrictInt = 0
     ready: StrictInt = 0
     factor: Annotated[StrictStr, AfterValidator(_quantity)] | None = None
@@ -243,7 +254,8 @@ class Capacity(_Lenient):
     fallback_reason: StrictStr | None = Field(default=None, alias="fallbackReason")
 
 
-class Probe(_Lenient):
+@_input
+class Probe:
     result: StrictStr | None = None
     gated: StrictBool = False
     last_probe_time: StrictStr | None = Field(default=None, alias="lastProbeTime")
@@ -252,20 +264,22 @@ class Probe(_Lenient):
     policy_digest: StrictStr | None = Field(default=None, alias="policyDigest")
 
 
-class Entry(_Lenient):
+@_input
+class Entry:
     cluster: Annotated[StrictStr, AfterValidator(_cluster_name)]
     endpoint: Annotated[StrictStr, AfterValidator(_endpoint_url)]
     weight: Annotated[StrictInt, Field(ge=0, le=MAX_WEIGHT)]
     healthy: StrictBool
-    capacity: Capacity = Capacity()
+    capacity: Capacity = Field(default_factory=Capacity)
     probe: Probe | None = None
     drain_refs: list[StrictStr] = Field(default_factory=list, alias="drainRefs")
 
 
-class TrafficMapSpec(_Lenient):
+@_input
+class TrafficMapSpec:
     service: StrictStr
-    mode: StrictStr | None = None
     observed_isvc_generation: StrictInt = Field(alias="observedISVCGeneration")
+    mode: StrictStr | None = None
     entries: list[Entry] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -278,7 +292,8 @@ class TrafficMapSpec(_Lenient):
         return self
 
 
-class TrafficMapStatus(_Lenient):
+@_input
+class TrafficMapStatus:
     source_uid: StrictStr = Field(default="", alias="sourceUID")
     observed_traffic_map_generation: StrictInt | None = Field(default=None, alias="observedTrafficMapGeneration")
     conditions: list[Condition] = Field(default_factory=list)
@@ -290,30 +305,34 @@ class TrafficMapStatus(_Lenient):
         return None
 
 
-class TrafficMap(_Lenient):
+@_input
+class TrafficMap:
     metadata: ObjectMeta
     spec: TrafficMapSpec
-    status: TrafficMapStatus = TrafficMapStatus()
+    status: TrafficMapStatus = Field(default_factory=TrafficMapStatus)
 
     @property
     def key(self) -> MapKey:
         return self.metadata.key
 
 
-class RoutingSpec(_Lenient):
+@_input
+class RoutingSpec:
     enabled: StrictBool | None = None
     capacity_factors: dict[StrictStr, StrictStr] = Field(default_factory=dict, alias="capacityFactors")
 
 
-class InferenceServiceSpec(_Lenient):
-    routing: RoutingSpec = RoutingSpec()
+@_input
+class InferenceServiceSpec:
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
 
 
-class InferenceService(_Lenient):
+@_input
+class InferenceService:
     """Only the InferenceService fields the gates and the plan read."""
 
     metadata: ObjectMeta
-    spec: InferenceServiceSpec = InferenceServiceSpec()
+    spec: InferenceServiceSpec = Field(default_factory=InferenceServiceSpec)
 
     @property
     def key(self) -> MapKey:
@@ -326,6 +345,17 @@ class InferenceService(_Lenient):
     @property
     def deleting(self) -> bool:
         return self.metadata.deletion_timestamp is not None
+
+
+@functools.cache
+def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
+    return TypeAdapter(cls)
+
+
+def validate(cls: type[T], raw: Any) -> T:
+    """`raw` (decoded JSON or YAML) as an instance of one of the input types; raises ValidationError."""
+    result: T = _adapter(cls).validate_python(raw)
+    return result
 
 
 GLOBAL_HOST_ANNOTATION = "ome.io/global-host"
@@ -377,7 +407,7 @@ def parse_traffic_map(raw: dict[str, Any]) -> TrafficMap | InvalidObject:
     if key is None:
         raise ValueError("TrafficMap without metadata.name")
     try:
-        return TrafficMap.model_validate(raw)
+        return validate(TrafficMap, raw)
     except ValidationError as exc:
         generation = raw["metadata"].get("generation", 0)
         return InvalidObject(

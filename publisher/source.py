@@ -36,6 +36,7 @@ from publisher.model import (
     describe_validation_error,
     object_key,
     parse_traffic_map,
+    validate,
 )
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ def _version(raw: dict[str, Any]) -> str:
 
 def parse_isvc(raw: dict[str, Any]) -> InferenceService | None:
     try:
-        return InferenceService.model_validate(raw)
+        return validate(InferenceService, raw)
     except ValidationError as exc:
         log.warning("inferenceservice unreadable", extra={"object": str(object_key(raw)), "error": describe_validation_error(exc)})
         return None
@@ -201,8 +202,12 @@ class WatchOptions:
     backoff_max: float = 30.0
 
 
-class Informer:
-    """List then watch one resource in one namespace (or all), feeding a Store."""
+class Informer(Generic[T]):
+    """List then watch one resource in one namespace (or all), feeding one Store.
+
+    `parse` turns a raw object into what the Store keeps (None: unusable, treated as absent).
+    List pages are parsed as they arrive, so the raw objects of only one page are alive at once.
+    """
 
     def __init__(
         self,
@@ -211,8 +216,8 @@ class Informer:
         *,
         namespace: str | None,
         options: WatchOptions,
-        apply_object: Callable[[str, dict[str, Any]], MapKey | None],
-        replace_objects: Callable[[list[dict[str, Any]], str | None], set[MapKey]],
+        store: Store[T],
+        parse: Callable[[dict[str, Any]], T | None],
         sink: ChangeSink,
         on_synced: Callable[[], None],
         clock: Callable[[], float],
@@ -221,8 +226,8 @@ class Informer:
         self._resource = resource
         self._namespace = namespace
         self._options = options
-        self._apply_object = apply_object
-        self._replace_objects = replace_objects
+        self._store = store
+        self._parse = parse
         self._sink = sink
         self._on_synced = on_synced
         self._clock = clock
@@ -257,7 +262,7 @@ class Informer:
     async def _list(self) -> str:
         async for attempt in self._retrying():
             with attempt:
-                items: list[dict[str, Any]] = []
+                entries: list[tuple[MapKey, T, str]] = []
                 token: str | None = None
                 while True:
                     page = await self._kube.list(
@@ -267,17 +272,24 @@ class Informer:
                         limit=self._options.page_size,
                         continue_token=token,
                     )
-                    items.extend(page.get("items") or ())
+                    entries.extend(self._entries(page.get("items") or ()))
                     metadata = page.get("metadata") or {}
                     if not token:
                         version = str(metadata.get("resourceVersion", ""))
                     token = metadata.get("continue") or None
                     if not token:
                         break
-        changed = self._replace_objects(items, self._namespace)
+        changed = self._store.replace(entries, namespace=self._namespace)
         if changed:
             self._sink.changed(changed, at=self._clock())
         return version
+
+    def _entries(self, items: Iterable[dict[str, Any]]) -> Iterable[tuple[MapKey, T, str]]:
+        for raw in items:
+            key = object_key(raw)
+            obj = self._parse(raw) if key is not None else None
+            if key is not None and obj is not None:
+                yield key, obj, _version(raw)
 
     async def _watch_from(self, version: str) -> None:
         state = WatchState(version)
@@ -310,8 +322,15 @@ class Informer:
         if isinstance(item, Relist):
             raise _Gone(item.reason)
         if isinstance(item, Event):
-            key = self._apply_object(item.type, item.object)
-            if key is not None:
+            key = object_key(item.object)
+            if key is None:
+                return
+            obj = self._parse(item.object) if item.type != "DELETED" else None
+            if obj is None:
+                changed = self._store.delete(key)
+            else:
+                changed = self._store.upsert(key, obj, _version(item.object))
+            if changed:
                 self._sink.changed((key,), at=self._clock())
 
 
@@ -326,24 +345,13 @@ class KubeSource:
         self._clock = clock
         self._pending_sync = 0
 
-    def _informers(self) -> list[Informer]:
+    def _informers(self) -> list[Informer[Any]]:
         namespaces: tuple[str | None, ...] = self._options.namespaces or (None,)
-        informers = []
+        informers: list[Informer[Any]] = []
         for namespace in namespaces:
-            for resource in (TRAFFIC_MAPS, INFERENCE_SERVICES):
-                informers.append(
-                    Informer(
-                        self._kube,
-                        resource,
-                        namespace=namespace,
-                        options=self._options,
-                        apply_object=self._map_event if resource is TRAFFIC_MAPS else self._isvc_event,
-                        replace_objects=self._replace_maps if resource is TRAFFIC_MAPS else self._replace_isvcs,
-                        sink=self._sink,
-                        on_synced=self._one_synced,
-                        clock=self._clock,
-                    )
-                )
+            common = dict(namespace=namespace, options=self._options, sink=self._sink, on_synced=self._one_synced, clock=self._clock)
+            informers.append(Informer(self._kube, TRAFFIC_MAPS, store=self._stores.maps, parse=parse_traffic_map, **common))
+            informers.append(Informer(self._kube, INFERENCE_SERVICES, store=self._stores.isvcs, parse=parse_isvc, **common))
         return informers
 
     async def run(self) -> None:
@@ -357,39 +365,6 @@ class KubeSource:
         self._pending_sync -= 1
         if self._pending_sync == 0:
             self._sink.synced()
-
-    def _map_event(self, kind: str, raw: dict[str, Any]) -> MapKey | None:
-        key = object_key(raw)
-        if key is None:
-            return None
-        if kind == "DELETED":
-            return key if self._stores.maps.delete(key) else None
-        return key if self._stores.maps.upsert(key, parse_traffic_map(raw), _version(raw)) else None
-
-    def _isvc_event(self, kind: str, raw: dict[str, Any]) -> MapKey | None:
-        key = object_key(raw)
-        if key is None:
-            return None
-        isvc = parse_isvc(raw) if kind != "DELETED" else None
-        if isvc is None:
-            return key if self._stores.isvcs.delete(key) else None
-        return key if self._stores.isvcs.upsert(key, isvc, _version(raw)) else None
-
-    def _replace_maps(self, items: list[dict[str, Any]], namespace: str | None) -> set[MapKey]:
-        entries = []
-        for raw in items:
-            key = object_key(raw)
-            if key is not None:
-                entries.append((key, parse_traffic_map(raw), _version(raw)))
-        return self._stores.maps.replace(entries, namespace=namespace)
-
-    def _replace_isvcs(self, items: list[dict[str, Any]], namespace: str | None) -> set[MapKey]:
-        entries = []
-        for raw in items:
-            key, isvc = object_key(raw), parse_isvc(raw)
-            if key is not None and isvc is not None:
-                entries.append((key, isvc, _version(raw)))
-        return self._stores.isvcs.replace(entries, namespace=namespace)
 
 
 # --- A directory of manifests -------------------------------------------------------------------

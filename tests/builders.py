@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from publisher.model import Entry, InferenceService, TrafficMap, parse_traffic_map
+from publisher.model import Entry, InferenceService, TrafficMap, parse_traffic_map, validate
 
 CHAT_UID = "5d3c6f2e-8a41-4b7e-9c2d-1f0e6a7b8c90"
 CHAT_HOST = "chat.example.com"
@@ -214,9 +214,9 @@ def valid_map(**kwargs: Any) -> TrafficMap:
 
 def valid_entry(cluster: str = "worker-a", **kwargs: Any) -> Entry:
     """make_entry(...) as a model.Entry."""
-    return Entry.model_validate(make_entry(cluster, **kwargs))
+    return validate(Entry, make_entry(cluster, **kwargs))
 
 
 def valid_isvc(**kwargs: Any) -> InferenceService:
-    return InferenceService.model_validate(make_isvc(**kwargs))
+    return validate(InferenceService, make_isvc(**kwargs))
 

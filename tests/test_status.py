@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from publisher.model import Condition, Reason
+from publisher.model import Condition, Reason, validate
 from publisher.status import Report, condition_for, condition_type, field_manager
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -15,7 +15,7 @@ RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 def existing(**fields) -> Condition:
     base = {"type": "gateway-publisher.ome.io/eu", "status": "True", "reason": "Published", "message": "m",
             "observedGeneration": 3, "lastTransitionTime": "2026-01-01T00:00:00Z"}
-    return Condition.model_validate(base | fields)
+    return validate(Condition, base | fields)
 
 
 def test_names_follow_the_instance():
