@@ -79,7 +79,7 @@ def _add_verify(subparsers: Any) -> None:
             "too. Exit 0 when every map is ok, 1 when any is held, 2 when an input cannot be read."
         ),
     )
-    parser.add_argument("--output", choices=("text", "json"), default="text")
+    parser.add_argument("--output", choices=("text", "json"), default="text", help="text tables, or one JSON document (default: text)")
     parser.add_argument(
         "--ome-published-gate",
         choices=[mode.value for mode in PublishedGate],

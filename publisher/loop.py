@@ -244,7 +244,9 @@ class Publisher:
         self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey], result: ApplyResult, pending: Mapping[MapKey, float | None]
     ) -> None:
         if result.reloads:
-            metrics.RELOADS.labels(adapter=self.adapter.name, result="success").inc(result.reloads)
+            # Reloads of an apply that had to isolate or roll back maps count as "rejected".
+            outcome = "rejected" if result.rejected else "success"
+            metrics.RELOADS.labels(adapter=self.adapter.name, result=outcome).inc(result.reloads)
         now = self.clock()
         for key in changed:
             if key in result.rejected:

@@ -300,6 +300,15 @@ class Informer(Generic[T]):
 
     async def _watch_once(self, state: WatchState) -> None:
         """One watch connection; returns when the server ends it, raises on a drop or 410."""
+        try:
+            await self._stream(state)
+        except KubeError as exc:
+            # Some servers answer an expired version with HTTP 410 instead of an ERROR event.
+            if exc.gone:
+                raise _Gone(exc.reason or "Gone") from exc
+            raise
+
+    async def _stream(self, state: WatchState) -> None:
         async with self._kube.watch(
             self._resource,
             namespace=self._namespace,

@@ -118,7 +118,11 @@ async def test_held_map_keeps_its_publication_while_others_move(kube_api, kubeco
         assert publisher.states[("prod", "chat")].state == "held"
 
 
-async def test_gone_mid_watch_and_a_dropped_connection_lose_no_update(kube_api, kubeconfig, tmp_path):
+def lists(api: FakeKubeAPI) -> int:
+    return api.count("list", path="/apis/ome.io/v1beta1/trafficmaps")
+
+
+async def test_a_dropped_connection_loses_no_update(kube_api, kubeconfig, tmp_path):
     seed(kube_api)
     out = tmp_path / "out.json"
     async with running(kubeconfig, out, report_status=False):
@@ -126,19 +130,27 @@ async def test_gone_mid_watch_and_a_dropped_connection_lose_no_update(kube_api, 
         kube_api.drop_watches()
         rescale(kube_api, "chat", 4)
         await eventually(lambda: published(out) == {"chat": [1, 3]})
-        # Expire every version, then change and delete while the watch must relist.
-        kube_api.expire_history()
-        kube_api.drop_watches()
-        rescale(kube_api, "chat", 2)
-        seed(kube_api, "embed", entries=[make_entry("worker-a", service="embed")])
+    assert lists(kube_api) == 1  # resumed from its version, no relist
+
+
+async def test_gone_mid_watch_relists_and_loses_no_update_or_deletion(kube_api, kubeconfig, tmp_path):
+    kube_api.bookmark_interval = None  # the watch's version stays at its last event
+    seed(kube_api)
+    seed(kube_api, "embed", entries=[make_entry("worker-a", service="embed")])
+    out = tmp_path / "out.json"
+    async with running(kubeconfig, out, report_status=False):
         await eventually(lambda: published(out) == {"chat": [2, 3], "embed": [1]})
-        kube_api.expire_history()
-        kube_api.delete(TM, "prod", "embed")
+        # While no watch is connected: a change and a deletion, then the history expires.
         kube_api.drop_watches()
-        await eventually(lambda: published(out) == {"chat": [2, 3]})
+        rescale(kube_api, "chat", 4)
+        kube_api.delete(TM, "prod", "embed")
+        kube_api.expire_history()
+        await eventually(lambda: published(out) == {"chat": [1, 3]})
+    assert lists(kube_api) >= 2
 
 
 async def test_silent_change_is_found_by_the_relist_after_410(kube_api, kubeconfig, tmp_path):
+    kube_api.bookmark_interval = None
     seed(kube_api)
     out = tmp_path / "out.json"
     async with running(kubeconfig, out, report_status=False):
@@ -149,6 +161,7 @@ async def test_silent_change_is_found_by_the_relist_after_410(kube_api, kubeconf
         kube_api.expire_history()
         kube_api.drop_watches()
         await eventually(lambda: published(out) == {})
+    assert lists(kube_api) >= 2
 
 
 async def test_isvc_generation_ahead_holds_the_map_until_it_catches_up(kube_api, kubeconfig, tmp_path):
@@ -213,3 +226,34 @@ async def test_burst_of_100_changes_ends_in_the_last_state(kube_api, kubeconfig,
                 await asyncio.sleep(0)
         # The last change set worker-b to 4 replicas: 4 x 1 : 4 x 3 = 1 : 3.
         await eventually(lambda: published(out) == {"chat": [1, 3]})
+
+
+async def test_gone_answered_as_http_410_also_relists(kube_api, kubeconfig, tmp_path):
+    kube_api.expired_watch_as_http = True
+    kube_api.bookmark_interval = None
+    seed(kube_api)
+    out = tmp_path / "out.json"
+    async with running(kubeconfig, out, report_status=False):
+        await eventually(lambda: published(out) == {"chat": [2, 3]})
+        kube_api.drop_watches()
+        rescale(kube_api, "chat", 4)
+        kube_api.expire_history()
+        await eventually(lambda: published(out) == {"chat": [1, 3]})
+    assert lists(kube_api) >= 2
+
+
+async def test_a_silent_watch_is_reopened(kube_api, kubeconfig, tmp_path):
+    kube_api.bookmark_interval = None
+    seed(kube_api)
+    kube = await Kube.connect(kubeconfig)
+    stores = Stores.empty()
+    publisher = Publisher(stores, JsonAdapter(JsonOptions(json_path=tmp_path / "out.json")), LoopOptions(report_status=False))
+    source = KubeSource(kube, stores, publisher, WatchOptions(silence_timeout=0.2, backoff_initial=0.01, backoff_max=0.05),
+                        clock=publisher.clock)
+    task = asyncio.create_task(loop.run(publisher, source))
+    try:
+        await eventually(lambda: kube_api.count("watch", path="/apis/ome.io/v1beta1/trafficmaps") >= 3)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await kube.close()

@@ -14,14 +14,14 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from adapters.base import Unavailable
 from adapters.envoy import (
     CDS_FILE,
     RDS_FILE,
     EnvoyAdapter,
     EnvoyOptions,
     _EnvoyIO,
-    _Stats,
-    _Subscription,
+    _PerSubscription,
     bootstrap,
     cluster_name,
     read_publications,
@@ -156,13 +156,19 @@ def test_read_publications_refuses_a_foreign_file():
 
 @dataclass
 class FakeIO:
-    """Files in a dict; Envoy takes each write unless its text contains `reject`."""
+    """Files in a dict; Envoy takes each write unless its text contains `reject`, and shows a taken
+    version only after `late` more version reads. Counts the costly rejection-counter reads."""
 
     files: dict[str, str] = field(default_factory=dict)
     writes: list[str] = field(default_factory=list)
     reject: str | None = None
+    late: int = 0
     confirms: bool = True
-    _served: dict[str, _Subscription] = field(default_factory=dict)
+    rejection_reads: int = 0
+    warming: list[int] = field(default_factory=list)  # answers to warming_clusters(), then 0
+    _versions: dict[str, str] = field(default_factory=dict)
+    _pending: dict[str, tuple[str, int]] = field(default_factory=dict)
+    _rejected: dict[str, int] = field(default_factory=dict)
 
     async def read(self, filename):
         return self.files.get(filename)
@@ -170,15 +176,26 @@ class FakeIO:
     async def write(self, filename, text):
         self.writes.append(filename)
         self.files[filename] = text
-        old = self._served.get(filename, _Subscription("", 0, 0))
         if self.reject and self.reject in text:
-            self._served[filename] = replace(old, rejected=old.rejected + 1)
+            self._rejected[filename] = self._rejected.get(filename, 0) + 1
         else:
-            self._served[filename] = _Subscription(json.loads(text)["version_info"], old.success + 1, old.rejected)
+            self._pending[filename] = (json.loads(text)["version_info"], self.late)
 
-    async def stats(self):
-        empty = _Subscription("", 0, 0)
-        return _Stats(self._served.get(CDS_FILE, empty), self._served.get(RDS_FILE, empty), 0)
+    async def versions(self, timeout=5.0):
+        for filename, (version, late) in list(self._pending.items()):
+            if late == 0:
+                self._versions[filename] = version
+                del self._pending[filename]
+            else:
+                self._pending[filename] = (version, late - 1)
+        return _PerSubscription(self._versions.get(CDS_FILE, ""), self._versions.get(RDS_FILE, ""))
+
+    async def rejections(self, timeout=5.0):
+        self.rejection_reads += 1
+        return _PerSubscription(self._rejected.get(CDS_FILE, 0), self._rejected.get(RDS_FILE, 0))
+
+    async def warming_clusters(self, timeout=5.0):
+        return self.warming.pop(0) if self.warming else 0
 
     async def served_rds(self):
         return self.files[RDS_FILE]
@@ -253,6 +270,50 @@ async def test_a_rejected_update_restores_the_last_accepted_files_and_reports_th
     assert io.files == accepted
     # The map keeps its last good weights; the next apply that no longer carries the bad change writes nothing.
     assert not (await adapter.apply({good.key: good, other.key: other}, frozenset({good.key}))).wrote
+
+
+async def test_a_prompt_write_is_confirmed_from_the_versions_without_reading_the_counters():
+    io = FakeIO()
+    adapter = fake_adapter(io)
+    await adapter.current()
+    for weight in (1, 2, 3):
+        pub = make_pub(weight, 1)
+        assert (await adapter.apply({pub.key: pub}, frozenset({pub.key}))).rejected == {}
+    assert io.rejection_reads == 1  # the baseline, read once before the first write
+
+
+async def test_a_late_version_is_waited_for_and_not_taken_for_a_rejection():
+    io = FakeIO(late=5)
+    adapter = fake_adapter(io)
+    adapter.rejection_check_after = 0.0
+    await adapter.current()
+    pub = make_pub(1, 1)
+    result = await adapter.apply({pub.key: pub}, frozenset({pub.key}))
+    assert result.rejected == {}
+    assert io.rejection_reads > 1
+    assert read_publications(io.files[RDS_FILE])[1] == {pub.key: pub}
+
+
+async def test_a_version_that_never_shows_without_a_rejection_is_unavailable():
+    io = FakeIO(late=10**9)
+    adapter = fake_adapter(io)
+    adapter.confirm_timeout = 0.0
+    await adapter.current()
+    pub = make_pub(1, 1)
+    with pytest.raises(Unavailable, match="not confirmed"):
+        await adapter.apply({pub.key: pub}, frozenset({pub.key}))
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "warming_reads"), [("http://a.example", 1), ("http://10.0.0.1", 0)], ids=["dns-waits-for-warming", "ip-does-not"]
+)
+async def test_new_clusters_that_resolve_a_name_are_waited_for_until_warm(endpoint, warming_reads):
+    io = FakeIO(warming=[2, 1])
+    adapter = fake_adapter(io)
+    await adapter.current()
+    pub = make_pub(1, endpoints=[endpoint])
+    assert (await adapter.apply({pub.key: pub}, frozenset({pub.key}))).rejected == {}
+    assert len(io.warming) == 2 - 2 * warming_reads
 
 
 async def test_a_restarted_adapter_reads_back_and_writes_nothing():
