@@ -14,7 +14,7 @@ import gc
 import heapq
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -217,13 +217,7 @@ class Publisher:
         result = ApplyResult()
         failure: AdapterError | None = None
         if changed:
-            desired = dict(self.published)
-            for key in changed:
-                pub = desired_entries[key]
-                if pub is None:
-                    desired.pop(key, None)
-                else:
-                    desired[key] = pub
+            desired = _Overlay(self.published, {key: desired_entries[key] for key in changed})
             started = self.clock()
             try:
                 result = await self.adapter.apply(desired, changed)
@@ -269,7 +263,7 @@ class Publisher:
     ) -> None:
         """Record the map's state, back off what failed, and queue its report."""
         item = self.stores.maps.get(key)
-        generation = item.metadata.generation if isinstance(item, TrafficMap) else getattr(item, "generation", 0)
+        generation = item.metadata.generation if isinstance(item, TrafficMap) else item.generation if item else 0
         last = self.published.get(key)
         failed: Held | None = None
         if key in changed and failure is not None:
@@ -298,11 +292,20 @@ class Publisher:
             else:
                 self._set_state(key, MapState("withdrawn", str(Reason.WITHDRAWN), outcome.message))
                 report = status.Report(False, Reason.WITHDRAWN, f"withdrawn from the {self.adapter.name} gateway: {outcome.message}", generation)
-        if isinstance(item, (TrafficMap, InvalidObject)) and self.kube is not None and self.options.report_status:
+        if item is None:
+            if failed is None:
+                self._forget(key)
+        elif self.kube is not None and self.options.report_status:
             self.reports[key] = report
             self.status_queue.add(key)
-        elif item is None:
-            self.reports.pop(key, None)
+
+    def _forget(self, key: MapKey) -> None:
+        """A map that is gone from the source and from the gateway leaves every record."""
+        state = self.states.pop(key, None)
+        if state is not None:
+            self._count(state.state, -1)
+        self.reports.pop(key, None)
+        self.backoff.forget(key)
 
     def _stale_probes(self, item: TrafficMap | InvalidObject | None) -> str | None:
         if self.options.probe_max_age is None or not isinstance(item, TrafficMap):
@@ -469,6 +472,34 @@ class Publisher:
                 }
             )
         return maps
+
+
+class _Overlay(Mapping[MapKey, Publication]):
+    """What the gateway should hold: `base` (what it holds) with `changes` on top, None meaning
+    withdrawn. A view, so an apply of one map never copies 10,000."""
+
+    def __init__(self, base: Mapping[MapKey, Publication], changes: Mapping[MapKey, Publication | None]) -> None:
+        self._base = base
+        self._changes = changes
+
+    def __getitem__(self, key: MapKey) -> Publication:
+        if key in self._changes:
+            pub = self._changes[key]
+            if pub is None:
+                raise KeyError(key)
+            return pub
+        return self._base[key]
+
+    def __iter__(self) -> Iterator[MapKey]:
+        for key in self._base:
+            if key not in self._changes or self._changes[key] is not None:
+                yield key
+        for key, pub in self._changes.items():
+            if key not in self._base and pub is not None:
+                yield key
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _published_message(adapter: str, pub: Publication, note: str | None) -> str:

@@ -163,6 +163,9 @@ async def test_deleted_map_and_opted_out_isvc_are_withdrawn():
     await publisher.sync_once(publisher.queue.take_ready())
     assert adapter.held == {}
     assert publisher.states[embed].state == "withdrawn"
+    # The deleted map leaves every record; the opted-out one stays visible as withdrawn.
+    assert CHAT not in publisher.states
+    assert [m["name"] for m in publisher.debug_maps()] == ["embed"]
 
 
 async def test_failed_apply_backs_off_and_retries():
