@@ -43,14 +43,15 @@ against `ome-publisher run --help`.
 {{- else if eq .Values.adapter.name "nginx" }}
 - --nginx-conf-file=/run/ome-gateway/ome-gateway.conf
 - {{ printf "--nginx-listen=%d" (int .Values.gateway.port) | quote }}
+{{- if .Values.adapter.nginx.reloadCmd }}
+- {{ printf "--nginx-reload-cmd=%s" .Values.adapter.nginx.reloadCmd | quote }}
+{{- else }}
 - --nginx-pid-file=/run/nginx/nginx.pid
+{{- end }}
 - {{ printf "--nginx-status-listen=%s" .Values.adapter.nginx.statusListen | quote }}
 - {{ printf "--nginx-min-reload-interval=%s" .Values.adapter.nginx.minReloadInterval | quote }}
 {{- with .Values.adapter.nginx.testCmd }}
 - {{ printf "--nginx-test-cmd=%s" . | quote }}
-{{- end }}
-{{- with .Values.adapter.nginx.reloadCmd }}
-- {{ printf "--nginx-reload-cmd=%s" . | quote }}
 {{- end }}
 {{- else if eq .Values.adapter.name "httproute" }}
 - {{ printf "--gateway=%s" (required "adapter.httproute.gateway (NAMESPACE/NAME) is required for the httproute adapter" .Values.adapter.httproute.gateway) | quote }}
