@@ -6,7 +6,9 @@ The only module that turns configuration into objects; cli.py calls it and print
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import signal
 import socket
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +23,8 @@ from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
 from publisher.model import Held, MapKey, Publication
 from publisher.source import DirectorySource, KubeSource, Stores, WatchOptions
+
+log = logging.getLogger(__name__)
 
 
 def build_adapter(config: RunConfig) -> Adapter:
@@ -71,7 +75,6 @@ class Summary:
 
     publications: list[Publication] = field(default_factory=list)
     held: list[dict[str, Any]] = field(default_factory=list)
-    maps: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def all_published(self) -> bool:
@@ -80,6 +83,24 @@ class Summary:
 
 def _identity(config: RunConfig) -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+async def run_until_signalled(config: RunConfig) -> Summary | None:
+    """`run`, ended cleanly (adapter and API connections closed) by SIGTERM or SIGINT, as a
+    container runtime stops a pod."""
+    task = asyncio.current_task()
+    assert task is not None
+    event_loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        event_loop.add_signal_handler(signum, task.cancel)
+    try:
+        return await run(config)
+    except asyncio.CancelledError:
+        log.info("stopped by signal")
+        return None
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            event_loop.remove_signal_handler(signum)
 
 
 async def run(config: RunConfig) -> Summary | None:
@@ -129,7 +150,7 @@ async def _close(adapter: Adapter, kube: Kube | None) -> None:
 
 def _summary(publisher: Publisher, adapter: Adapter) -> Summary:
     published = adapter.desired if isinstance(adapter, DryRunAdapter) else publisher.published
-    summary = Summary(publications=[published[k] for k in sorted(published)], maps=publisher.debug_maps())
+    summary = Summary(publications=[published[k] for k in sorted(published)])
     for key, state in sorted(publisher.states.items()):
         if state.state in ("held", "failed"):
             summary.held.append({"namespace": key.namespace, "name": key.name, "reason": state.reason, "message": state.message})

@@ -300,7 +300,7 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     logs.configure(run_config.log_format, run_config.log_level)
     try:
-        summary = asyncio.run(app.run(run_config))
+        summary = asyncio.run(app.run_until_signalled(run_config))
     except config.ConfigError as exc:
         print(f"ome-publisher run: {exc}", file=sys.stderr)
         return EXIT_INPUT

@@ -160,3 +160,15 @@ async def _is(awaitable, value) -> bool:
 def test_demo_refuses_too_few_requests(capsys):
     assert main(["demo", "--requests", "10"]) == 2
     assert "--requests" in capsys.readouterr().err
+
+
+async def test_sigterm_stops_the_sidecar_cleanly(tmp_path):
+    port = free_port()
+    process = await start_run("--source", f"dir:{EXAMPLES / 'trafficmaps'}", "--adapter", "json",
+                              "--json-path", str(tmp_path / "out.json"), "--listen", f"127.0.0.1:{port}")
+    try:
+        await eventually(lambda: (tmp_path / "out.json").exists(), timeout=30)
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 10) == 0
+    finally:
+        await stop(process, signal.SIGKILL)
