@@ -257,3 +257,11 @@ async def test_a_silent_watch_is_reopened(kube_api, kubeconfig, tmp_path):
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await kube.close()
+
+
+async def test_server_errors_at_start_are_retried(kube_api, kubeconfig, tmp_path):
+    seed(kube_api)
+    kube_api.fail_next(3, 500, verb="list")
+    out = tmp_path / "out.json"
+    async with running(kubeconfig, out, report_status=False):
+        await eventually(lambda: published(out) == {"chat": [2, 3]})
