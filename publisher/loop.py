@@ -279,10 +279,9 @@ class Publisher:
             self.backoff.forget(key)
             if isinstance(outcome, Publish):
                 pub = outcome.publication
-                notes = [n for n in (result.notes.get(key), self._stale_probes(item)) if n]
-                note = "; ".join(notes) or None
+                message = _published_message(self.adapter.name, pub, result.notes.get(key), self._stale_probes(item))
                 self._set_state(key, MapState("published"))
-                report = status.Report(True, Reason.PUBLISHED, _published_message(self.adapter.name, pub, note), pub.generation)
+                report = status.Report(True, Reason.PUBLISHED, message, pub.generation)
             elif isinstance(outcome, Hold):
                 held = outcome.held
                 if held.reason == Reason.VERIFICATION_FAILED and self._state(key).reason != held.reason:
@@ -502,12 +501,13 @@ class _Overlay(Mapping[MapKey, Publication]):
         return sum(1 for _ in self)
 
 
-def _published_message(adapter: str, pub: Publication, note: str | None) -> str:
+def _published_message(adapter: str, pub: Publication, adapter_note: str | None, probe_note: str | None) -> str:
     weights = ", ".join(f"{b.cluster}={b.weight}" for b in pub.backends) or "no backends"
-    message = f"the {adapter} gateway serves generation {pub.generation} for {pub.hostname}: {weights}"
-    if pub.all_zero:
-        message += "; every weight is 0, so the gateway answers 503"
-    return f"{message}; {note}" if note else message
+    parts = [f"the {adapter} gateway serves generation {pub.generation} for {pub.hostname}: {weights}"]
+    if pub.all_zero and adapter_note is None:
+        parts.append("every weight is 0, so the gateway answers 503")
+    parts.extend(note for note in (adapter_note, probe_note) if note)
+    return "; ".join(parts)
 
 
 def _keeping(message: str, last: Publication | None) -> str:

@@ -304,3 +304,14 @@ async def test_held_map_is_logged_once_per_reason(caplog):
         await publisher.sync_once(publisher.queue.take_ready())
     held = [r for r in caplog.records if r.getMessage() == "map held"]
     assert [r.reason for r in held] == ["VerificationFailed", "RoutableOutdated"]
+
+
+def test_published_message_names_the_weights_and_what_an_all_zero_map_gets():
+    from publisher.loop import _published_message
+    from publisher.model import Backend, Publication
+
+    zero = Publication("prod", "chat", "chat.example.com", 4, 6, (Backend("worker-a", "http://a", 0),))
+    assert _published_message("envoy", zero, None, None) == (
+        "the envoy gateway serves generation 4 for chat.example.com: worker-a=0; every weight is 0, so the gateway answers 503"
+    )
+    assert "503" not in _published_message("httproute", zero, "Gateway API answers it with HTTP 500", None)
