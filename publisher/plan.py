@@ -1,14 +1,12 @@
-"""From a decided map to what the gateway should hold, and the difference from what it holds.
+"""From a decided map to what the gateway should hold.
 
 Pure: `publication_for` builds the adapter-neutral Publication of a map that passed its gates,
 `withdrawal` says when a map must leave the gateway, `Outcome` is what the loop decided per map,
-`desired` keeps a held map's last publication, and `changes` diffs desired against current.
-No I/O, no logging.
+and `desired_for` keeps a held map's last publication. No I/O, no logging.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from publisher.model import (
@@ -16,7 +14,6 @@ from publisher.model import (
     Backend,
     Held,
     InferenceService,
-    MapKey,
     Publication,
     TrafficMap,
 )
@@ -86,43 +83,3 @@ def desired_for(outcome: Outcome, last_published: Publication | None) -> Publica
     if isinstance(outcome, Hold):
         return last_published
     return None
-
-
-@dataclass(frozen=True)
-class Changes:
-    """The difference between what the gateway holds and what it should hold."""
-
-    create: tuple[Publication, ...] = ()
-    update: tuple[tuple[Publication, Publication], ...] = ()  # (old, new)
-    delete: tuple[Publication, ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        return not (self.create or self.update or self.delete)
-
-    @property
-    def keys(self) -> frozenset[MapKey]:
-        return frozenset(
-            [p.key for p in self.create] + [new.key for _, new in self.update] + [p.key for p in self.delete]
-        )
-
-
-def changes(
-    desired: Mapping[MapKey, Publication],
-    current: Mapping[MapKey, Publication],
-    keys: frozenset[MapKey] | None = None,
-) -> Changes:
-    """Diff `desired` against `current`, over `keys` when given (an incremental step), else all."""
-    scope = keys if keys is not None else desired.keys() | current.keys()
-    create, update, delete = [], [], []
-    for key in sorted(scope):
-        new, old = desired.get(key), current.get(key)
-        if new == old:
-            continue
-        if old is None:
-            create.append(new)
-        elif new is None:
-            delete.append(old)
-        else:
-            update.append((old, new))
-    return Changes(tuple(create), tuple(update), tuple(delete))  # type: ignore[arg-type]

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from publisher import plan
-from publisher.model import Backend, Held, MapKey, Publication, Reason, parse_traffic_map
+from publisher.model import Backend, Held, Publication, Reason, parse_traffic_map
 from publisher.source import parse_isvc
 from tests.builders import make_entry, make_isvc, make_map
 
@@ -49,15 +49,3 @@ def test_held_map_keeps_its_last_publication():
     assert plan.desired_for(plan.Hold(Held(Reason.VERIFICATION_FAILED, "x")), None) is None
     assert plan.desired_for(plan.Withdraw("gone"), last) is None
     assert plan.desired_for(plan.Publish(pub("chat", 1)), last) == pub("chat", 1)
-
-
-def test_changes_lists_creates_updates_and_deletes():
-    current = {MapKey("prod", "a"): pub("a", 1), MapKey("prod", "b"): pub("b", 1), MapKey("prod", "c"): pub("c", 1)}
-    desired = {MapKey("prod", "a"): pub("a", 1), MapKey("prod", "b"): pub("b", 2), MapKey("prod", "d"): pub("d", 1)}
-    changes = plan.changes(desired, current)
-    assert [p.name for p in changes.create] == ["d"]
-    assert [(old.name, new.backends[0].weight) for old, new in changes.update] == [("b", 2)]
-    assert [p.name for p in changes.delete] == ["c"]
-    assert changes.keys == {MapKey("prod", k) for k in "bcd"}
-    assert plan.changes(desired, desired).empty
-    assert plan.changes(desired, current, frozenset({MapKey("prod", "a")})).empty
