@@ -592,8 +592,8 @@ class EnvoyAdapter:
         except _EnvoyRejected as exc:
             await self._restore()
             log.warning("envoy rejected an update", extra={"maps": len(touched), "error": str(exc)})
-            held = Held(Reason.APPLY_FAILED, str(exc))
-            return ApplyResult(rejected={**rejected, **{key: held for key in touched}}, wrote=True, reloads=writes + 2)
+            refused = Held(Reason.APPLY_FAILED, str(exc))
+            return ApplyResult(rejected={**rejected, **{key: refused for key in touched}}, wrote=True, reloads=writes + 2)
         self._parts, self._domains = parts, domains
         log.debug("envoy updated", extra={"rds_version": rds_version, "cds_version": cds_version, "writes": writes})
         return ApplyResult(rejected=rejected, wrote=True, reloads=writes)

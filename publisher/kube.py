@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
@@ -249,8 +249,8 @@ class Kube:
         lease_duration: int,
         renew_deadline: int,
         retry_period: int,
-        on_started: Callable[[], Awaitable[None]],
-        on_stopped: Callable[[], Awaitable[None]],
+        on_started: Callable[[], Coroutine[Any, Any, None]],
+        on_stopped: Callable[[], Coroutine[Any, Any, None]],
     ) -> None:
         """Compete for a coordination.k8s.io/v1 Lease forever, with kubernetes_asyncio's Lease lock.
         `on_started` must return promptly: the library runs it in a task of its own."""

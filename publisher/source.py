@@ -358,9 +358,23 @@ class KubeSource:
         namespaces: tuple[str | None, ...] = self._options.namespaces or (None,)
         informers: list[Informer[Any]] = []
         for namespace in namespaces:
-            common = dict(namespace=namespace, options=self._options, sink=self._sink, on_synced=self._one_synced, clock=self._clock)
-            informers.append(Informer(self._kube, TRAFFIC_MAPS, store=self._stores.maps, parse=parse_traffic_map, **common))
-            informers.append(Informer(self._kube, INFERENCE_SERVICES, store=self._stores.isvcs, parse=parse_isvc, **common))
+            for resource, store, parse in (
+                (TRAFFIC_MAPS, self._stores.maps, parse_traffic_map),
+                (INFERENCE_SERVICES, self._stores.isvcs, parse_isvc),
+            ):
+                informers.append(
+                    Informer(
+                        self._kube,
+                        resource,
+                        namespace=namespace,
+                        options=self._options,
+                        store=store,
+                        parse=parse,
+                        sink=self._sink,
+                        on_synced=self._one_synced,
+                        clock=self._clock,
+                    )
+                )
         return informers
 
     async def run(self) -> None:
