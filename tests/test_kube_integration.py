@@ -72,14 +72,14 @@ def rescale(api: FakeKubeAPI, name: str, ready_b: int) -> None:
 
 @contextlib.asynccontextmanager
 async def running(kubeconfig: Path, out: Path, *, instance: str = "eu", leader: LeaderOptions | None = None,
-                  report_status: bool = True) -> AsyncIterator[Publisher]:
+                  report_status: bool = True, watch: WatchOptions | None = None) -> AsyncIterator[Publisher]:
     kube = await Kube.connect(kubeconfig)
     stores = Stores.empty()
     publisher = Publisher(stores, JsonAdapter(JsonOptions(json_path=out)),
                           LoopOptions(instance=instance, report_status=report_status, resync=3600), kube=kube)
     # Short backoff: the fake answers at once, and tests wait on reconnects.
-    source = KubeSource(kube, stores, publisher, WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5),
-                        clock=publisher.clock)
+    watch = watch or WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5)
+    source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
     task = asyncio.create_task(loop.run(publisher, source, leader=leader))
     try:
         await eventually(lambda: publisher.is_synced or task.done())
@@ -245,18 +245,9 @@ async def test_gone_answered_as_http_410_also_relists(kube_api, kubeconfig, tmp_
 async def test_a_silent_watch_is_reopened(kube_api, kubeconfig, tmp_path):
     kube_api.bookmark_interval = None
     seed(kube_api)
-    kube = await Kube.connect(kubeconfig)
-    stores = Stores.empty()
-    publisher = Publisher(stores, JsonAdapter(JsonOptions(json_path=tmp_path / "out.json")), LoopOptions(report_status=False))
-    source = KubeSource(kube, stores, publisher, WatchOptions(silence_timeout=0.2, backoff_initial=0.01, backoff_max=0.05),
-                        clock=publisher.clock)
-    task = asyncio.create_task(loop.run(publisher, source))
-    try:
+    silent = WatchOptions(silence_timeout=0.2, backoff_initial=0.01, backoff_max=0.05)
+    async with running(kubeconfig, tmp_path / "out.json", report_status=False, watch=silent):
         await eventually(lambda: kube_api.count("watch", path="/apis/ome.io/v1beta1/trafficmaps") >= 3)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await kube.close()
 
 
 async def test_server_errors_at_start_are_retried(kube_api, kubeconfig, tmp_path):
