@@ -119,3 +119,20 @@ async def eventually(condition, *, timeout: float = 10.0, interval: float = 0.05
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s (last value: {last!r})")
         await asyncio.sleep(interval)
+
+
+async def assert_measured_split(url: str, host: str, weights: Mapping[str, int], requests: int = 1000, *,
+                                attempts: int = 3, tolerance: float = 0.05) -> None:
+    """The Gateway API conformance way: measure `requests`, and measure again (up to `attempts`)
+    only when a share falls outside the tolerance by chance. A request to a weight-0 backend, or
+    to a backend outside the map, fails at once: no retry can excuse it."""
+    for attempt in range(1, attempts + 1):
+        counts = await measure(url, host, requests)
+        strays = {k: v for k, v in counts.items() if weights.get(k, 0) == 0 and v}
+        assert not strays, f"requests to backends that must get none: {strays}"
+        try:
+            assert_split(counts, weights, tolerance=tolerance)
+            return
+        except AssertionError:
+            if attempt == attempts:
+                raise

@@ -103,9 +103,9 @@ async def test_demo_follows_the_change_and_leaves_nothing_running(monkeypatch) -
 
     monkeypatch.setattr(demo, "run_envoy", recording_run_envoy)
     lines: list[str] = []
-    # 1000 requests: a 40% share measured within 5 points fails by chance about once in 800 runs;
-    # at 400 it would be once in 25.
-    assert await demo.run_demo(lines.append, requests=1000) is True
+    # 2,000 requests a phase: a 40% share missing by 5 points is then a 4.5-sigma event (at 1,000,
+    # about one run in 800 would fail by chance).
+    assert await demo.run_demo(lines.append, requests=2000) is True
 
     text = "\n".join(lines)
     assert "phase 1" in text and "phase 2" in text and "changing worker-b's ready replicas 2 -> 0" in text

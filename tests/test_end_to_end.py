@@ -13,7 +13,7 @@ from publisher.loop import LoopOptions, Publisher
 from publisher.model import MapKey
 from publisher.source import KubeSource, Stores, WatchOptions
 from tests.builders import make_condition, make_entry, make_isvc, make_map
-from tests.gateways import Backends, assert_split, eventually, free_port, measure
+from tests.gateways import Backends, assert_measured_split, eventually, free_port
 
 TM = "ome.io/v1beta1/trafficmaps"
 HOST = "chat.example.com"
@@ -51,7 +51,7 @@ async def test_a_trafficmap_change_is_live_in_envoy_within_a_second(kube_api, ku
                 try:
                     chat = MapKey("prod", "chat")
                     await eventually(lambda: chat in publisher.published)
-                    assert_split(await measure(url, HOST, 1000), {"worker-a": 1, "worker-b": 1})
+                    await assert_measured_split(url, HOST, {"worker-a": 1, "worker-b": 1}, 1000)
 
                     current = kube_api.get(TM, "prod", "chat")
                     current["spec"]["entries"] = entries(backends, 3, 1)
@@ -60,7 +60,7 @@ async def test_a_trafficmap_change_is_live_in_envoy_within_a_second(kube_api, ku
                     # Published means Envoy's admin confirmed the new version: the one second.
                     await eventually(lambda: [b.weight for b in publisher.published[chat].backends] == [3, 1], timeout=1.0,
                                      interval=0.01)
-                    assert_split(await measure(url, HOST, 1000), {"worker-a": 3, "worker-b": 1})
+                    await assert_measured_split(url, HOST, {"worker-a": 3, "worker-b": 1}, 1000)
                 finally:
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)

@@ -29,7 +29,7 @@ from adapters.envoy import (
     run_envoy,
 )
 from publisher.model import Backend, MapKey, Publication, Reason
-from tests.gateways import Backends, assert_split, free_port, measure
+from tests.gateways import Backends, assert_measured_split, free_port, measure
 
 HOST = "llama.example.com"
 
@@ -382,15 +382,15 @@ async def publish(gateway: Gateway, *pubs: Publication) -> None:
 @pytest.mark.parametrize("weights", [{"a": 3, "b": 1}, {"a": 2, "b": 3}, {"a": 70, "b": 30, "c": 0}], ids=["3-1", "2-3", "70-30-0"])
 async def test_envoy_splits_by_weight(gateway, backends, weights):
     await publish(gateway, local_pub(backends, weights))
-    assert_split(await measure(gateway.url, HOST, 1000), weights)
+    await assert_measured_split(gateway.url, HOST, weights, 1000)
 
 
 @pytest.mark.slow
 async def test_envoy_serves_a_changed_map_as_soon_as_apply_returns(gateway, backends):
     await publish(gateway, local_pub(backends, {"a": 1, "b": 1}))
-    assert_split(await measure(gateway.url, HOST, 1000), {"a": 1, "b": 1})
+    await assert_measured_split(gateway.url, HOST, {"a": 1, "b": 1}, 1000)
     await publish(gateway, local_pub(backends, {"a": 3, "b": 1}))
-    assert_split(await measure(gateway.url, HOST, 1000), {"a": 3, "b": 1})
+    await assert_measured_split(gateway.url, HOST, {"a": 3, "b": 1}, 1000)
 
 
 @pytest.mark.slow
@@ -428,7 +428,7 @@ async def test_envoy_rejecting_an_update_keeps_the_previous_weights_and_reports_
     assert result.rejected.keys() == {bad.key}
     assert result.rejected[bad.key].reason is Reason.APPLY_FAILED
     assert "rejected" in result.rejected[bad.key].message
-    assert_split(await measure(gateway.url, HOST, 1000), {"a": 1, "b": 1})
+    await assert_measured_split(gateway.url, HOST, {"a": 1, "b": 1}, 1000)
     # The files are the accepted ones again, so a restart does not bring the bad update back.
     assert read_publications((gateway.directory / RDS_FILE).read_text())[1] == {good.key: good}
     assert "https://c.example" not in (gateway.directory / CDS_FILE).read_text()
@@ -447,7 +447,7 @@ async def test_envoy_restarted_sidecar_reads_back_and_writes_nothing(gateway, ba
         await restarted.aclose()
     assert not result.wrote
     assert {f: (gateway.directory / f).stat().st_mtime_ns for f in (CDS_FILE, RDS_FILE)} == before
-    assert_split(await measure(gateway.url, HOST, 1000), {"a": 3, "b": 1})
+    await assert_measured_split(gateway.url, HOST, {"a": 3, "b": 1}, 1000)
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from adapters.nginx import (
 )
 from publisher.model import InvalidObject, MapKey, Publication, Reason, parse_traffic_map
 from tests.adapters.nginx_fixtures import make_pub, running_nginx
-from tests.gateways import Backends, assert_split, eventually, measure
+from tests.gateways import Backends, assert_measured_split, eventually, measure
 
 INJECTION = "a; } server { listen 9999; }"
 
@@ -365,8 +365,8 @@ async def test_real_nginx_splits_weights_and_answers_503_and_404(tmp_path: Path)
             )
             result = await adapter.apply(desired, frozenset(desired))
             assert result.rejected == {} and result.reloads == 1, nginx.errors()
-            assert_split(await measure(nginx.url, "one.example.com", 1000), {"a": 3, "b": 1, "z": 0})
-            assert_split(await measure(nginx.url, "two.example.com", 1000), {"c": 2, "d": 3})
+            await assert_measured_split(nginx.url, "one.example.com", {"a": 3, "b": 1, "z": 0}, 1000)
+            await assert_measured_split(nginx.url, "two.example.com", {"c": 2, "d": 3}, 1000)
             hits_before = sum(backends.hits.values())
             assert await measure(nginx.url, "zero.example.com", 50) == {"status:503": 50}
             assert await measure(nginx.url, "empty.example.com", 50) == {"status:503": 50}
@@ -390,7 +390,7 @@ async def test_real_nginx_rewrite_host_splits_per_backend_upstream(tmp_path: Pat
             result = await adapter.apply(desired, frozenset(desired))
             assert result.rejected == {}, nginx.errors()
             # split_clients draws per request: 2000 requests put 5 points at over 4 standard deviations.
-            assert_split(await measure(nginx.url, "rw.example.com", 2000), {"a": 2, "b": 3, "z": 0})
+            await assert_measured_split(nginx.url, "rw.example.com", {"a": 2, "b": 3, "z": 0}, 2000)
             assert backends.host_headers["a"].keys() == {"127.0.0.1"}
             assert backends.host_headers["b"].keys() == {"127.0.0.1"}
         finally:
