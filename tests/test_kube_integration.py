@@ -8,6 +8,8 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
 from adapters.json_file import JsonAdapter, JsonOptions
 from publisher import loop
 from publisher.kube import Kube
@@ -133,7 +135,9 @@ async def test_a_dropped_connection_loses_no_update(kube_api, kubeconfig, tmp_pa
     assert lists(kube_api) == 1  # resumed from its version, no relist
 
 
-async def test_gone_mid_watch_relists_and_loses_no_update_or_deletion(kube_api, kubeconfig, tmp_path):
+@pytest.mark.parametrize("as_http", [False, True], ids=["error-event", "http-410"])
+async def test_gone_mid_watch_relists_and_loses_no_update_or_deletion(kube_api, kubeconfig, tmp_path, as_http):
+    kube_api.expired_watch_as_http = as_http  # a real server sends an ERROR event; some answer HTTP 410
     kube_api.bookmark_interval = None  # the watch's version stays at its last event
     seed(kube_api)
     seed(kube_api, "embed", entries=[make_entry("worker-a", service="embed")])
@@ -226,20 +230,6 @@ async def test_burst_of_100_changes_ends_in_the_last_state(kube_api, kubeconfig,
                 await asyncio.sleep(0)
         # The last change set worker-b to 4 replicas: 4 x 1 : 4 x 3 = 1 : 3.
         await eventually(lambda: published(out) == {"chat": [1, 3]})
-
-
-async def test_gone_answered_as_http_410_also_relists(kube_api, kubeconfig, tmp_path):
-    kube_api.expired_watch_as_http = True
-    kube_api.bookmark_interval = None
-    seed(kube_api)
-    out = tmp_path / "out.json"
-    async with running(kubeconfig, out, report_status=False):
-        await eventually(lambda: published(out) == {"chat": [2, 3]})
-        kube_api.drop_watches()
-        rescale(kube_api, "chat", 4)
-        kube_api.expire_history()
-        await eventually(lambda: published(out) == {"chat": [1, 3]})
-    assert lists(kube_api) >= 2
 
 
 async def test_a_silent_watch_is_reopened(kube_api, kubeconfig, tmp_path):

@@ -84,7 +84,7 @@ async def gateway_controller(api: FakeKubeAPI, verdict: Verdict = accept_all) ->
 
 
 @pytest.fixture
-async def kube(kubeconfig) -> AsyncIterator[Kube]:  # noqa: F811
+async def kube(kubeconfig) -> AsyncIterator[Kube]:
     connected = await Kube.connect(kubeconfig)
     yield connected
     await connected.close()
@@ -105,7 +105,7 @@ def writes(api: FakeKubeAPI, since: int = 0) -> list[tuple[str, str]]:
 # --- creating and changing a route -------------------------------------------------------------
 
 
-async def test_a_publication_becomes_a_route_and_external_name_services(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:  # noqa: F811
+async def test_a_publication_becomes_a_route_and_external_name_services(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:
     chat = pub("chat", 3, 1, 0)
     async with gateway_controller(kube_api):
         result = await adapter.apply(by_key(chat), frozenset({chat.key}))
@@ -134,7 +134,7 @@ async def test_a_publication_becomes_a_route_and_external_name_services(kube_api
     assert kube_api.count("patch") == kube_api.count("patch", field_manager=MANAGER, content_type="application/apply-patch+yaml") == 4
 
 
-async def test_a_weight_change_rewrites_only_the_route(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:  # noqa: F811
+async def test_a_weight_change_rewrites_only_the_route(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:
     async with gateway_controller(kube_api):
         await adapter.apply(by_key(pub("chat", 3, 1)), frozenset({pub("chat").key}))
         before = len(kube_api.requests)
@@ -146,7 +146,7 @@ async def test_a_weight_change_rewrites_only_the_route(kube_api: FakeKubeAPI, ad
     assert [ref["weight"] for ref in route["spec"]["rules"][0]["backendRefs"]] == [1, 4]
 
 
-async def test_a_backend_that_leaves_loses_its_service_after_the_route_drops_it(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:  # noqa: F811
+async def test_a_backend_that_leaves_loses_its_service_after_the_route_drops_it(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:
     chat = pub("chat", 3, 1, 2)
     async with gateway_controller(kube_api):
         await adapter.apply(by_key(chat), frozenset({chat.key}))
@@ -158,7 +158,7 @@ async def test_a_backend_that_leaves_loses_its_service_after_the_route_drops_it(
     assert kube_api.get(SERVICES, "prod", gone) is None
 
 
-async def test_weight_zero_stays_listed_and_an_all_zero_route_is_published_with_a_note(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:  # noqa: F811
+async def test_weight_zero_stays_listed_and_an_all_zero_route_is_published_with_a_note(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:
     drained, empty = pub("drained", 0, 0), pub("empty")
     async with gateway_controller(kube_api):
         result = await adapter.apply(by_key(drained, empty, pub("half", 0, 5)), frozenset({drained.key, empty.key, pub("half").key}))
@@ -210,7 +210,7 @@ def test_check_passes_sixteen_backends_and_wildcard_hosts() -> None:
     assert adapter.check(_with(pub("chat", 1), hostname="*.chat.example.com")) is None
 
 
-async def test_the_fake_refuses_seventeen_backend_refs_as_the_crd_does(kube_api: FakeKubeAPI, kube: Kube) -> None:  # noqa: F811
+async def test_the_fake_refuses_seventeen_backend_refs_as_the_crd_does(kube_api: FakeKubeAPI, kube: Kube) -> None:
     # check() is our only guard: this is what the API server would answer without it.
     body = render_route(pub("many", *([1] * 17)), options())
     with pytest.raises(Exception, match="at most 16"):
@@ -243,7 +243,7 @@ def test_options_refuse_a_gateway_without_namespace_and_the_instance_name_global
 # --- routes that are not ours -----------------------------------------------------------------------
 
 
-async def test_a_foreign_route_of_our_name_is_held_and_left_untouched(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:  # noqa: F811
+async def test_a_foreign_route_of_our_name_is_held_and_left_untouched(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:
     foreign = kube_api.create({
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
         "metadata": {"name": "chat-eu", "namespace": "prod", "labels": {"team": "web"}},
@@ -262,7 +262,7 @@ async def test_a_foreign_route_of_our_name_is_held_and_left_untouched(kube_api: 
     assert kube_api.get(ROUTES, "prod", "other-eu") is not None
 
 
-async def test_two_maps_of_one_name_in_a_shared_route_namespace_do_not_take_each_other(kube_api: FakeKubeAPI, kube: Kube) -> None:  # noqa: F811
+async def test_two_maps_of_one_name_in_a_shared_route_namespace_do_not_take_each_other(kube_api: FakeKubeAPI, kube: Kube) -> None:
     adapter = HttpRouteAdapter(options(route_namespace="gateways", route_status_timeout=0.05), kube)
     await adapter.current()
     prod, dev = pub("chat", 1), pub("chat", 2, namespace="dev")
@@ -276,7 +276,7 @@ async def test_two_maps_of_one_name_in_a_shared_route_namespace_do_not_take_each
 # --- garbage collection -----------------------------------------------------------------------------
 
 
-async def test_a_deleted_map_is_collected_after_a_restart_in_the_safe_order(kube_api: FakeKubeAPI, kube: Kube, adapter: HttpRouteAdapter) -> None:  # noqa: F811
+async def test_a_deleted_map_is_collected_after_a_restart_in_the_safe_order(kube_api: FakeKubeAPI, kube: Kube, adapter: HttpRouteAdapter) -> None:
     ome_route = kube_api.create({
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
         "metadata": {"name": "chat-global", "namespace": "prod", "labels": {"ome.io/inferenceservice": "chat"}},
@@ -311,7 +311,7 @@ async def test_a_deleted_map_is_collected_after_a_restart_in_the_safe_order(kube
     await restarted.aclose()
 
 
-async def test_services_left_without_a_route_are_collected(kube_api: FakeKubeAPI, kube: Kube, adapter: HttpRouteAdapter) -> None:  # noqa: F811
+async def test_services_left_without_a_route_are_collected(kube_api: FakeKubeAPI, kube: Kube, adapter: HttpRouteAdapter) -> None:
     chat = pub("chat", 1, 1)
     async with gateway_controller(kube_api):
         await adapter.apply(by_key(chat), frozenset({chat.key}))
@@ -329,7 +329,7 @@ def refs_not_permitted(route: dict[str, Any]) -> tuple[str, str, str]:
     return "False", "RefNotPermitted", "backendRef chat-x in namespace prod is not permitted"
 
 
-async def test_route_status_is_read_back_and_a_refusal_reported(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:  # noqa: F811
+async def test_route_status_is_read_back_and_a_refusal_reported(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:
     chat = pub("chat", 1, 2)
     async with gateway_controller(kube_api, refs_not_permitted):
         result = await adapter.apply(by_key(chat), frozenset({chat.key}))
@@ -339,7 +339,7 @@ async def test_route_status_is_read_back_and_a_refusal_reported(kube_api: FakeKu
     assert "ReferenceGrant" in held.message
 
 
-async def test_a_gateway_that_has_not_reported_yet_is_noted_not_failed(kube_api: FakeKubeAPI, kube: Kube) -> None:  # noqa: F811
+async def test_a_gateway_that_has_not_reported_yet_is_noted_not_failed(kube_api: FakeKubeAPI, kube: Kube) -> None:
     adapter = HttpRouteAdapter(options(route_status_timeout=0.2), kube)
     await adapter.current()
     chat = pub("chat", 1, 0)
@@ -364,7 +364,7 @@ def test_a_verdict_for_an_older_generation_is_no_verdict() -> None:
 # --- restarts and drift -----------------------------------------------------------------------------
 
 
-async def test_a_restarted_sidecar_writes_nothing_when_nothing_changed(kube_api: FakeKubeAPI, kube: Kube, adapter: HttpRouteAdapter) -> None:  # noqa: F811
+async def test_a_restarted_sidecar_writes_nothing_when_nothing_changed(kube_api: FakeKubeAPI, kube: Kube, adapter: HttpRouteAdapter) -> None:
     desired = by_key(pub("chat", 3, 1), pub("drained", 0, 0), pub("empty"))
     async with gateway_controller(kube_api):
         await adapter.apply(desired, frozenset(desired))
@@ -377,7 +377,7 @@ async def test_a_restarted_sidecar_writes_nothing_when_nothing_changed(kube_api:
     await restarted.aclose()
 
 
-async def test_a_route_edited_by_hand_reads_back_as_what_it_serves_and_is_rewritten(kube_api: FakeKubeAPI, kube: Kube, adapter: HttpRouteAdapter) -> None:  # noqa: F811
+async def test_a_route_edited_by_hand_reads_back_as_what_it_serves_and_is_rewritten(kube_api: FakeKubeAPI, kube: Kube, adapter: HttpRouteAdapter) -> None:
     chat = pub("chat", 3, 1)
     async with gateway_controller(kube_api):
         await adapter.apply(by_key(chat), frozenset({chat.key}))
@@ -394,7 +394,7 @@ async def test_a_route_edited_by_hand_reads_back_as_what_it_serves_and_is_rewrit
     assert route is not None and [r["weight"] for r in route["spec"]["rules"][0]["backendRefs"]] == [3, 1]
 
 
-async def test_an_unreachable_api_server_is_unavailable_and_the_next_apply_catches_up(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:  # noqa: F811
+async def test_an_unreachable_api_server_is_unavailable_and_the_next_apply_catches_up(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:
     chat = pub("chat", 1, 2)
     kube_api.fail_next(1, 503, verb="patch")
     with pytest.raises(Unavailable):
@@ -405,7 +405,7 @@ async def test_an_unreachable_api_server_is_unavailable_and_the_next_apply_catch
     assert kube_api.get(ROUTES, "prod", "chat-eu") is not None
 
 
-async def test_a_missing_namespace_fails_that_map_only(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:  # noqa: F811
+async def test_a_missing_namespace_fails_that_map_only(kube_api: FakeKubeAPI, adapter: HttpRouteAdapter) -> None:
     chat, other = pub("chat", 1), pub("other", 1)
     kube_api.fail_next(1, 404, verb="patch")
     async with gateway_controller(kube_api):
@@ -421,7 +421,7 @@ def test_the_adapter_fits_the_protocol() -> None:
     assert isinstance(HttpRouteAdapter(options()), Adapter)
 
 
-async def test_without_a_kube_the_adapter_connects_from_its_kubeconfig_and_closes_it(kube_api: FakeKubeAPI, kubeconfig) -> None:  # noqa: F811
+async def test_without_a_kube_the_adapter_connects_from_its_kubeconfig_and_closes_it(kube_api: FakeKubeAPI, kubeconfig) -> None:
     adapter = HttpRouteAdapter(options(gateway_kubeconfig=kubeconfig, route_status_timeout=0.05))
     assert await adapter.current() == {}
     await adapter.apply(by_key(pub("chat", 1)), frozenset({pub("chat").key}))
