@@ -1,4 +1,9 @@
-"""The one small interface every gateway adapter implements, and what adapters share.
+"""The seams every gateway adapter implements, and what adapters share.
+
+A gateway is a pure `Renderer` (what it cannot express, one map's part) plus a small `Transport`
+(write parts, confirm, read back what is served, and optionally `serve()` for gateways that connect
+to us). `adapters.engine.Engine` puts the two together and is the only owner of gateway state; the
+loop talks to the engine through the `Adapter` interface below.
 
 An adapter sees Publications, never TrafficMaps. It writes only what it owns, atomically or
 idempotently, validates before it swaps, reads back what the gateway holds, and says what happened
@@ -21,9 +26,21 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
-from publisher.model import MAX_WEIGHT, Held, MapKey, Publication, is_dns_label, is_dns_subdomain, is_hostname, parse_endpoint
+from publisher.model import (
+    MAX_WEIGHT,
+    Held,
+    MapKey,
+    Publication,
+    Route,
+    is_dns_label,
+    is_dns_subdomain,
+    is_hostname,
+    parse_endpoint,
+)
+
+PartT = TypeVar("PartT")
 
 
 class AdapterError(Exception):
@@ -81,6 +98,71 @@ class Adapter(Protocol):
         """Seconds the next apply would have to wait (0: it may write now). The loop waits this
         out before taking its next batch, so one write carries every change made meanwhile:
         NGINX reloads cut long-lived streams and are rate-limited this way."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What one confirmed transport write did.
+
+    rejected: maps the gateway refused that the transport could pin on them, with the gateway's
+        own words; the gateway keeps whatever it served for them before.
+    notes: maps the gateway took, with something worth a line in their condition message.
+    reloads: gateway reloads the write caused.
+    """
+
+    rejected: Mapping[MapKey, str] = field(default_factory=dict)
+    notes: Mapping[MapKey, str] = field(default_factory=dict)
+    reloads: int = 0
+
+
+class Renderer(Protocol[PartT]):
+    """Pure: how one gateway expresses one map. No I/O, no logging, no state."""
+
+    def problem(self, key: MapKey, route: Route) -> str | None:
+        """What this gateway cannot express about `route` (beyond the shared strict checks), or
+        None. A problem holds the map as InvalidPlan."""
+        ...
+
+    def render(self, key: MapKey, route: Route) -> PartT:
+        """The map's part of the gateway's configuration: a value the transport writes, and that
+        compares equal exactly when the gateway would serve the same thing."""
+        ...
+
+
+class Transport(Protocol[PartT]):
+    """The I/O of one gateway, driven only by the engine, one call at a time.
+
+    `write(parts, changes)`: make the gateway serve `parts`, every map's part after this write;
+    `changes` is what differs from the last confirmed state (None: remove that map), so an
+    incremental gateway writes only those and a whole-file one assembles `parts`. It returns once
+    the gateway confirmed. It raises `Rejected` when the gateway refused the write and still serves
+    what it served before, `Unavailable` when the gateway could not be reached or did not confirm
+    (what it serves is then unknown, and the engine reads it back before the next write).
+
+    `read()`: what the gateway serves now. It never returns state the gateway does not serve (a
+    file written but not confirmed, a table that a restart emptied); it raises `Unavailable` when
+    it cannot tell.
+    """
+
+    async def read(self) -> dict[MapKey, Route]: ...
+
+    async def write(self, parts: Mapping[MapKey, PartT], changes: Mapping[MapKey, PartT | None]) -> WriteResult: ...
+
+    def hold_off(self) -> float:
+        """Seconds the next write would have to wait (0: now), so one write carries everything
+        that changed meanwhile (NGINX reloads are rate-limited this way)."""
+        ...
+
+    def unready(self) -> str | None:
+        """Why the gateway cannot be written now (for example, no Envoy is connected), or None."""
+        ...
+
+    async def serve(self) -> None:
+        """The transport's long-running part (the xDS server), run by the loop until cancelled;
+        returns at once for a transport that has none."""
         ...
 
     async def aclose(self) -> None: ...

