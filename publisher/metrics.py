@@ -57,6 +57,18 @@ BUILD_INFO = Gauge(PREFIX + "build_info", "Always 1; the version label says whic
 SOURCE_ERRORS = Counter(PREFIX + "source_errors", "Source inputs that could not be read (a bad manifest file).", ["source"], registry=REGISTRY)
 STATUS_WRITES = Counter(PREFIX + "status_writes", "TrafficMap status condition writes by outcome.", ["result"], registry=REGISTRY)
 
+# Fail static: an API fault changes nothing the gateway serves, so it is reported here instead.
+SOURCE_LAST_SUCCESS = Gauge(
+    PREFIX + "source_last_success_timestamp_seconds",
+    "Unix time of the last successful list, watch connection or watch event, by resource and namespace (\"\": all).",
+    ["resource", "namespace"], registry=REGISTRY,
+)
+SOURCE_REFUSED = Gauge(
+    PREFIX + "source_refused",
+    "1 while the API server refuses our list or watch (401, 403, 404: credentials, RBAC or a missing CRD).",
+    ["resource", "namespace"], registry=REGISTRY,
+)
+
 BUILD_INFO.labels(version=__version__).set(1)
 
 

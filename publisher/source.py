@@ -14,18 +14,19 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 import aiohttp
-import tenacity
 from pydantic import ValidationError
 
 from publisher import metrics
 from publisher.kube import INFERENCE_SERVICES, TRAFFIC_MAPS, Kube, KubeError, Resource
-from publisher.manifests import ManifestError, parse_manifests
+from publisher.manifests import ManifestError, read_manifests
 from publisher.model import (
     INFERENCE_SERVICE_KIND,
     TRAFFIC_MAP_KIND,
@@ -182,8 +183,39 @@ class _Gone(Exception):
     pass
 
 
-# Transient failures of list and watch: retried with backoff, never surfaced.
+# Transient failures of list and watch: retried with capped backoff, logged on the first of a streak.
 _TRANSIENT = (KubeError, aiohttp.ClientError, asyncio.TimeoutError, WatchError, ConnectionError)
+# Answers that mean our configuration is wrong (credentials, RBAC, a missing CRD), not the network.
+_REFUSALS = (401, 403, 404)
+
+
+class SourceRefused(Exception):
+    """The API server refused the source for a reason retrying will not fix: 401, 403 or 404.
+    The message names the verb, the resource, the namespace and what to change."""
+
+
+def describe_refusal(exc: KubeError, verb: str, resource: Resource, namespace: str | None) -> str:
+    """One line an operator can act on: what was refused, where, and the missing rule."""
+    what = f"{verb} {resource.plural}.{resource.group} in {_where(namespace)}"
+    if exc.code == 401:
+        return (
+            f"{what}: 401 Unauthorized: the API server did not accept our credentials "
+            "(check the kubeconfig's user, or the ServiceAccount token of the pod)"
+        )
+    if exc.code == 403:
+        scope = f"a Role in namespace {namespace} (and its RoleBinding)" if namespace else "a ClusterRole (and its ClusterRoleBinding)"
+        return (
+            f"{what}: 403 Forbidden: {exc.message}; missing RBAC rule in {scope}: "
+            f'apiGroups: ["{resource.group}"], resources: ["{resource.plural}"], verbs: ["get", "list", "watch"]'
+        )
+    return (
+        f"{what}: 404 NotFound: the API server does not serve {resource.api_version} {resource.plural} "
+        "(is OME's CustomResourceDefinition installed on this cluster?)"
+    )
+
+
+def _where(namespace: str | None) -> str:
+    return f"namespace {namespace}" if namespace else "all namespaces"
 
 
 @dataclass(frozen=True)
@@ -196,10 +228,43 @@ class WatchOptions:
     watch_seconds: int = 300
     # Bookmarks arrive about once a minute from a real server; twice that silent means dead.
     silence_timeout: float = 120.0
-    # Reconnect backoff: starts small so a dropped connection costs little, caps so a long outage
-    # does not hammer the API server.
+    # Reconnect backoff: starts small so a dropped connection costs little, caps low enough that
+    # the first change after an outage is seen within seconds of recovery.
     backoff_initial: float = 0.2
-    backoff_max: float = 30.0
+    backoff_max: float = 10.0
+    # A watch connected this long counts as healthy: its next drop starts the backoff over.
+    backoff_reset: float = 60.0
+    # A refusal (401, 403, 404) is not fixed by hammering: retried at this slow pace.
+    refusal_retry: float = 30.0
+    # --once and --dry-run: a refusal ends the source at once instead of being retried.
+    refusals_fatal: bool = False
+    # Warn once when no list or watch has succeeded for this long (the gateway keeps serving).
+    stale_after: float = 300.0
+
+
+class ReconnectBackoff:
+    """Capped exponential backoff with jitter, forgotten after a healthy connection.
+
+    `failed()` gives the next delay: initial, 2x, 4x, ... up to the cap, each scaled by a random
+    factor in [0.5, 1] so replicas that lost the API server together do not return in step.
+    `connected_for(seconds)` forgets the failures once a connection has lasted `reset_after`.
+    """
+
+    def __init__(self, initial: float, cap: float, reset_after: float, *, jitter: Callable[[], float] = random.random) -> None:
+        self._initial = initial
+        self._cap = cap
+        self._reset_after = reset_after
+        self._jitter = jitter
+        self.failures = 0
+
+    def failed(self) -> float:
+        delay = min(self._cap, self._initial * 2**self.failures)
+        self.failures += 1
+        return delay * (0.5 + self._jitter() / 2)
+
+    def connected_for(self, seconds: float) -> None:
+        if seconds >= self._reset_after:
+            self.failures = 0
 
 
 class Informer(Generic[T]):
@@ -207,6 +272,7 @@ class Informer(Generic[T]):
 
     `parse` turns a raw object into what the Store keeps (None: unusable, treated as absent).
     List pages are parsed as they arrive, so the raw objects of only one page are alive at once.
+    Nothing the API server does empties the Store: only a list that succeeds replaces it.
     """
 
     def __init__(
@@ -221,6 +287,7 @@ class Informer(Generic[T]):
         sink: ChangeSink,
         on_synced: Callable[[], None],
         clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._kube = kube
         self._resource = resource
@@ -231,54 +298,99 @@ class Informer(Generic[T]):
         self._sink = sink
         self._on_synced = on_synced
         self._clock = clock
-
-    def _retrying(self) -> tenacity.AsyncRetrying:
-        return tenacity.AsyncRetrying(
-            wait=tenacity.wait_exponential_jitter(multiplier=self._options.backoff_initial, max=self._options.backoff_max),
-            retry=tenacity.retry_if_exception_type(_TRANSIENT),
-            before_sleep=self._count_restart,
-            reraise=True,
-        )
-
-    def _count_restart(self, state: tenacity.RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        reason = exc.reason if isinstance(exc, KubeError) and exc.reason else type(exc).__name__
-        metrics.WATCH_RESTARTS.labels(resource=self._resource.plural, reason=reason).inc()
-        log.warning("watch restarting", extra={"resource": self._resource.plural, "namespace": self._namespace, "error": str(exc)})
+        self._sleep = sleep
+        self._backoff = ReconnectBackoff(options.backoff_initial, options.backoff_max, options.backoff_reset)
+        self._opened_at: float | None = None
+        # For staleness and the operator: when a call last succeeded, and what is wrong now.
+        self.last_success: float | None = None
+        self.problem: str | None = None
+        self._refused: str | None = None
 
     async def run(self) -> None:
         synced = False
+        state: WatchState | None = None
         while True:
-            version = await self._list()
-            if not synced:
-                synced = True
-                self._on_synced()
+            verb = "list" if state is None else "watch"
             try:
-                await self._watch_from(version)
+                if state is None:
+                    state = WatchState(await self._list())
+                    if not synced:
+                        synced = True
+                        self._on_synced()
+                await self._watch_once(state)
+                self._connection_ended()
             except _Gone as gone:
+                self._connection_ended()
+                state = None
                 metrics.WATCH_RESTARTS.labels(resource=self._resource.plural, reason="Expired").inc()
-                log.info("watch expired, relisting", extra={"resource": self._resource.plural, "reason": str(gone)})
+                log.info("watch expired, relisting", extra={"resource": self._resource.plural, "namespace": _where(self._namespace), "reason": str(gone)})
+                # A storm of 410s relists at the backoff's pace, not in a tight loop.
+                await self._sleep(self._backoff.failed())
+            except _TRANSIENT as exc:
+                self._connection_ended()
+                if isinstance(exc, KubeError) and exc.code in _REFUSALS:
+                    await self._sleep(self._on_refused(exc, verb))
+                else:
+                    await self._sleep(self._on_transient(exc, verb))
+
+    def _succeeded(self) -> None:
+        self.last_success = self._clock()
+        metrics.SOURCE_LAST_SUCCESS.labels(resource=self._resource.plural, namespace=self._namespace or "").set(time.time())
+        if self.problem is not None:
+            log.info(
+                "source recovered",
+                extra={"resource": self._resource.plural, "namespace": _where(self._namespace), "after": self.problem},
+            )
+            self.problem = None
+        if self._refused is not None:
+            metrics.SOURCE_REFUSED.labels(resource=self._resource.plural, namespace=self._namespace or "").set(0)
+            self._refused = None
+
+    def _connection_ended(self) -> None:
+        if self._opened_at is not None:
+            self._backoff.connected_for(self._clock() - self._opened_at)
+            self._opened_at = None
+
+    def _on_transient(self, exc: BaseException, verb: str) -> float:
+        reason = exc.reason if isinstance(exc, KubeError) and exc.reason else type(exc).__name__
+        metrics.WATCH_RESTARTS.labels(resource=self._resource.plural, reason=reason).inc()
+        problem = f"{verb} {self._resource.plural}.{self._resource.group} in {_where(self._namespace)}: {exc}"
+        if self.problem is None:
+            # The first failure of a streak is news; its repeats are counted, not logged.
+            log.warning("watch restarting", extra={"resource": self._resource.plural, "namespace": _where(self._namespace), "verb": verb, "error": str(exc)})
+        self.problem = problem
+        return self._backoff.failed()
+
+    def _on_refused(self, exc: KubeError, verb: str) -> float:
+        message = describe_refusal(exc, verb, self._resource, self._namespace)
+        if self._options.refusals_fatal:
+            raise SourceRefused(message) from exc
+        metrics.SOURCE_REFUSED.labels(resource=self._resource.plural, namespace=self._namespace or "").set(1)
+        if message != self._refused:
+            log.error("source refused", extra={"resource": self._resource.plural, "namespace": _where(self._namespace), "verb": verb, "error": message})
+        self._refused = self.problem = message
+        return self._options.refusal_retry
 
     async def _list(self) -> str:
-        async for attempt in self._retrying():
-            with attempt:
-                entries: list[tuple[MapKey, T, str]] = []
-                token: str | None = None
-                while True:
-                    page = await self._kube.list(
-                        self._resource,
-                        namespace=self._namespace,
-                        label_selector=self._options.label_selector,
-                        limit=self._options.page_size,
-                        continue_token=token,
-                    )
-                    entries.extend(self._entries(page.get("items") or ()))
-                    metadata = page.get("metadata") or {}
-                    if not token:
-                        version = str(metadata.get("resourceVersion", ""))
-                    token = metadata.get("continue") or None
-                    if not token:
-                        break
+        entries: list[tuple[MapKey, T, str]] = []
+        token: str | None = None
+        version = ""
+        while True:
+            page = await self._kube.list(
+                self._resource,
+                namespace=self._namespace,
+                label_selector=self._options.label_selector,
+                limit=self._options.page_size,
+                continue_token=token,
+            )
+            entries.extend(self._entries(page.get("items") or ()))
+            metadata = page.get("metadata") or {}
+            if not token:
+                version = str(metadata.get("resourceVersion", ""))
+            token = metadata.get("continue") or None
+            if not token:
+                break
+        self._succeeded()
         changed = self._store.replace(entries, namespace=self._namespace)
         if changed:
             self._sink.changed(changed, at=self._clock())
@@ -290,13 +402,6 @@ class Informer(Generic[T]):
             obj = self._parse(raw) if key is not None else None
             if key is not None and obj is not None:
                 yield key, obj, _version(raw)
-
-    async def _watch_from(self, version: str) -> None:
-        state = WatchState(version)
-        while True:
-            async for attempt in self._retrying():
-                with attempt:
-                    await self._watch_once(state)
 
     async def _watch_once(self, state: WatchState) -> None:
         """One watch connection; returns when the server ends it, raises on a drop or 410."""
@@ -317,6 +422,8 @@ class Informer(Generic[T]):
             timeout_seconds=self._options.watch_seconds,
             silence_timeout=self._options.silence_timeout,
         ) as stream:
+            self._opened_at = self._clock()
+            self._succeeded()
             buffer = b""
             # Split lines ourselves: StreamReader.readline caps the line length, objects do not.
             async for chunk in stream.iter_any():
@@ -324,6 +431,7 @@ class Informer(Generic[T]):
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
                     self._handle(state.feed(line))
+                self._succeeded()
             if buffer.strip():
                 self._handle(state.feed(buffer))
 
@@ -353,8 +461,10 @@ class KubeSource:
         self._options = options
         self._clock = clock
         self._pending_sync = 0
+        self._informers: list[Informer[Any]] = []
+        self._stale = False
 
-    def _informers(self) -> list[Informer[Any]]:
+    def _make_informers(self) -> list[Informer[Any]]:
         namespaces: tuple[str | None, ...] = self._options.namespaces or (None,)
         informers: list[Informer[Any]] = []
         for namespace in namespaces:
@@ -378,11 +488,44 @@ class KubeSource:
         return informers
 
     async def run(self) -> None:
-        informers = self._informers()
-        self._pending_sync = len(informers)
-        async with asyncio.TaskGroup() as group:
-            for informer in informers:
-                group.create_task(informer.run())
+        self._informers = self._make_informers()
+        self._pending_sync = len(self._informers)
+        started = self._clock()
+        try:
+            async with asyncio.TaskGroup() as group:
+                for informer in self._informers:
+                    group.create_task(informer.run())
+                group.create_task(self._watch_staleness(started))
+        except ExceptionGroup as group:
+            # A refusal under --once ends every informer; the caller wants the reason, not a group.
+            refused = next((e for e in group.exceptions if isinstance(e, SourceRefused)), None)
+            if refused is not None:
+                raise refused from None
+            raise
+
+    def problem(self) -> str | None:
+        """What is wrong with the source now (None: nothing known)."""
+        return next((i.problem for i in self._informers if i.problem is not None), None)
+
+    def age(self, since: float) -> float:
+        """Seconds since the least recent success of any informer (counted from `since` for one
+        that never succeeded)."""
+        now = self._clock()
+        return max((now - (i.last_success if i.last_success is not None else since) for i in self._informers), default=0.0)
+
+    async def _watch_staleness(self, started: float) -> None:
+        """Log once when the source goes stale and once when it is fresh again: the gateway keeps
+        serving either way, so this is news for the operator, not a reason to change anything."""
+        interval = min(5.0, self._options.stale_after / 4)
+        while True:
+            await asyncio.sleep(interval)
+            age = self.age(started)
+            if age > self._options.stale_after and not self._stale:
+                self._stale = True
+                log.warning("source stale, gateway keeps serving", extra={"age_seconds": round(age), "problem": self.problem()})
+            elif age <= self._options.stale_after and self._stale:
+                self._stale = False
+                log.info("source fresh again")
 
     def _one_synced(self) -> None:
         self._pending_sync -= 1
@@ -418,6 +561,10 @@ class DirectorySource:
         self._poll_interval = poll_interval
         self._files: dict[str, _FileState] = {}
         self._bad: dict[str, tuple[tuple[int, int, int], str]] = {}
+
+    def problem(self) -> str | None:
+        """The first manifest file skipped now, and why (None: every file was read)."""
+        return next((f"{self._path / name}: {error}" for name, (_, error) in sorted(self._bad.items())), None)
 
     async def run(self) -> None:
         await self.scan()
@@ -476,7 +623,7 @@ class DirectorySource:
 
     @staticmethod
     def _read(path: Path, signature: tuple[int, int, int]) -> _FileState:
-        objects = parse_manifests(str(path), path.read_text(encoding="utf-8"))
+        objects = read_manifests(path)
         maps, isvcs = [], []
         for raw in objects:
             kind, key = raw.get("kind"), object_key(raw)
