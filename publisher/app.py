@@ -129,11 +129,13 @@ async def run(config: RunConfig) -> Summary | None:
         source = DirectorySource(source_dir, stores, publisher, clock=publisher.clock)
     else:
         assert kube is not None
-        watch = WatchOptions(namespaces=config.namespace, label_selector=config.label_selector)
+        one_pass = config.once or config.dry_run
+        watch = WatchOptions(namespaces=config.namespace, label_selector=config.label_selector,
+                             refusals_fatal=one_pass, stale_after=config.source_stale_after)
         source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
     try:
         if config.once or config.dry_run:
-            await loop.once(publisher, source, read_gateway=not config.dry_run)
+            await loop.once(publisher, source, read_gateway=not config.dry_run, timeout=config.timeout)
             return _summary(publisher, adapter)
         leader = LeaderOptions(config.effective_lease_namespace(), _identity(config)) if config.leader_elect else None
         await loop.run(publisher, source, listen=config.listen_address, leader=leader)

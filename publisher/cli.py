@@ -36,6 +36,8 @@ from publisher.model import (
     validate,
 )
 from publisher.kube import KubeError
+from publisher.loop import ListenError, SyncTimeout
+from publisher.source import SourceRefused
 from publisher.verify import compare
 
 __all__ = ["main"]
@@ -298,17 +300,21 @@ def _run(args: argparse.Namespace) -> int:
     except config.ConfigError as exc:
         print(f"ome-publisher run: {exc}", file=sys.stderr)
         return EXIT_INPUT
+    missing = config.missing_paths(run_config)
+    if missing:
+        print(f"ome-publisher run: {'; '.join(missing)}", file=sys.stderr)
+        return EXIT_INPUT
     logs.configure(run_config.log_format, run_config.log_level)
     try:
         summary = asyncio.run(app.run_until_signalled(run_config))
-    except config.ConfigError as exc:
-        print(f"ome-publisher run: {exc}", file=sys.stderr)
-        return EXIT_INPUT
-    except (KubeError, AdapterError) as exc:
-        print(f"ome-publisher run: {exc}", file=sys.stderr)
-        return EXIT_HELD
     except KeyboardInterrupt:
         return EXIT_OK
+    except Exception as exc:  # noqa: BLE001  (every start-up failure is shown as one line, exit 2)
+        message = _start_up_error(_unwrap(exc))
+        if message is None:
+            raise
+        print(f"ome-publisher run: {message}", file=sys.stderr)
+        return EXIT_INPUT
     if summary is None:
         return EXIT_OK
     if run_config.output == "json":
@@ -320,6 +326,37 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(_run_text(summary, dry_run=run_config.dry_run))
     return EXIT_OK if summary.all_published else EXIT_HELD
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The one failure inside task groups that ended because of it."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _start_up_error(exc: BaseException) -> str | None:
+    """The one line for a failure that stops `run` before it can serve (exit 2), or None for a bug."""
+    if isinstance(exc, ListenError):
+        return f"--listen: {exc.strerror}"
+    if isinstance(exc, KubeError):
+        return exc.message if exc.reason == "InvalidConfiguration" else f"API server: {exc}"
+    if isinstance(exc, (config.ConfigError, SourceRefused, SyncTimeout)):
+        return str(exc)
+    if isinstance(exc, AdapterError):
+        return _without_reprs(exc)
+    if isinstance(exc, OSError):
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc)
+    return None
+
+
+def _without_reprs(exc: BaseException) -> str:
+    """An adapter's message with a cause such as FileNotFoundError(2, '...') said in words."""
+    text = str(exc)
+    cause = exc.__cause__
+    if isinstance(cause, OSError) and cause.strerror:
+        text = text.replace(repr(cause), cause.strerror)
+    return text
 
 
 def _run_text(summary: app.Summary, *, dry_run: bool) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from publisher.gate import PublishedGate
 from publisher.model import is_dns_label
@@ -67,13 +67,15 @@ class RunConfig(BaseModel):
     once: bool = Field(False, description="One full sync, then exit: 0 when every map is published, 1 when any is held or failed.")
     dry_run: bool = Field(False, description="Decide and plan one pass, print the plan, write nothing (no gateway, no status).")
     output: Literal["text", "json"] = Field("text", description="Output format of --once and --dry-run.")
+    timeout: Duration = Field(60.0, description="--once and --dry-run give up after this and exit 2, naming what they waited for (a CI gate must end).")
+    source_stale_after: Duration = Field(300.0, description="Log once when no list or watch has succeeded for this long (the gateway keeps serving; the age is also a metric).")
     ome_published_gate: PublishedGate = Field(PublishedGate.AUTO, description="Honour OME's Published condition: auto, require or ignore.")
     host_template: str = Field("{name}.{namespace}", description="Hostname of a map whose InferenceService has no ome.io/global-host annotation.")
     resync: Duration = Field(60.0, description="Re-read the gateway and re-decide every map this often, repairing drift (a minute bounds how long drift lasts).")
     report_status: bool = Field(True, description="Write this instance's condition on each TrafficMap (turn off with --no-report-status).")
     leader_elect: bool = Field(False, description="Only the holder of a Lease writes status; every replica still writes its own gateway.")
     lease_namespace: str | None = Field(None, description="Namespace of the Lease (default: $POD_NAMESPACE, else `default`).")
-    listen: str = Field("0.0.0.0:8080", description="HOST:PORT for /metrics, /healthz, /readyz and /debug/maps.")
+    listen: str = Field("0.0.0.0:9180", description="HOST:PORT for /metrics, /healthz, /readyz and /debug/maps (9180: no gateway's port).")
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Least severe level logged.")
     probe_max_age: Duration | None = Field(None, description="Report (not hold) a map whose probe.lastProbeTime is older than this.")
@@ -125,6 +127,24 @@ class RunConfig(BaseModel):
         split_host_port(value)
         return value
 
+    @field_validator("envoy_admin")
+    @classmethod
+    def _admin_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError(f"{value!r} is not a URL: give the scheme, e.g. http://127.0.0.1:9901")
+        return value
+
+    @model_validator(mode="after")
+    def _once_without_leader_election(self) -> RunConfig:
+        # A one-shot pass cannot hold a Lease meaningfully: behind a live leader it would wait for a
+        # lease that is renewed forever, and taking a free one for one pass makes the leaders churn.
+        if self.once and self.leader_elect and self.report_status and self.source == "kube":
+            raise ValueError(
+                "--once cannot be combined with --leader-elect: a one-shot pass does not take the Lease; "
+                "add --no-report-status to leave status to the elected replicas, or drop --leader-elect"
+            )
+        return self
+
     @property
     def source_dir(self) -> Path | None:
         return Path(self.source[4:]) if self.source.startswith("dir:") else None
@@ -135,6 +155,31 @@ class RunConfig(BaseModel):
 
     def effective_lease_namespace(self) -> str:
         return self.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
+
+
+def missing_paths(config: RunConfig) -> list[str]:
+    """Start-up check of every file the chosen source and adapter need: one problem per option,
+    naming it, so a typo exits 2 at once instead of failing the first gateway write."""
+    needed: list[tuple[str, Path | None, str]] = [("kubeconfig", config.kubeconfig, "file")]
+    if config.adapter == "json":
+        needed.append(("json_path", config.json_path, "parent"))
+    elif config.adapter == "nginx":
+        needed.append(("nginx_conf_file", config.nginx_conf_file, "parent"))
+    elif config.adapter == "envoy":
+        needed += [("envoy_dir", config.envoy_dir, "dir"), ("envoy_ca_file", config.envoy_ca_file, "file")]
+    elif config.adapter == "httproute":
+        needed.append(("gateway_kubeconfig", config.gateway_kubeconfig, "file"))
+    problems = []
+    for name, path, kind in needed:
+        if path is None:
+            continue
+        if kind == "file" and not path.is_file():
+            problems.append(f"{flag(name)} {path}: no such file")
+        elif kind == "dir" and not path.is_dir():
+            problems.append(f"{flag(name)} {path}: no such directory")
+        elif kind == "parent" and not path.absolute().parent.is_dir():
+            problems.append(f"{flag(name)} {path}: directory {path.absolute().parent} does not exist")
+    return problems
 
 
 def split_host_port(value: str) -> tuple[str, int]:
@@ -209,7 +254,10 @@ def load(flags: dict[str, Any], environ: dict[str, str] | None = None) -> RunCon
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            name = str(error["loc"][0]) if error["loc"] else "?"
+            if not error["loc"]:
+                problems.append(str(error["msg"]).removeprefix("Value error, "))
+                continue
+            name = str(error["loc"][0])
             shown = flag(name) if name in RunConfig.model_fields else name
-            problems.append(f"{shown}: {error['msg']}")
+            problems.append(f"{shown}: {str(error['msg']).removeprefix('Value error, ')}")
         raise ConfigError("; ".join(problems)) from exc

@@ -1,8 +1,9 @@
 """The one home of kubernetes_asyncio: client setup, list, watch streams, apply, delete, Lease lock.
 
 Owns the HTTP conversation with an API server and the translation of its failures into KubeError
-(code, reason, message, from the API's Status body). It knows no TrafficMap semantics, never
-retries (the caller's edge decides), and never imports gate, verify, plan or loop.
+(code, reason, message, from the API's Status body; a kubeconfig that cannot be used is one too).
+It knows no TrafficMap semantics, never retries (the caller's edge decides: one Lease attempt per
+call), and never imports gate, verify, plan or loop.
 """
 
 from __future__ import annotations
@@ -10,20 +11,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.rest import ApiException
-from kubernetes_asyncio.leaderelection.electionconfig import Config as ElectionConfig
-from kubernetes_asyncio.leaderelection.leaderelection import LeaderElection
-from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
@@ -99,16 +98,41 @@ class KubeError(Exception):
         return cls(code, "", text[:500])
 
 
-async def _configuration(kubeconfig: str | os.PathLike[str] | None) -> k8s_client.Configuration:
-    configuration = k8s_client.Configuration()
+def _kubeconfig_file(kubeconfig: str | os.PathLike[str] | None) -> tuple[str, str] | None:
+    """(path, how it was chosen) of the kubeconfig to load, or None for the in-cluster config."""
     if kubeconfig is not None:
-        await k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        k8s_config.load_incluster_config(client_configuration=configuration)
-    else:
-        path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or str(Path("~/.kube/config").expanduser())
+        return str(kubeconfig), "--kubeconfig"
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    from_env = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+    if from_env:
+        return from_env, "$KUBECONFIG"
+    return str(Path("~/.kube/config").expanduser()), "the default kubeconfig"
+
+
+async def _configuration(kubeconfig: str | os.PathLike[str] | None) -> k8s_client.Configuration:
+    """The client configuration; a KubeError naming the file and the reason when there is none."""
+    configuration = k8s_client.Configuration()
+    chosen = _kubeconfig_file(kubeconfig)
+    if chosen is None:
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        except Exception as exc:  # the loader raises whatever a broken mount provokes
+            raise KubeError(0, "InvalidConfiguration", f"in-cluster configuration: {_one_line(exc)}") from exc
+        return configuration
+    path, origin = chosen
+    if not Path(path).is_file():
+        hint = "" if origin != "the default kubeconfig" else " (not in a cluster, $KUBECONFIG unset: pass --kubeconfig)"
+        raise KubeError(0, "InvalidConfiguration", f"{origin} {path}: no such file{hint}")
+    try:
         await k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
+    except Exception as exc:  # YAML, type and key errors as well as ConfigException, by input
+        raise KubeError(0, "InvalidConfiguration", f"{origin} {path}: not a usable kubeconfig: {_one_line(exc)}") from exc
     return configuration
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 class Kube:
@@ -120,11 +144,12 @@ class Kube:
     @classmethod
     async def connect(cls, kubeconfig: str | os.PathLike[str] | None = None) -> Kube:
         """`kubeconfig` when given, else in-cluster, else $KUBECONFIG or ~/.kube/config."""
-        try:
-            configuration = await _configuration(kubeconfig)
-        except (k8s_config.ConfigException, OSError, ValueError) as exc:
-            raise KubeError(0, "InvalidConfiguration", str(exc)) from exc
+        configuration = await _configuration(kubeconfig)
         return cls(k8s_client.ApiClient(configuration=configuration))
+
+    @property
+    def server(self) -> str:
+        return str(self.api_client.configuration.host)
 
     async def close(self) -> None:
         await self.api_client.close()
@@ -240,29 +265,91 @@ class Kube:
     async def delete(self, resource: Resource, namespace: str, name: str) -> None:
         await self.request("DELETE", resource.path(namespace, name))
 
-    async def lead(
-        self,
-        *,
-        name: str,
-        namespace: str,
-        identity: str,
-        lease_duration: int,
-        renew_deadline: int,
-        retry_period: int,
-        on_started: Callable[[], Coroutine[Any, Any, None]],
-        on_stopped: Callable[[], Coroutine[Any, Any, None]],
-    ) -> None:
-        """Compete for a coordination.k8s.io/v1 Lease forever, with kubernetes_asyncio's Lease lock.
-        `on_started` must return promptly: the library runs it in a task of its own."""
-        lock = LeaseLock(name, namespace, identity, self.api_client)
-        config = ElectionConfig(
-            lock,
-            lease_duration=lease_duration,
-            renew_deadline=renew_deadline,
-            retry_period=retry_period,
-            onstarted_leading=on_started,
-            onstopped_leading=on_stopped,
-        )
-        while True:
-            await LeaderElection(config).run()
-            await asyncio.sleep(retry_period)
+
+
+def _micro_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaseLock:
+    """One coordination.k8s.io/v1 Lease with client-go's resourcelock semantics, one attempt per
+    call (the caller times and retries them). Another holder's lease counts as expired
+    `leaseDurationSeconds` after we first saw its current record, by our own clock, so clock skew
+    between replicas cannot end a live lease early."""
+
+    def __init__(self, kube: Kube, namespace: str, name: str, identity: str) -> None:
+        self._kube = kube
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+
+    async def try_acquire_or_renew(self, lease_duration: int) -> bool:
+        """True when we hold the Lease after this call. Raises KubeError when the API fails."""
+        now = datetime.now(UTC)
+        try:
+            lease = await self._kube.get(LEASES, self.namespace, self.name)
+        except KubeError as exc:
+            if not exc.not_found:
+                raise
+            return await self._create(lease_duration, now)
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        record = (holder, spec.get("renewTime"), spec.get("leaseDurationSeconds"))
+        if record != self._observed:
+            self._observed, self._observed_at = record, time.monotonic()
+        duration = spec.get("leaseDurationSeconds") or lease_duration
+        if holder and holder != self.identity and time.monotonic() < self._observed_at + duration:
+            return False
+        ours = holder == self.identity
+        lease["spec"] = {
+            **spec,
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": lease_duration,
+            "renewTime": _micro_time(now),
+            "acquireTime": spec.get("acquireTime") if ours and spec.get("acquireTime") else _micro_time(now),
+            "leaseTransitions": int(spec.get("leaseTransitions") or 0) + (0 if ours else 1),
+        }
+        return await self._replace(lease)
+
+    async def release(self) -> None:
+        """Give the Lease up if we hold it, so a successor need not wait for it to expire."""
+        lease = await self._kube.get(LEASES, self.namespace, self.name)
+        spec = lease.get("spec") or {}
+        if spec.get("holderIdentity") != self.identity:
+            return
+        now = _micro_time(datetime.now(UTC))
+        lease["spec"] = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": now, "acquireTime": now}
+        await self._replace(lease)
+
+    async def _create(self, lease_duration: int, now: datetime) -> bool:
+        body = {
+            "apiVersion": LEASES.api_version,
+            "kind": LEASES.kind,
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": lease_duration,
+                "acquireTime": _micro_time(now),
+                "renewTime": _micro_time(now),
+                "leaseTransitions": 0,
+            },
+        }
+        try:
+            await self._kube.request("POST", LEASES.path(self.namespace), body=body)
+        except KubeError as exc:
+            if exc.conflict:  # AlreadyExists: another replica created it first
+                return False
+            raise
+        return True
+
+    async def _replace(self, lease: dict[str, Any]) -> bool:
+        """PUT with the resourceVersion we read: a 409 means someone else wrote it first."""
+        try:
+            await self._kube.request("PUT", LEASES.path(self.namespace, self.name), body=lease)
+        except KubeError as exc:
+            if exc.conflict:
+                return False
+            raise
+        return True

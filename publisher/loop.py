@@ -10,6 +10,7 @@ API server never delays the gateway. `sync_once` is one full pass; `run` schedul
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import heapq
 import logging
@@ -19,11 +20,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import aiohttp
 from aiohttp import web
 
 from adapters.base import Adapter, AdapterError, ApplyResult
 from publisher import gate, metrics, plan, status
-from publisher.kube import Kube, KubeError
+from publisher.kube import Kube, KubeError, LeaseLock
 from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, TrafficMap
 from publisher.plan import Hold, Outcome, Publish, Withdraw
 from publisher.source import Stores
@@ -167,6 +169,10 @@ class Publisher:
         self.leading = kube is not None and options.report_status
         self.last_success: float | None = None
         self._state_counts: dict[str, int] = {}
+        # What the source says is wrong (a refusal, an unreachable server), for /readyz.
+        self.source_problem: Callable[[], str | None] = lambda: None
+        # The stale-probe note last logged per map: a stalled prober is logged once, not per pass.
+        self._probe_notes: dict[MapKey, str] = {}
 
     # --- ChangeSink ---------------------------------------------------------------------------
 
@@ -263,6 +269,8 @@ class Publisher:
     ) -> None:
         """Record the map's state, back off what failed, and queue its report."""
         item = self.stores.maps.get(key)
+        if item is None and isinstance(outcome, Withdraw) and key not in changed and key not in self.states:
+            return  # an InferenceService's event with no map of its name: nothing to record or log
         generation = item.metadata.generation if isinstance(item, TrafficMap) else item.generation if item else 0
         last = self.published.get(key)
         failed: Held | None = None
@@ -307,11 +315,18 @@ class Publisher:
         self.backoff.forget(key)
 
     def _stale_probes(self, item: TrafficMap | InvalidObject | None) -> str | None:
+        """The stale-probe note of a map's condition: it names the clusters and the limit, never an
+        age, so a stalled prober changes the condition once, not on every pass."""
         if self.options.probe_max_age is None or not isinstance(item, TrafficMap):
             return None
         stale = gate.stalled_probes(item, self.options.probe_max_age, self.wall_clock())
-        if stale is not None:
+        if stale is None:
+            if self._probe_notes.pop(item.key, None) is not None:
+                log.info("prober reporting again", extra={"map": str(item.key)})
+            return None
+        if self._probe_notes.get(item.key) != stale:
             log.warning("prober stalled", extra={"map": str(item.key), "detail": stale})
+            self._probe_notes[item.key] = stale
         return stale
 
     def _state(self, key: MapKey) -> MapState:
@@ -443,16 +458,21 @@ class Publisher:
         return self.started
 
     def ready(self) -> tuple[bool, str]:
+        """Ready once the gateway was read, the source gave its first full view and the gateway
+        confirmed a pass. After that the API server plays no part (fail static: the gateway keeps
+        serving what it holds); only a gateway that stops confirming passes makes it unready."""
         if not self.started:
             return False, "gateway not read yet"
         if not self.is_synced:
-            return False, "waiting for the first sync"
+            problem = self.source_problem()
+            return False, f"waiting for the first sync: {problem}" if problem else "waiting for the first sync"
         if self.last_success is None:
             return False, "no successful sync yet"
         age = self.clock() - self.last_success
         if age > 3 * self.options.resync:
             return False, f"last successful sync {age:.0f}s ago"
-        return True, "ready"
+        problem = self.source_problem()
+        return True, f"ready; the gateway keeps serving while the source fails: {problem}" if problem else "ready"
 
     def debug_maps(self) -> list[dict[str, Any]]:
         maps = []
@@ -522,10 +542,22 @@ def _keeping(message: str, last: Publication | None) -> str:
 class Source(Protocol):
     async def run(self) -> None: ...
 
+    def problem(self) -> str | None: ...
+
+
+class SyncTimeout(Exception):
+    """--once or --dry-run did not get a full view of the source in time; the message says why."""
+
+
+class ListenError(OSError):
+    """The HTTP server cannot listen where it was told to."""
+
 
 @dataclass(frozen=True)
 class LeaderOptions:
-    """Lease-based leader election for status writes (client-go's default timings)."""
+    """Lease-based leader election for status writes (client-go's default timings). Every Lease
+    call must end before the renew deadline, which ends before the lease does: a leader that
+    cannot renew stops writing status while its lease still holds."""
 
     lease_namespace: str
     identity: str
@@ -534,39 +566,75 @@ class LeaderOptions:
     retry_period: int = 2
 
 
+# Failures of one Lease attempt: all retried, none may end the process.
+_LEASE_FAULTS = (KubeError, OSError, TimeoutError, aiohttp.ClientError)
+
+
 async def run_leader_election(publisher: Publisher, kube: Kube, options: LeaderOptions) -> None:
-    """Compete for the Lease forever; only while holding it does `publisher` write status."""
+    """Compete for the Lease forever; only while holding it does `publisher` write status. API
+    faults are retried every retry period; the Lease is released when this task is cancelled."""
+    lock = LeaseLock(kube, options.lease_namespace, status.field_manager(publisher.options.instance), options.identity)
+    last_renew: float | None = None
+    problem: str | None = None
 
-    async def started() -> None:
-        publisher.leading = True
-        log.info("leading: writing status", extra={"identity": options.identity})
-        for key in publisher.reports:
-            publisher.status_queue.add(key)
-
-    async def stopped() -> None:
+    def stop(why: str) -> None:
+        nonlocal last_renew
+        last_renew = None
         publisher.leading = False
-        log.info("lost the lease: status writes stop", extra={"identity": options.identity})
+        log.warning("lost the lease: status writes stop", extra={"identity": options.identity, "reason": why})
 
-    await kube.lead(
-        name=status.field_manager(publisher.options.instance),
-        namespace=options.lease_namespace,
-        identity=options.identity,
-        lease_duration=options.lease_duration,
-        renew_deadline=options.renew_deadline,
-        retry_period=options.retry_period,
-        on_started=started,
-        on_stopped=stopped,
-    )
+    try:
+        while True:
+            attempt_started = time.monotonic()
+            # While leading, an attempt may not outlive the renew deadline; acquiring has as long.
+            budget = options.renew_deadline if last_renew is None else last_renew + options.renew_deadline - attempt_started
+            try:
+                async with asyncio.timeout(max(0.05, budget)):
+                    held = await lock.try_acquire_or_renew(options.lease_duration)
+            except _LEASE_FAULTS as exc:
+                held = False
+                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                if why != problem:
+                    log.warning("lease call failed, retrying", extra={"identity": options.identity, "error": why})
+                problem = why
+            else:
+                problem = None
+            now = time.monotonic()
+            if held:
+                if last_renew is None:
+                    publisher.leading = True
+                    log.info("leading: writing status", extra={"identity": options.identity})
+                    for key in publisher.reports:
+                        publisher.status_queue.add(key)
+                last_renew = now
+            elif last_renew is not None and (problem is None or now - last_renew >= options.renew_deadline):
+                stop("another replica holds the lease" if problem is None else f"not renewed within {options.renew_deadline}s: {problem}")
+            await asyncio.sleep(max(0.0, options.retry_period - (now - attempt_started)))
+    finally:
+        if last_renew is not None:
+            publisher.leading = False
+            with contextlib.suppress(*_LEASE_FAULTS):
+                async with asyncio.timeout(options.retry_period):
+                    await lock.release()
+                log.info("lease released", extra={"identity": options.identity})
 
 
-async def serve(app: web.Application, host: str, port: int) -> None:
-    """Serve `app` until cancelled (aiohttp's runner and site, inside our TaskGroup)."""
+async def start_server(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Listen before anything else starts, so a port in use is one clear start-up error."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        log.info("serving", extra={"listen": f"{host}:{port}"})
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ListenError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    log.info("serving", extra={"listen": f"{host}:{port}"})
+    return runner
+
+
+async def serve(runner: web.AppRunner) -> None:
+    """Serve until cancelled, then close the server."""
+    try:
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
@@ -580,9 +648,11 @@ async def run(
     leader: LeaderOptions | None = None,
 ) -> None:
     """The sidecar: one TaskGroup owns the server, the source, the applier, resync and status."""
+    publisher.source_problem = source.problem
+    runner = await start_server(metrics.make_app(publisher), *listen) if listen is not None else None
     async with asyncio.TaskGroup() as group:
-        if listen is not None:
-            group.create_task(serve(metrics.make_app(publisher), *listen))
+        if runner is not None:
+            group.create_task(serve(runner))
         await publisher.start()
         group.create_task(source.run())
         group.create_task(publisher.run_applier())
@@ -594,17 +664,38 @@ async def run(
                 group.create_task(run_leader_election(publisher, publisher.kube, leader))
 
 
-async def once(publisher: Publisher, source: Source, *, read_gateway: bool = True) -> None:
+async def once(publisher: Publisher, source: Source, *, read_gateway: bool = True, timeout: float | None = None) -> None:
     """One full sync: read the gateway, take the source's first full view, one gateway write,
-    then every status write. `read_gateway=False` plans against an empty gateway (dry run)."""
+    then every status write. `read_gateway=False` plans against an empty gateway (dry run).
+    Raises SyncTimeout when the whole pass takes longer than `timeout`, and what the source
+    raised (e.g. a refusal) when it ends before its first full view."""
+    publisher.source_problem = source.problem
+    try:
+        async with asyncio.timeout(timeout):
+            await _once(publisher, source, read_gateway=read_gateway)
+    except TimeoutError:
+        problem = source.problem()
+        why = f": {problem}" if problem else ""
+        stage = "the source's first full view" if not publisher.is_synced else "the gateway write and status writes"
+        raise SyncTimeout(f"no result within {timeout:g}s, waiting for {stage}{why}") from None
+
+
+async def _once(publisher: Publisher, source: Source, *, read_gateway: bool) -> None:
     if read_gateway:
         await publisher.start()
     else:
         publisher.started = True
-    async with asyncio.TaskGroup() as group:
-        source_task = group.create_task(source.run())
-        await publisher.synced_event.wait()
-        source_task.cancel()
+    source_task = asyncio.create_task(source.run())
+    synced = asyncio.create_task(publisher.synced_event.wait())
+    try:
+        await asyncio.wait((source_task, synced), return_when=asyncio.FIRST_COMPLETED)
+        if not synced.done():
+            source_task.result()  # the source ended before its first full view: say why
+            raise RuntimeError("the source ended before its first full view")
+    finally:
+        for task in (source_task, synced):
+            task.cancel()
+        await asyncio.gather(source_task, synced, return_exceptions=True)
     await publisher.sync_once(publisher.queue.take_ready())
     if publisher.kube is not None and publisher.options.report_status and publisher.leading:
         await publisher.write_reports(publisher.status_queue.take_ready())

@@ -285,6 +285,9 @@ async def test_once_publishes_from_a_source(leader):
             publisher.synced()
             await asyncio.Event().wait()
 
+        def problem(self) -> None:
+            return None
+
     await loop.once(publisher, OneShotSource())
     assert weights(adapter, CHAT) == [2, 3]
 
