@@ -175,7 +175,7 @@ def stalled_probes(tm: TrafficMap, max_age: float, now: datetime) -> str | None:
         except ValueError:
             stalled.append(f"{entry.cluster} (unreadable lastProbeTime {entry.probe.last_probe_time!r})")
             continue
-        age = (now - probed).total_seconds()
-        if age > max_age:
-            stalled.append(f"{entry.cluster} ({age:.0f}s since the last probe)")
-    return "probe results are stale for " + ", ".join(stalled) if stalled else None
+        if (now - probed).total_seconds() > max_age:
+            stalled.append(entry.cluster)
+    # No age in the text: it lands in a condition, which must change only when its meaning does.
+    return f"probe results older than {max_age:g}s for " + ", ".join(stalled) if stalled else None

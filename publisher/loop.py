@@ -488,6 +488,7 @@ class Publisher:
                     "message": state.message,
                     "publishedGeneration": pub.generation if pub else None,
                     "weights": {b.cluster: b.weight for b in pub.backends} if pub else None,
+                    "probeAgeSeconds": _probe_ages(self.stores.maps.get(key), self.wall_clock()),
                 }
             )
         return maps
@@ -528,6 +529,21 @@ def _published_message(adapter: str, pub: Publication, adapter_note: str | None,
         parts.append("every weight is 0, so the gateway answers 503")
     parts.extend(note for note in (adapter_note, probe_note) if note)
     return "; ".join(parts)
+
+
+def _probe_ages(item: TrafficMap | InvalidObject | None, now: datetime) -> dict[str, int] | None:
+    """Seconds since each cluster's last probe: the ticking number conditions must not carry."""
+    if not isinstance(item, TrafficMap):
+        return None
+    ages = {}
+    for entry in item.spec.entries:
+        if entry.probe is not None and entry.probe.last_probe_time:
+            try:
+                probed = datetime.fromisoformat(entry.probe.last_probe_time.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            ages[entry.cluster] = round((now - probed).total_seconds())
+    return ages or None
 
 
 def _keeping(message: str, last: Publication | None) -> str:

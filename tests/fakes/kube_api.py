@@ -42,7 +42,11 @@ Promises, each tested in tests/fakes/test_kube_api.py:
    `bookmark_interval` set, BOOKMARK events carry only kind, apiVersion and metadata.resourceVersion.
 8. Fault knobs: `expire_history()`, `drop_watches()`, `change_silently(obj)`, `set_latency(s)`,
    `fail_next(n, status=500, verb=None)`; `requests` records every call (verb, path, content type,
-   fieldManager) and `count(...)` filters them.
+   fieldManager) and `count(...)` filters them. `refuse(401|403, verb=None, resource=None)` answers
+   every matching request as a real server does without credentials (401 Unauthorized) or without
+   an RBAC rule (403 Forbidden naming the user, verb, resource, group and scope) until `allow()`.
+   `await go_down()` cuts every connection and refuses new ones (an outage; the store is kept) and
+   `await come_back()` answers again on the same URL; `await restart()` is both.
 9. Leases with optimistic concurrency, enough for kubernetes_asyncio.leaderelection's LeaseLock
    (read_namespaced_lease, create_namespaced_lease, replace_namespaced_lease).
 10. `/version`, `/api` and `/apis` answer minimal documents.
@@ -220,6 +224,8 @@ class FakeKubeAPI:
         self._page_snapshots = page_snapshots
         self._latency = 0.0
         self._failures: list[tuple[int, str | None]] = []
+        self._refusals: list[tuple[int, str | None, str | None]] = []
+        self._port = 0
         self._runner: web.AppRunner | None = None
         self.in_flight = 0  # requests being answered (open watches included)
         self.url = ""
@@ -231,10 +237,10 @@ class FakeKubeAPI:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self._port)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self._port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{self._port}"
         return self.url
 
     async def stop(self) -> None:
@@ -244,6 +250,23 @@ class FakeKubeAPI:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def go_down(self) -> None:
+        """An outage: open watches are cut without an end of stream, the port stops listening, and
+        the objects stay as they were for `come_back()`."""
+        self.drop_watches()
+        await asyncio.sleep(0)  # let the watch handlers abort their connections
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def come_back(self) -> None:
+        """Answer again, on the same URL, with the same objects and versions."""
+        await self.start()
+
+    async def restart(self) -> None:
+        await self.go_down()
+        await self.come_back()
 
     async def __aenter__(self) -> FakeKubeAPI:
         await self.start()
@@ -309,6 +332,36 @@ class FakeKubeAPI:
         """The next `n` requests (of `verb`, when given) answer `status` with a Status body."""
         self._failures.extend([(status, verb)] * n)
 
+    def refuse(self, status: int, *, verb: str | None = None, resource: str | None = None) -> None:
+        """Answer every request (of `verb`, on the resource whose plural is `resource`, when given)
+        with 401 Unauthorized or 403 Forbidden, worded as a real API server words them."""
+        if status not in (401, 403):
+            raise ValueError("refuse() is for 401 and 403; fail_next() injects other statuses")
+        self._refusals.append((status, verb, resource))
+
+    def allow(self) -> None:
+        """Undo every `refuse()`."""
+        self._refusals.clear()
+
+    def _refusal(self, verb: str, route: tuple[Any, ...]) -> ApiError | None:
+        if route[0] == "discovery":
+            return None
+        _, resource, namespace, _name, _subresource = route
+        for status, want_verb, want_resource in self._refusals:
+            if (want_verb is None or want_verb == verb) and (want_resource is None or want_resource == resource.plural):
+                if status == 401:
+                    return ApiError(401, "Unauthorized", "Unauthorized")
+                what = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
+                scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+                return ApiError(
+                    403,
+                    "Forbidden",
+                    f'{what} is forbidden: User "system:serviceaccount:default:ome-gateway-publisher" cannot {verb} '
+                    f'resource "{resource.plural}" in API group "{resource.group}" {scope}',
+                    {"group": resource.group, "kind": resource.plural},
+                )
+        return None
+
     def count(
         self,
         verb: str | None = None,
@@ -348,6 +401,9 @@ class FakeKubeAPI:
             self.requests.append(RecordedRequest(verb, request.path, content_type, query.get("fieldManager")))
             if self._latency:
                 await asyncio.sleep(self._latency)
+            refusal = self._refusal(verb, route)
+            if refusal is not None:
+                raise refusal
             failure = next((f for f in self._failures if f[1] is None or f[1] == verb), None)
             if failure is not None:
                 self._failures.remove(failure)

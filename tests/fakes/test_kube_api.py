@@ -620,6 +620,56 @@ async def test_fail_next_answers_the_status_then_recovers(kube_api: FakeKubeAPI,
     assert code == 200
 
 
+async def test_refuse_403_is_an_rbac_denial_of_one_verb_and_resource(kube_api: FakeKubeAPI, http: aiohttp.ClientSession) -> None:  # noqa: F811
+    kube_api.create(make_map())
+    kube_api.refuse(403, verb="list", resource="trafficmaps")
+    code, body = await call(http, "GET", f"{TM}/trafficmaps")
+    assert code == 403
+    assert_status(body, 403, "Forbidden")
+    assert body["message"] == (
+        'trafficmaps.ome.io is forbidden: User "system:serviceaccount:default:ome-gateway-publisher" cannot list '
+        'resource "trafficmaps" in API group "ome.io" at the cluster scope'
+    )
+    assert body["details"] == {"group": "ome.io", "kind": "trafficmaps"}
+    code, body = await call(http, "GET", f"{TM}/namespaces/default/trafficmaps")
+    assert code == 403 and body["message"].endswith('in the namespace "default"')
+    assert (await call(http, "GET", map_path()))[0] == 200  # get is another verb
+    assert (await call(http, "GET", f"{TM}/inferenceservices"))[0] == 200
+    kube_api.allow()
+    assert (await call(http, "GET", f"{TM}/trafficmaps"))[0] == 200
+
+
+async def test_refuse_401_answers_every_request_until_allowed(kube_api: FakeKubeAPI, http: aiohttp.ClientSession) -> None:  # noqa: F811
+    kube_api.refuse(401)
+    for method, path in (("GET", f"{TM}/trafficmaps"), ("GET", f"{LEASES}/x"), ("POST", f"{LEASES}")):
+        code, body = await call(http, method, path, {} if method == "POST" else None)
+        assert code == 401
+        assert_status(body, 401, "Unauthorized")
+    async with await open_watch(http, f"{TM}/trafficmaps") as response:
+        assert response.status == 401
+    kube_api.allow()
+    assert (await call(http, "GET", f"{TM}/trafficmaps"))[0] == 200
+
+
+async def test_go_down_refuses_connections_and_come_back_keeps_the_store(kube_api: FakeKubeAPI, http: aiohttp.ClientSession) -> None:  # noqa: F811
+    kube_api.create(make_map())
+    version = kube_api.resource_version
+    url = kube_api.url
+    async with await open_watch(http, f"{TM}/trafficmaps", resourceVersion=version) as response:
+        await eventually(lambda: kube_api.watcher_count() == 1)
+        await kube_api.go_down()
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await Stream(response).next()
+    with pytest.raises(aiohttp.ClientConnectorError):
+        await call(http, "GET", map_path())
+    await kube_api.come_back()
+    assert kube_api.url == url
+    code, body = await call(http, "GET", map_path())
+    assert code == 200 and body["metadata"]["resourceVersion"] == version
+    await kube_api.restart()
+    assert (await call(http, "GET", map_path()))[0] == 200
+
+
 async def test_latency_delays_replies(kube_api: FakeKubeAPI) -> None:  # noqa: F811
     kube_api.set_latency(1)
     async with aiohttp.ClientSession(base_url=kube_api.url, timeout=aiohttp.ClientTimeout(total=0.1)) as slow:
