@@ -14,6 +14,7 @@ import contextlib
 import gc
 import heapq
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -643,7 +644,8 @@ async def start_server(app: web.Application, host: str, port: int) -> web.AppRun
         await web.TCPSite(runner, host, port).start()
     except OSError as exc:
         await runner.cleanup()
-        raise ListenError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ListenError(exc.errno, f"cannot listen on {host}:{port}: {reason}") from exc
     log.info("serving", extra={"listen": f"{host}:{port}"})
     return runner
 

@@ -326,7 +326,15 @@ class FakeKubeAPI:
                 watcher.queue.put_nowait(_DROP)
 
     def set_latency(self, seconds: float) -> None:
+        """Every request waits this long before it is answered; lowering it shortens the waits of
+        requests already waiting (so a test can end a hang it started)."""
         self._latency = seconds
+
+    async def _delay(self) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while (remaining := started + self._latency - loop.time()) > 0:
+            await asyncio.sleep(min(remaining, 0.05))
 
     def fail_next(self, n: int, status: int = 500, *, verb: str | None = None) -> None:
         """The next `n` requests (of `verb`, when given) answer `status` with a Status body."""
@@ -399,8 +407,7 @@ class FakeKubeAPI:
             route = self._route(parts)
             verb = self._verb(request.method, route, query)
             self.requests.append(RecordedRequest(verb, request.path, content_type, query.get("fieldManager")))
-            if self._latency:
-                await asyncio.sleep(self._latency)
+            await self._delay()
             refusal = self._refusal(verb, route)
             if refusal is not None:
                 raise refusal

@@ -678,6 +678,17 @@ async def test_latency_delays_replies(kube_api: FakeKubeAPI) -> None:  # noqa: F
     await eventually(lambda: kube_api.in_flight == 0)
 
 
+async def test_lowering_latency_ends_the_waits_of_requests_already_waiting(kube_api: FakeKubeAPI, http: aiohttp.ClientSession) -> None:  # noqa: F811
+    kube_api.create(make_map())
+    kube_api.set_latency(60)
+    waiting = asyncio.create_task(call(http, "GET", map_path()))
+    await eventually(lambda: kube_api.in_flight == 1)
+    assert not waiting.done()
+    kube_api.set_latency(0)
+    code, _ = await asyncio.wait_for(waiting, 5)
+    assert code == 200
+
+
 async def test_requests_are_counted_by_verb_type_and_manager(kube_api: FakeKubeAPI, http: aiohttp.ClientSession) -> None:  # noqa: F811
     kube_api.create(make_map())
     await call(http, "GET", f"{TM}/trafficmaps")

@@ -1,0 +1,434 @@
+"""Issue 13: fail static and fail clearly, against the fake API server with its faults injected.
+
+One test (or one parametrized test) per finding of the issue, each named after what it proves:
+--once under API faults, watch backoff, leader election under restarts and hangs, --once with
+--leader-elect, stable stale-probe conditions, quiet logs, deep manifests, start-up errors, and
+the default port. Then the outage the issue's "done when" describes, and refusals while running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapters.json_file import JsonAdapter, JsonOptions
+from publisher import loop, metrics
+from publisher.cli import main
+from publisher.kube import TRAFFIC_MAPS, Kube
+from publisher.loop import LeaderOptions, LoopOptions, Publisher
+from publisher.model import MapKey, parse_traffic_map
+from publisher.source import DirectorySource, Informer, KubeSource, Store, Stores, WatchOptions
+from tests.builders import make_entry, make_isvc, make_map
+from tests.fakes.kube_api import FakeKubeAPI
+from tests.gateways import eventually
+from tests.test_kube_integration import TM, ISVC, ours, published, rescale, seed
+
+ROOT = Path(__file__).resolve().parent.parent
+LEASES = "coordination.k8s.io/v1/leases"
+LEASE_NAME = "ome-gateway-publisher-eu"
+FIELD_MANAGER = "ome-gateway-publisher-eu"
+# Fast but in client-go's proportions: every attempt ends before the renew deadline, which ends
+# well before the lease does.
+FAST_LEASE = {"lease_duration": 6, "renew_deadline": 2, "retry_period": 1}
+FAST_WATCH = WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5, refusal_retry=0.2)
+
+
+@contextlib.asynccontextmanager
+async def sidecar(
+    kubeconfig: Path,
+    out: Path,
+    *,
+    leader: LeaderOptions | None = None,
+    resync: float = 3600,
+    probe_max_age: float | None = None,
+    wall_clock: Callable[[], datetime] | None = None,
+    watch: WatchOptions = FAST_WATCH,
+) -> AsyncIterator[tuple[Publisher, asyncio.Task[None]]]:
+    """The long-running loop (kube source, JSON gateway, status), and its task to check it lives."""
+    kube = await Kube.connect(kubeconfig)
+    stores = Stores.empty()
+    options = LoopOptions(instance="eu", resync=resync, probe_max_age=probe_max_age)
+    extra: dict[str, Any] = {"wall_clock": wall_clock} if wall_clock is not None else {}
+    publisher = Publisher(stores, JsonAdapter(JsonOptions(json_path=out)), options, kube=kube, **extra)
+    source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
+    task = asyncio.create_task(loop.run(publisher, source, leader=leader))
+    try:
+        yield publisher, task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await kube.close()
+
+
+async def run_cli(*args: str, within: float = 60) -> tuple[int, str]:
+    """`ome-publisher run ARGS` as a process; its exit code and stderr. Killed (and the test
+    failed) when it does not end `within` seconds."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "publisher.cli", "run", *args, cwd=ROOT,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        _, err = await asyncio.wait_for(process.communicate(), within)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise AssertionError(f"ome-publisher run {' '.join(args)} did not end within {within}s") from None
+    assert process.returncode is not None
+    return process.returncode, err.decode()
+
+
+def last_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    return stderr.strip().splitlines()[-1]
+
+
+# --- 1. --once and --dry-run end, with exit 2 and a message that says what to fix -----------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "mode", "expected"),
+    [
+        ("unreachable", "--once", ["no result within 3s", "waiting for the source's first full view", "Cannot connect to host 127.0.0.1"]),
+        ("401", "--once", ["401 Unauthorized", "credentials", "ServiceAccount token"]),
+        ("403", "--once", ["list trafficmaps.ome.io in all namespaces: 403 Forbidden", "cannot list resource", "ClusterRole",
+                           'apiGroups: ["ome.io"], resources: ["trafficmaps"], verbs: ["get", "list", "watch"]']),
+        ("403", "--dry-run", ["403 Forbidden", 'resources: ["trafficmaps"]']),
+    ],
+    ids=["unreachable", "401", "403", "403-dry-run"],
+)
+async def test_one_pass_against_a_failing_api_exits_2_in_bounded_time(kube_api, kubeconfig, tmp_path, fault, mode, expected):
+    seed(kube_api)
+    if fault == "unreachable":
+        await kube_api.go_down()
+    elif fault == "401":
+        kube_api.refuse(401)
+    else:
+        kube_api.refuse(403, verb="list", resource="trafficmaps")
+    code, stderr = await run_cli("--kubeconfig", str(kubeconfig), "--json-path", str(tmp_path / "out.json"),
+                                 mode, "--timeout", "3s", within=30)
+    assert code == 2, stderr
+    line = last_line(stderr)
+    assert line.startswith("ome-publisher run: "), line
+    for needle in expected:
+        assert needle in line, (needle, line)
+    assert not (tmp_path / "out.json").exists()
+
+
+# --- 2. the watch backoff starts over once a watch has been healthy -------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class NullSink:
+    def changed(self, keys, *, at):  # type: ignore[no-untyped-def]
+        pass
+
+    def synced(self) -> None:
+        pass
+
+
+async def test_watch_backoff_resets_after_a_healthy_watch_and_grows_without_one(kube_api, kubeconfig):
+    seed(kube_api)
+    clock = FakeClock()
+    delays: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+        await asyncio.sleep(0)
+
+    kube = await Kube.connect(kubeconfig)
+    informer = Informer(
+        kube, TRAFFIC_MAPS, namespace=None, store=Store(), parse=parse_traffic_map, sink=NullSink(), on_synced=lambda: None,
+        options=WatchOptions(backoff_initial=1.0, backoff_max=64.0, backoff_reset=60.0), clock=clock, sleep=sleep,
+    )  # fmt: skip
+    task = asyncio.create_task(informer.run())
+
+    def watches() -> int:
+        return kube_api.count("watch", path="/apis/ome.io/v1beta1/trafficmaps")
+
+    try:
+        await eventually(lambda: watches() == 1)
+        for drop in range(8):  # eight drops, each after a healthy minute
+            clock.now += 61
+            kube_api.drop_watches()
+            await eventually(lambda: watches() == drop + 2)
+        assert len(delays) == 8 and max(delays) <= 1.0, delays  # every one the first step again
+        for drop in range(4):  # four drops in quick succession: the backoff grows
+            kube_api.drop_watches()
+            await eventually(lambda: watches() == 10 + drop)
+        # 2, 4, 8, 16 s (the last healthy drop already took the first step), jitter down to half.
+        assert all(2**i <= delay <= 2 ** (i + 1) for i, delay in enumerate(delays[8:])), delays
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await kube.close()
+
+
+# --- 3. leader election survives restarts and hangs, and releases the Lease -----------------------
+
+
+def holder(api: FakeKubeAPI) -> str | None:
+    lease = api.get(LEASES, "prod", LEASE_NAME)
+    return None if lease is None else lease["spec"].get("holderIdentity")
+
+
+async def test_leader_election_survives_an_api_restart(kube_api, kubeconfig, tmp_path):
+    seed(kube_api)
+    out = tmp_path / "out.json"
+    async with sidecar(kubeconfig, out, leader=LeaderOptions("prod", "replica-a", **FAST_LEASE)) as (publisher, task):
+        await eventually(lambda: (published(out) and holder(kube_api) == "replica-a") or task.done())
+        await kube_api.go_down()
+        await eventually(lambda: not publisher.leading or task.done())  # no renew: status writes stop
+        assert not task.done(), task
+        assert published(out) == {"chat": [2, 3]}  # the gateway keeps serving
+        await kube_api.come_back()
+        await eventually(lambda: publisher.leading or task.done(), timeout=20)
+        assert not task.done(), task
+        rescale(kube_api, "chat", 4)
+        await eventually(lambda: ours(kube_api).get("observedGeneration") == 2)
+
+
+async def test_a_leader_whose_renew_hangs_stops_writing_before_its_lease_expires(kube_api, kubeconfig, tmp_path):
+    seed(kube_api)
+    async with sidecar(kubeconfig, tmp_path / "out.json", leader=LeaderOptions("prod", "replica-a", **FAST_LEASE)) as (publisher, task):
+        await eventually(lambda: holder(kube_api) == "replica-a" or task.done())
+        kube_api.set_latency(120)  # every call from now on hangs, the renews included
+        await eventually(lambda: not publisher.leading or task.done(), interval=0.01)
+        stopped = datetime.now(UTC)
+        assert not task.done(), task
+        lease = kube_api.get(LEASES, "prod", LEASE_NAME)
+        assert lease is not None
+        renewed = datetime.fromisoformat(lease["spec"]["renewTime"].replace("Z", "+00:00"))
+        assert stopped < renewed + timedelta(seconds=lease["spec"]["leaseDurationSeconds"])
+        kube_api.set_latency(0)  # end the hang: the waiting calls are answered, nothing is left behind
+
+
+async def test_the_lease_is_released_on_shutdown(kube_api, kubeconfig, tmp_path):
+    seed(kube_api)
+    async with sidecar(kubeconfig, tmp_path / "out.json", leader=LeaderOptions("prod", "replica-a", **FAST_LEASE)) as (publisher, task):
+        await eventually(lambda: holder(kube_api) == "replica-a" or task.done())
+        assert publisher.leading
+    assert holder(kube_api) == ""
+
+
+# --- 4. --once --leader-elect is refused before anything is written -------------------------------
+
+
+async def test_once_with_leader_election_is_refused_and_writes_no_status(kube_api, kubeconfig, tmp_path):
+    seed(kube_api)
+    code, stderr = await run_cli("--kubeconfig", str(kubeconfig), "--json-path", str(tmp_path / "out.json"), "--name", "eu",
+                                 "--once", "--leader-elect", "--lease-namespace", "prod", within=30)
+    assert code == 2, stderr
+    assert "--once cannot be combined with --leader-elect" in last_line(stderr)
+    assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 0
+    assert kube_api.get(LEASES, "prod", LEASE_NAME) is None
+
+
+# --- 5. a stalled prober changes the condition once, not on every pass ----------------------------
+
+
+async def test_a_stalled_prober_is_written_once_not_on_every_pass(kube_api, kubeconfig, tmp_path, caplog):
+    probe = {"result": "Passing", "gated": False, "lastProbeTime": "2026-01-01T00:00:00Z"}
+    seed(kube_api, entries=[
+        make_entry("worker-a", allocated=4, ready=4, weight=2, probe=probe),
+        make_entry("worker-b", allocated=2, ready=2, factor="3", weight=3),
+    ])  # fmt: skip
+    reads = itertools.count()
+
+    def wall_clock() -> datetime:  # seven seconds pass between any two looks at the clock
+        return datetime(2026, 1, 1, 1, tzinfo=UTC) + timedelta(seconds=7 * next(reads))
+
+    with caplog.at_level(logging.WARNING, logger="publisher.loop"):
+        async with sidecar(kubeconfig, tmp_path / "out.json", resync=0.1, probe_max_age=60, wall_clock=wall_clock) as (publisher, _):
+            await eventually(lambda: ours(kube_api).get("reason") == "Published")
+            start = next(reads)
+            await eventually(lambda: next(reads) > start + 20)  # ten passes or more
+            await eventually(lambda: len(publisher.status_queue) == 0)
+            debug = {m["name"]: m for m in publisher.debug_maps()}
+    assert "probe results older than 60s for worker-a" in ours(kube_api)["message"]
+    assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 1
+    assert [r.getMessage() for r in caplog.records].count("prober stalled") == 1
+    assert debug["chat"]["probeAgeSeconds"]["worker-a"] > 3600  # the age lives in /debug/maps
+
+
+# --- 6. an InferenceService without a TrafficMap is not a withdrawal ------------------------------
+
+
+async def test_events_of_an_inference_service_without_a_map_log_nothing(kube_api, kubeconfig, tmp_path, caplog):
+    seed(kube_api)
+    kube_api.create(make_isvc("lonely"))
+    out = tmp_path / "out.json"
+    with caplog.at_level(logging.INFO, logger="publisher.loop"):
+        async with sidecar(kubeconfig, out, watch=FAST_WATCH) as (publisher, _):
+            await eventually(lambda: published(out) == {"chat": [2, 3]})
+            for n in range(3):
+                lonely = kube_api.get(ISVC, "prod", "lonely")
+                lonely["metadata"].setdefault("labels", {})["touched"] = str(n)
+                kube_api.update(lonely)
+            # A later event on the same watch: once it is handled, lonely's are too.
+            chat = kube_api.get(ISVC, "prod", "chat")
+            chat["metadata"]["annotations"]["ome.io/global-host"] = "chat2.example.com"
+            kube_api.update(chat)
+            await eventually(lambda: publisher.published[MapKey("prod", "chat")].hostname == "chat2.example.com")
+            kube_api.delete(TM, "prod", "chat")
+            await eventually(lambda: any(r.getMessage() == "map withdrawn" for r in caplog.records))
+    withdrawn = [r.map for r in caplog.records if r.getMessage() == "map withdrawn"]  # type: ignore[attr-defined]
+    assert withdrawn == ["prod/chat"]
+
+
+# --- 7. deep manifests are refused, by verify (exit 2) and by the directory source ---------------
+
+DEEP_JSON = "[" * 20_000 + "]" * 20_000
+DEEP_YAML = "kind: TrafficMap\nspec: " + "[" * 20_000 + "]" * 20_000 + "\n"
+
+
+@pytest.mark.parametrize("text", [DEEP_JSON, DEEP_YAML], ids=["json", "yaml"])
+def test_verify_refuses_a_deeply_nested_file_with_exit_2(tmp_path, capsys, text):
+    path = tmp_path / "deep.yaml"
+    path.write_text(text)
+    assert main(["verify", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"ome-publisher verify: {path}: nested deeper than 100 levels"
+
+
+async def test_the_directory_source_skips_a_deeply_nested_file_and_keeps_the_others(tmp_path):
+    import yaml
+
+    (tmp_path / "deep.json").write_text(DEEP_JSON)
+    (tmp_path / "chat.yaml").write_text(yaml.safe_dump_all([make_isvc(), make_map()]))
+    stores = Stores.empty()
+    errors = metrics.SOURCE_ERRORS.labels(source="dir")
+    before = errors._value.get()
+    source = DirectorySource(tmp_path, stores, NullSink(), clock=lambda: 0.0)
+    await source.scan()
+    assert list(stores.maps.keys()) == [MapKey("prod", "chat")]
+    assert errors._value.get() == before + 1
+    assert source.problem() == f"{tmp_path / 'deep.json'}: {tmp_path / 'deep.json'}: nested deeper than 100 levels"
+
+
+# --- 8. start-up errors: one line naming the option or file, exit 2 --------------------------------
+
+
+def _bad_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], str]:
+    path = tmp_path / "kubeconfig"
+    path.write_text("[\n")
+    return ["--kubeconfig", str(path)], f"--kubeconfig {path}: not a usable kubeconfig: "
+
+
+def _missing_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], str]:
+    return ["--kubeconfig", str(tmp_path / "nope")], f"--kubeconfig {tmp_path / 'nope'}: no such file"
+
+
+def _no_kubeconfig_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], str]:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return [], f"the default kubeconfig {tmp_path / '.kube' / 'config'}: no such file (not in a cluster, $KUBECONFIG unset: pass --kubeconfig)"
+
+
+def _envoy_admin_without_scheme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], str]:
+    return ["--adapter", "envoy", "--envoy-dir", str(tmp_path), "--envoy-admin", "localhost:9901"], "--envoy-admin: 'localhost:9901' is not a URL"
+
+
+def _unreachable_nginx_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], str]:
+    conf = tmp_path / "missing" / "publisher.conf"
+    args = ["--adapter", "nginx", "--nginx-conf-file", str(conf), "--nginx-pid-file", str(tmp_path / "pid")]
+    return args, f"--nginx-conf-file {conf}: directory {conf.parent} does not exist"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [_bad_kubeconfig, _missing_kubeconfig, _no_kubeconfig_at_all, _envoy_admin_without_scheme, _unreachable_nginx_file],
+    ids=["kubeconfig-not-yaml", "kubeconfig-missing", "no-kubeconfig", "envoy-admin-no-scheme", "nginx-file-unreachable"],
+)
+def test_start_up_errors_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch, case):
+    args, expected = case(tmp_path, monkeypatch)
+    code = main(["run", "--json-path", str(tmp_path / "out.json"), "--once", *args])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"ome-publisher run: {expected}"), err
+
+
+def test_a_listen_port_in_use_is_one_line_and_exit_2(tmp_path, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        maps = tmp_path / "maps"
+        maps.mkdir()
+        code = main(["run", "--source", f"dir:{maps}", "--json-path", str(tmp_path / "out.json"), "--listen", f"127.0.0.1:{port}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.strip() == f"ome-publisher run: --listen: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+# --- 9. the default port is no gateway's (the NGINX recipe is run in test_readme_recipes.py) ---------
+
+
+def test_the_default_listen_port_is_not_a_gateway_port():
+    from publisher.config import RunConfig
+
+    default = RunConfig().listen_address
+    assert default == ("0.0.0.0", 9180)
+    readme = (ROOT / "README.md").read_text()
+    assert "--listen 0.0.0.0:8080" in readme  # Envoy's listener in the Envoy recipe
+    assert default[1] != int(RunConfig().nginx_listen)
+
+
+# --- Build: fail static through a long outage; refusals while running -----------------------------
+
+
+async def test_an_outage_of_ten_resyncs_keeps_serving_and_ready_then_converges(kube_api, kubeconfig, tmp_path):
+    seed(kube_api)
+    out = tmp_path / "out.json"
+    async with sidecar(kubeconfig, out, resync=0.2) as (publisher, task):
+        await eventually(lambda: published(out) == {"chat": [2, 3]})
+        await eventually(lambda: publisher.ready()[0])
+        await kube_api.go_down()
+        loop_time = asyncio.get_running_loop().time
+        end = loop_time() + 10 * 0.2
+        while loop_time() < end:  # bounded: ten resync intervals, sampled
+            assert publisher.ready()[0], publisher.ready()
+            assert published(out) == {"chat": [2, 3]}
+            await asyncio.sleep(0.05)
+        ready, why = publisher.ready()
+        assert ready and "the gateway keeps serving while the source fails" in why, why
+        await kube_api.come_back()
+        rescale(kube_api, "chat", 4)
+        await eventually(lambda: published(out) == {"chat": [1, 3]})
+        assert not task.done()
+        await eventually(lambda: publisher.ready() == (True, "ready"))
+
+
+async def test_a_refusal_while_running_is_reported_once_then_clears(kube_api, kubeconfig, tmp_path, caplog):
+    seed(kube_api)
+    kube_api.refuse(403, verb="list", resource="trafficmaps")
+    refused = metrics.SOURCE_REFUSED.labels(resource="trafficmaps", namespace="")
+    with caplog.at_level(logging.ERROR, logger="publisher.source"):
+        async with sidecar(kubeconfig, tmp_path / "out.json") as (publisher, task):
+            await eventually(lambda: kube_api.count("list", path="/apis/ome.io/v1beta1/trafficmaps") >= 3)
+            ready, why = publisher.ready()
+            assert not ready and "403 Forbidden" in why and 'resources: ["trafficmaps"]' in why, why
+            assert refused._value.get() == 1
+            kube_api.allow()
+            await eventually(lambda: publisher.ready()[0] or task.done())
+            assert refused._value.get() == 0
+    messages = [r for r in caplog.records if r.getMessage() == "source refused"]
+    assert len(messages) == 1 and messages[0].verb == "list"  # type: ignore[attr-defined]
