@@ -147,9 +147,6 @@ class Kube:
         configuration = await _configuration(kubeconfig)
         return cls(k8s_client.ApiClient(configuration=configuration))
 
-    @property
-    def server(self) -> str:
-        return str(self.api_client.configuration.host)
 
     async def close(self) -> None:
         await self.api_client.close()

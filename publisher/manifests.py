@@ -50,7 +50,7 @@ class ManifestError(ValueError):
 def parse_manifests(name: str, text: str) -> list[dict[str, Any]]:
     """Every object in `text`, in order, with `kind: List` items spliced in where the list stood."""
     if len(text) > MAX_BYTES:
-        raise ManifestError(name, f"larger than {MAX_BYTES // (1024 * 1024)} MiB")
+        raise ManifestError(name, f"larger than {MAX_BYTES:,} bytes")
     try:
         documents = _json_documents(text)
         if documents is None:
@@ -90,7 +90,7 @@ def read_manifests(path: str | Path) -> list[dict[str, Any]]:
     except OSError as exc:
         raise ManifestError(str(path), f"cannot read: {exc.strerror or exc}") from exc
     if len(data) > MAX_BYTES:
-        raise ManifestError(str(path), f"larger than {MAX_BYTES // (1024 * 1024)} MiB")
+        raise ManifestError(str(path), f"larger than {MAX_BYTES:,} bytes")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -81,3 +81,32 @@ def test_durations(text, seconds):
 def test_bad_durations(text):
     with pytest.raises(ValueError):
         parse_duration(text)
+
+
+def test_envoy_admin_needs_a_scheme():
+    with pytest.raises(ConfigError, match="--envoy-admin: 'localhost:9901' is not a URL: give the scheme"):
+        load({"envoy_admin": "localhost:9901"}, environ={})
+    assert load({"envoy_admin": "https://envoy:9901"}, environ={}).envoy_admin == "https://envoy:9901"
+
+
+def test_once_with_leader_election_is_refused_unless_no_status_is_written():
+    with pytest.raises(ConfigError, match="--once cannot be combined with --leader-elect"):
+        load({"once": True, "leader_elect": True}, environ={})
+    assert load({"once": True, "leader_elect": True, "report_status": False}, environ={}).once
+    assert load({"dry_run": True, "leader_elect": True}, environ={}).dry_run
+
+
+def test_one_pass_has_a_bounded_default_timeout():
+    assert load({}, environ={}).timeout == 60.0
+    assert load({}, environ={"OME_PUBLISHER_TIMEOUT": "5s"}).timeout == 5.0
+
+
+def test_missing_paths_names_each_option(tmp_path):
+    cfg = load({"adapter": "envoy", "envoy_dir": str(tmp_path / "nope"), "envoy_ca_file": str(tmp_path / "ca.pem"),
+                "kubeconfig": str(tmp_path / "kc")}, environ={})
+    assert config.missing_paths(cfg) == [
+        f"--kubeconfig {tmp_path / 'kc'}: no such file",
+        f"--envoy-dir {tmp_path / 'nope'}: no such directory",
+        f"--envoy-ca-file {tmp_path / 'ca.pem'}: no such file",
+    ]
+    assert config.missing_paths(load({"json_path": str(tmp_path / "out.json")}, environ={})) == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -437,3 +438,27 @@ async def test_a_refusal_while_running_is_reported_once_then_clears(kube_api, ku
             assert refused._value.get() == 0
     messages = [r for r in caplog.records if r.getMessage() == "source refused"]
     assert len(messages) == 1 and messages[0].verb == "list"  # type: ignore[attr-defined]
+
+
+async def test_a_stale_source_is_logged_once_and_its_recovery_too(kube_api, kubeconfig, tmp_path, caplog):
+    seed(kube_api)
+    out = tmp_path / "out.json"
+    last_success = metrics.SOURCE_LAST_SUCCESS.labels(resource="trafficmaps", namespace="")
+
+    def logged() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "publisher.source"]
+
+    with caplog.at_level(logging.INFO, logger="publisher.source"):
+        async with sidecar(kubeconfig, out, watch=dataclasses.replace(FAST_WATCH, stale_after=0.4)) as (publisher, task):
+            await eventually(lambda: published(out) == {"chat": [2, 3]})
+            before_outage = last_success._value.get()
+            await kube_api.go_down()
+            await eventually(lambda: "source stale, gateway keeps serving" in logged())
+            assert published(out) == {"chat": [2, 3]} and publisher.ready()[0]
+            await kube_api.come_back()
+            await eventually(lambda: "source fresh again" in logged())
+            assert not task.done()
+    assert logged().count("source stale, gateway keeps serving") == 1
+    # One per informer (trafficmaps, inferenceservices): the first failure of the streak, not each retry.
+    assert logged().count("watch restarting") == 2 and logged().count("source recovered") == 2
+    assert last_success._value.get() > before_outage

@@ -94,3 +94,41 @@ def test_read_manifests_errors_name_the_file(tmp_path: Path, content: bytes | No
     with pytest.raises(ManifestError, match=problem) as caught:
         read_manifests(path)
     assert caught.value.source == str(path)
+
+
+# --- input no manifest needs: refused before anything walks it ---------------------------------------
+
+
+def _nested(levels: int) -> str:
+    return "{\"a\": " * levels + "1" + "}" * levels
+
+
+def test_nesting_up_to_the_limit_is_read_and_beyond_it_refused():
+    from publisher.manifests import MAX_DEPTH
+
+    assert parse_manifests("ok.json", _nested(MAX_DEPTH))
+    with pytest.raises(ManifestError, match=f"deep.json: nested deeper than {MAX_DEPTH} levels"):
+        parse_manifests("deep.json", _nested(MAX_DEPTH + 1))
+
+
+def test_yaml_aliases_that_expand_past_the_limit_or_into_themselves_are_refused():
+    laughs = "a: &a [" + ",".join(["x"] * 10) + "]\n"
+    for name in "bcdefgh":
+        previous = chr(ord(name) - 1)
+        laughs += f"{name}: &{name} [" + ",".join([f"*{previous}"] * 10) + "]\n"
+    with pytest.raises(ManifestError, match="more than 10,000,000 values once YAML aliases are expanded"):
+        parse_manifests("laughs.yaml", laughs)
+    with pytest.raises(ManifestError, match="a YAML alias refers to a value that contains it"):
+        parse_manifests("loop.yaml", "a: &a [*a]\n")
+    shared = parse_manifests("shared.yaml", "a: &a {k: v}\nb: *a\nc: [*a, *a]\n")  # a DAG is fine
+    assert shared == [{"a": {"k": "v"}, "b": {"k": "v"}, "c": [{"k": "v"}, {"k": "v"}]}]
+
+
+def test_a_file_larger_than_the_limit_is_refused_without_being_parsed(tmp_path, monkeypatch):
+    from publisher import manifests
+
+    monkeypatch.setattr(manifests, "MAX_BYTES", 1024)
+    path = tmp_path / "big.yaml"
+    path.write_text("kind: TrafficMap\n" + "# padding\n" * 200)
+    with pytest.raises(ManifestError, match="big.yaml: larger than"):
+        read_manifests(path)

@@ -168,3 +168,44 @@ async def test_run_reports_synced_once_and_sees_changes(tmp_path):
         await asyncio.gather(task, return_exceptions=True)
     assert sink.synced_count == 1
     assert stores.maps.get(CHAT).metadata.generation == 9
+
+
+# --- ReconnectBackoff and refusals: pure ------------------------------------------------------------
+
+
+def test_backoff_doubles_up_to_its_cap_with_jitter_down_to_half():
+    from publisher.source import ReconnectBackoff
+
+    top = ReconnectBackoff(1.0, 8.0, 60.0, jitter=lambda: 1.0)
+    assert [top.failed() for _ in range(6)] == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    bottom = ReconnectBackoff(1.0, 8.0, 60.0, jitter=lambda: 0.0)
+    assert [bottom.failed() for _ in range(3)] == [0.5, 1.0, 2.0]
+
+
+def test_backoff_starts_over_only_after_a_connection_that_lasted():
+    from publisher.source import ReconnectBackoff
+
+    backoff = ReconnectBackoff(1.0, 64.0, 60.0, jitter=lambda: 1.0)
+    backoff.failed(), backoff.failed()
+    backoff.connected_for(59.9)
+    assert backoff.failed() == 4.0
+    backoff.connected_for(60.0)
+    assert backoff.failed() == 1.0
+
+
+@pytest.mark.parametrize(
+    ("code", "namespace", "expected"),
+    [
+        (401, None, "list trafficmaps.ome.io in all namespaces: 401 Unauthorized: the API server did not accept our credentials"),
+        (403, "prod", 'list trafficmaps.ome.io in namespace prod: 403 Forbidden: denied; missing RBAC rule in a Role in namespace prod '
+                      '(and its RoleBinding): apiGroups: ["ome.io"], resources: ["trafficmaps"], verbs: ["get", "list", "watch"]'),
+        (403, None, "missing RBAC rule in a ClusterRole (and its ClusterRoleBinding)"),
+        (404, None, "404 NotFound: the API server does not serve ome.io/v1beta1 trafficmaps (is OME's CustomResourceDefinition installed"),
+    ],
+    ids=["401", "403-namespaced", "403-cluster", "404"],
+)
+def test_a_refusal_names_verb_resource_scope_and_fix(code, namespace, expected):
+    from publisher.kube import TRAFFIC_MAPS, KubeError
+    from publisher.source import describe_refusal
+
+    assert expected in describe_refusal(KubeError(code, "", "denied"), "list", TRAFFIC_MAPS, namespace)
