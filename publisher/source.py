@@ -564,7 +564,7 @@ class DirectorySource:
 
     def problem(self) -> str | None:
         """The first manifest file skipped now, and why (None: every file was read)."""
-        return next((f"{self._path / name}: {error}" for name, (_, error) in sorted(self._bad.items())), None)
+        return next((error for _, (_, error) in sorted(self._bad.items())), None)
 
     async def run(self) -> None:
         await self.scan()

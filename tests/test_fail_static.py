@@ -325,7 +325,7 @@ async def test_the_directory_source_skips_a_deeply_nested_file_and_keeps_the_oth
     await source.scan()
     assert list(stores.maps.keys()) == [MapKey("prod", "chat")]
     assert errors._value.get() == before + 1
-    assert source.problem() == f"{tmp_path / 'deep.json'}: {tmp_path / 'deep.json'}: nested deeper than 100 levels"
+    assert source.problem() == f"{tmp_path / 'deep.json'}: nested deeper than 100 levels"
 
 
 # --- 8. start-up errors: one line naming the option or file, exit 2 --------------------------------

@@ -48,7 +48,9 @@ Promises, each tested in tests/fakes/test_kube_api.py:
    `await go_down()` cuts every connection and refuses new ones (an outage; the store is kept) and
    `await come_back()` answers again on the same URL; `await restart()` is both.
 9. Leases with optimistic concurrency, enough for kubernetes_asyncio.leaderelection's LeaseLock
-   (read_namespaced_lease, create_namespaced_lease, replace_namespaced_lease).
+   (read_namespaced_lease, create_namespaced_lease, replace_namespaced_lease) and for
+   publisher.kube.LeaseLock (GET; POST answering 409 AlreadyExists to the second creator; PUT
+   answering 409 Conflict to a stale resourceVersion).
 10. `/version`, `/api` and `/apis` answer minimal documents.
 Not promised: other resources, cluster-scoped resources, dry-run, deletion with finalizers,
 watch from a version newer than the current one (replays nothing instead of waiting).
