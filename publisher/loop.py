@@ -1,10 +1,11 @@
-"""The loop: the one place that wires source -> gate -> verify -> plan -> adapter -> report.
+"""The loop: the one place that wires source -> gate -> verify -> plan -> engine -> report.
 
-A source fills the Stores and marks keys dirty in a KeyQueue. One applier per adapter takes every
-dirty key at once, decides each map from the newest objects, and makes one gateway write that
-carries all of them: a burst costs one write, and at most one apply is ever in flight. A failed
-map backs off on its own key. Reports go to a second queue drained by status writers, so a slow
-API server never delays the gateway. `sync_once` is one full pass; `run` schedules around it.
+A source fills the Stores and marks keys dirty in a KeyQueue. One applier takes every dirty key at
+once, decides each map from the newest objects, and hands the engine the maps whose route changed:
+a burst costs one write, and the applier is the only caller of the engine, so a resync's read-back
+runs between two writes, never beside one. A failed map backs off on its own key; an unexpected
+error holds that map alone. Reports go to a second queue drained by status writers, so a slow API
+server never delays the gateway. `sync_once` is one full pass; `run` schedules around it.
 """
 
 from __future__ import annotations
