@@ -109,6 +109,24 @@ class ChangeSink(Protocol):
     def synced(self) -> None: ...
 
 
+class _MappedOnly:
+    """Passes on the keys of InferenceServices that have a TrafficMap of their name. Any other
+    InferenceService can change no decision (a map's own events cover its arrival and deletion),
+    and passing it on would only have the loop decide, and log, the withdrawal of nothing."""
+
+    def __init__(self, sink: ChangeSink, maps: Store[Any]) -> None:
+        self._sink = sink
+        self._maps = maps
+
+    def changed(self, keys: Iterable[MapKey], *, at: float) -> None:
+        mapped = [key for key in keys if self._maps.get(key) is not None]
+        if mapped:
+            self._sink.changed(mapped, at=at)
+
+    def synced(self) -> None:
+        self._sink.synced()
+
+
 def _version(raw: dict[str, Any]) -> str:
     return str(raw.get("metadata", {}).get("resourceVersion", ""))
 
@@ -467,10 +485,11 @@ class KubeSource:
     def _make_informers(self) -> list[Informer[Any]]:
         namespaces: tuple[str | None, ...] = self._options.namespaces or (None,)
         informers: list[Informer[Any]] = []
+        isvc_sink = _MappedOnly(self._sink, self._stores.maps)
         for namespace in namespaces:
-            for resource, store, parse in (
-                (TRAFFIC_MAPS, self._stores.maps, parse_traffic_map),
-                (INFERENCE_SERVICES, self._stores.isvcs, parse_isvc),
+            for resource, store, parse, sink in (
+                (TRAFFIC_MAPS, self._stores.maps, parse_traffic_map, self._sink),
+                (INFERENCE_SERVICES, self._stores.isvcs, parse_isvc, isvc_sink),
             ):
                 informers.append(
                     Informer(
@@ -480,7 +499,7 @@ class KubeSource:
                         options=self._options,
                         store=store,
                         parse=parse,
-                        sink=self._sink,
+                        sink=sink,
                         on_synced=self._one_synced,
                         clock=self._clock,
                     )
@@ -581,7 +600,10 @@ class DirectorySource:
             return
         maps = [item for state in self._files.values() for item in state.maps]
         isvcs = [item for state in self._files.values() for item in state.isvcs]
-        keys = self._stores.maps.replace(maps) | self._stores.isvcs.replace(isvcs)
+        map_keys = self._stores.maps.replace(maps)
+        # As _MappedOnly: an InferenceService without a map of its name changes no decision.
+        isvc_keys = {key for key in self._stores.isvcs.replace(isvcs) if self._stores.maps.get(key) is not None}
+        keys = map_keys | isvc_keys
         if keys:
             self._sink.changed(keys, at=started)
 

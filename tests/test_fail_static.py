@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from adapters.json_file import JsonAdapter, JsonOptions
+from adapters import ADAPTERS
+from adapters.json_file import JsonOptions
 from publisher import loop, metrics
 from publisher.cli import main
 from publisher.kube import TRAFFIC_MAPS, Kube
@@ -61,7 +62,7 @@ async def sidecar(
     stores = Stores.empty()
     options = LoopOptions(instance="eu", resync=resync, probe_max_age=probe_max_age)
     extra: dict[str, Any] = {"wall_clock": wall_clock} if wall_clock is not None else {}
-    publisher = Publisher(stores, JsonAdapter(JsonOptions(json_path=out)), options, kube=kube, **extra)
+    publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)), options, kube=kube, **extra)
     source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
     task = asyncio.create_task(loop.run(publisher, source, leader=leader))
     try:
