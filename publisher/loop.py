@@ -246,14 +246,13 @@ class Publisher:
             if key in result.rejected:
                 continue
             pub = desired.get(key)
-            old = self.published.get(key)
             if pub is None:
                 self.published.pop(key, None)
                 metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="withdrawn").inc()
             else:
                 self.published[key] = pub
                 metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="published").inc()
-            self._set_weight_metrics(key, old, pub)
+            metrics.map_weights(key, pub)
             seen_at = pending.get(key)
             if seen_at is not None:
                 metrics.EVENT_TO_APPLY.labels(adapter=self.adapter.name).observe(now - seen_at)
@@ -305,6 +304,7 @@ class Publisher:
             self._count(state.state, -1)
         self.reports.pop(key, None)
         self.backoff.forget(key)
+        metrics.forget_map(key)
 
     def _stale_probes(self, item: TrafficMap | InvalidObject | None) -> str | None:
         if self.options.probe_max_age is None or not isinstance(item, TrafficMap):
@@ -325,11 +325,9 @@ class Publisher:
         self.states[key] = new
         if old is not None:
             self._count(old.state, -1)
-            if old.state == "held":
-                metrics.MAP_HELD.remove(key.namespace, key.name, old.reason)
         self._count(new.state, +1)
+        metrics.map_state(key, new.state, new.reason)
         if new.state == "held":
-            metrics.MAP_HELD.labels(namespace=key.namespace, name=key.name, reason=new.reason).set(1)
             log.warning("map held", extra={"map": str(key), "reason": new.reason, "detail": new.message})
         elif new.state == "failed":
             log.warning("map apply failed", extra={"map": str(key), "reason": new.reason, "detail": new.message})
@@ -341,15 +339,6 @@ class Publisher:
     def _count(self, state: str, delta: int) -> None:
         self._state_counts[state] = self._state_counts.get(state, 0) + delta
         metrics.MAPS.labels(state=state).set(self._state_counts[state])
-
-    @staticmethod
-    def _set_weight_metrics(key: MapKey, old: Publication | None, new: Publication | None) -> None:
-        clusters = {b.cluster for b in new.backends} if new else set()
-        for backend in old.backends if old else ():
-            if backend.cluster not in clusters:
-                metrics.WEIGHT.remove(key.namespace, key.name, backend.cluster)
-        for backend in new.backends if new else ():
-            metrics.WEIGHT.labels(namespace=key.namespace, name=key.name, cluster=backend.cluster).set(backend.weight)
 
     # --- status ---------------------------------------------------------------------------------
 
@@ -392,7 +381,7 @@ class Publisher:
         """Read back what the gateway holds: the starting state after a restart."""
         self.published = dict(await self.adapter.current())
         for key, pub in self.published.items():
-            self._set_weight_metrics(key, None, pub)
+            metrics.map_weights(key, pub)
         self.started = True
 
     def all_keys(self) -> set[MapKey]:
