@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -214,6 +215,9 @@ def _cluster_reports(args: argparse.Namespace) -> list[_Report]:
         )
     except ValidationError as exc:
         raise _InputError(describe_validation_error(exc)) from exc
+    logs.configure("text", "warning")  # why a read is slow (watch restarts) shows as it happens
+    # The verdicts below say what the loop's "map held" warnings would, once per map.
+    logging.getLogger("publisher.loop").setLevel(logging.ERROR)
     names = frozenset(args.items)
     verdicts = asyncio.run(app.verify_cluster(run_config, names, timeout=args.timeout))
     missing = sorted(names - {verdict.item.key.name for verdict in verdicts})
