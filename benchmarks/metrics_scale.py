@@ -27,14 +27,15 @@ from publisher.loop import LoopOptions, Publisher  # noqa: E402
 from publisher.model import parse_traffic_map  # noqa: E402
 from publisher.source import Stores, parse_isvc  # noqa: E402
 from tests.builders import make_entry, make_isvc, make_map  # noqa: E402
-from tests.fakes.memory_adapter import MemoryAdapter  # noqa: E402
+from tests.fakes.memory_adapter import memory_engine  # noqa: E402
 from tests.gateways import free_port  # noqa: E402
 
 
 async def loaded_publisher(maps: int, held: int) -> Publisher:
     stores = Stores.empty()
-    publisher = Publisher(stores, MemoryAdapter(), LoopOptions(adapter_name="memory"))
-    isvc = parse_isvc(make_isvc("m"))
+    engine, _ = memory_engine()
+    publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name))
+    isvc = parse_isvc(make_isvc("m", host=None))  # each map its own hostname, from the template
     assert isvc is not None
     entries = [make_entry(f"worker-{j}", allocated=1, ready=1, weight=1) for j in range(4)]
     wrong = [{**entries[0], "weight": 7}, *entries[1:]]

@@ -66,7 +66,7 @@ from publisher.loop import LoopOptions, Publisher  # noqa: E402
 from publisher.model import Backend, MapKey, Publication, parse_traffic_map  # noqa: E402
 from publisher.source import Stores, parse_isvc  # noqa: E402
 from tests.builders import make_entry, make_isvc, make_map  # noqa: E402
-from tests.fakes.memory_adapter import MemoryAdapter  # noqa: E402
+from tests.fakes.memory_adapter import memory_engine  # noqa: E402
 
 CHAT = MapKey("prod", "chat")
 
@@ -196,8 +196,9 @@ async def test_ten_thousand_healthy_maps_scrape_small_by_default(aiohttp_client)
     """Finding 1: at 10,000 published maps of 4 entries (and one held), the default scrape carries
     no per-map series but the held map's, and stays under 100 KB uncompressed."""
     stores = Stores.empty()
-    publisher = Publisher(stores, MemoryAdapter(), LoopOptions(adapter_name="memory"))
-    isvc = parse_isvc(make_isvc("m"))
+    engine, _ = memory_engine()
+    publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name))
+    isvc = parse_isvc(make_isvc("m", host=None))  # each map its own hostname, from the template
     assert isvc is not None
     entries = [make_entry(f"worker-{j}", allocated=1, ready=1, weight=1) for j in range(4)]
     for i in range(10_000):
