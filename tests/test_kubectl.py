@@ -89,20 +89,29 @@ async def test_verify_against_the_cluster_holds_what_the_sidecar_holds(kube_api,
     is another object; `verify --kubeconfig` reads both and says what the sidecar does."""
     seed(kube_api)
     seed(kube_api, "embed", isvc_uid="6a1f0000-0000-4000-8000-00000000beef")
+    seed(kube_api, "rerank")
+    kube_api.delete("ome.io/v1beta1/inferenceservices", "prod", "rerank")
+    off = kube_api.create(make_isvc("tts", enabled=False))
+    kube_api.create(make_map("tts", generation=1, isvc_uid=off["metadata"]["uid"], observed_isvc_generation=1))
     code, listed, err = await run(*kubectl(kubeconfig, "get", "trafficmaps", "-A", "-o", "yaml"))
     assert code == 0, err
     piped = await run(*ome_publisher("verify", "-o", "json", "-"), stdin=listed.encode())
-    assert piped[0] == 0 and {m["name"]: m["verdict"] for m in json.loads(piped[1])["maps"]} == {"chat": "ok", "embed": "ok"}
+    assert piped[0] == 0 and {m["verdict"] for m in json.loads(piped[1])["maps"]} == {"ok"}
 
     code, out, err = await run(*ome_publisher("verify", "--kubeconfig", str(kubeconfig), "-n", "prod", "-o", "json"))
     assert code == 1, err
     verdicts = {m["name"]: (m["verdict"], m["reason"]) for m in json.loads(out)["maps"]}
-    assert verdicts == {"chat": ("ok", None), "embed": ("held", "SourceUIDMismatch")}
+    assert verdicts == {
+        "chat": ("ok", None),
+        "embed": ("held", "SourceUIDMismatch"),
+        "rerank": ("held", "SourceMissing"),
+        "tts": ("withdrawn", "Withdrawn"),
+    }
 
     await sidecar_once(kubeconfig, tmp_path / "out.json")
     for name, (verdict, reason) in verdicts.items():
         condition = next(c for c in kube_api.get(TM, "prod", name)["status"]["conditions"] if c["type"] == CONDITION)
-        assert (condition["status"], condition["reason"]) == (("True", "Published") if verdict == "ok" else ("False", reason))
+        assert (condition["status"], condition["reason"]) == (("True", "Published") if verdict == "ok" else ("False", reason)), name
 
 
 @pytest.mark.parametrize(
