@@ -216,3 +216,34 @@ async def test_ten_thousand_healthy_maps_scrape_small_by_default(aiohttp_client)
     assert samples("weight") == {}
     assert len(body) < 100_000, len(body)
     assert sum(len(f.samples) for f in families) < 500
+
+
+async def test_a_map_the_gateway_refuses_shows_the_weights_it_still_serves():
+    """Through the loop: a refused change makes the map `failed`; under `problems` it gains
+    map_failed and the weights the gateway kept, and loses both once a write goes through."""
+    from tests.fakes.memory_adapter import MemoryGateway
+
+    gateway = MemoryGateway()
+    engine, _ = memory_engine(gateway)
+    stores = Stores.empty()
+    publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name))
+    isvc = parse_isvc(make_isvc())
+    assert isvc is not None
+    stores.isvcs.upsert(CHAT, isvc, "1")
+
+    async def put(raw: dict) -> None:
+        tm = parse_traffic_map(raw)
+        stores.maps.upsert(tm.key, tm, raw["metadata"]["resourceVersion"])
+        await publisher.sync_once({CHAT: None})
+
+    await put(make_map())
+    assert publisher.states[CHAT].state == "published" and per_map_series(CHAT) == set()
+    gateway.reject[CHAT] = "gateway refused it"
+    rescaled = make_map(generation=4, resource_version="2", entries=[make_entry("worker-a", allocated=4, ready=4, weight=1)])
+    await put(rescaled)
+    assert publisher.states[CHAT].state == "failed"
+    assert per_map_series(CHAT) == {"map_failed", "weight"}
+    assert {labels[0][1]: value for labels, value in samples("weight").items()} == {"worker-a": 2.0, "worker-b": 3.0}
+    gateway.reject.clear()
+    await put({**rescaled, "metadata": {**rescaled["metadata"], "resourceVersion": "3"}})
+    assert publisher.states[CHAT].state == "published" and per_map_series(CHAT) == set()
