@@ -1,9 +1,11 @@
 -- The control listener of ome-gateway-publisher: the only writer of the routing table.
 --
 -- Every request must carry "Authorization: Bearer <secret>", the secret read from a file at
--- start (or reload). GET /state answers the boot id, version, checksum and table bytes; GET /table
--- adds every entry (the read-back); POST /batch validates a whole batch and applies all of it or
--- nothing (400 with a reason, 507 when the table is full, 409 when expect_boot names another boot).
+-- start (or reload). GET /state answers the boot id, version, checksum and table bytes (JSON);
+-- GET /table is that line followed by one "<namespace>/<name> <entry>" line per map (the
+-- read-back); POST /batch (format in ome_table.parse_batch) validates a whole batch and applies
+-- all of it or nothing (400 with a reason, 507 when the table is full, 409 when expect_boot names
+-- another boot), answering with the state.
 local cjson = require("cjson.safe")
 local table_ = require("ome_table")
 
@@ -63,14 +65,18 @@ local function batch()
     if body == nil then
         return reply(400, { error = "the batch body is missing or larger than the control listener's body buffer" })
     end
-    local decoded = cjson.decode(body)
-    if type(decoded) ~= "table" then return reply(400, { error = "the batch is not a JSON object" }) end
+    local head, sets, deletes = table_.parse_batch(body)
+    if not head then
+        local answer = table_.state()
+        answer.error = sets
+        return reply(400, answer)
+    end
     local dict = table_.dict()
     local ok, status, reason = locked(dict, function()
-        if decoded.expect_boot ~= nil and decoded.expect_boot ~= dict:get("meta:boot") then
+        if head.expect_boot ~= nil and head.expect_boot ~= dict:get("meta:boot") then
             return false, 409, "the table belongs to another NGINX start"
         end
-        return table_.apply_batch(decoded)
+        return table_.apply_batch(head, sets, deletes)
     end)
     if not ok then
         local body_out = table_.state()
@@ -86,13 +92,18 @@ function _M.handle()
     if uri == "/state" and method == "GET" then return reply(200, table_.state()) end
     if uri == "/table" and method == "GET" then
         -- Under the batch lock, so the entries are the ones the checksum is of.
-        local ok, body = locked(table_.dict(), function()
-            local body = table_.state()
-            body.entries = table_.entries()
-            return true, body
+        local ok, lines = locked(table_.dict(), function()
+            local lines = { cjson.encode(table_.state()) }
+            for key, text in pairs(table_.entries()) do
+                lines[#lines + 1] = key .. " " .. text
+            end
+            return true, lines
         end)
         if not ok then return reply(503, { error = "another batch is being applied" }) end
-        return reply(200, body)
+        ngx.header["Content-Type"] = "text/plain"
+        lines[#lines + 1] = ""
+        ngx.print(table.concat(lines, "\n"))
+        return ngx.exit(200)
     end
     if uri == "/batch" and method == "POST" then return batch() end
     return reply(404, { error = "no such control endpoint" })

@@ -5,7 +5,6 @@
 -- the https upstream), $ome_sni and $ome_host before proxy_pass runs: SNI and the Host header
 -- cannot change in the balancer. balance() only sets the chosen backend's address and, on a
 -- retry, moves to its next address; it does no I/O. Unknown host: 404; every weight 0: 503.
-local cjson = require("cjson.safe")
 local balancer = require("ngx.balancer")
 local table_ = require("ome_table")
 
@@ -56,7 +55,7 @@ function _M.access()
     if not text then return ngx.exit(ngx.HTTP_NOT_FOUND) end
     local state = cache[hostname]
     if state == nil or state.text ~= text then
-        local entry = cjson.decode(text)
+        local entry = table_.decode_entry(text)
         if not entry then return ngx.exit(ngx.HTTP_INTERNAL_SERVER_ERROR) end
         local current = {}
         for i = 1, #entry.backends do current[i] = 0 end

@@ -18,10 +18,10 @@ local MAX_WEIGHT = 1000000
 local HOSTNAME = [[^(\*\.)?[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$]]
 local SUBDOMAIN = [[^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$]]
 local LABEL = [[^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$]]
-local NAME = [[^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*$]]
 local IPV4 = [[^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$]]
 local IPV6 = [[^[0-9a-f:.]{2,45}$]]
-local ENDPOINT = [[^https?://[A-Za-z0-9.:\[\]-]+(:[0-9]{1,5})?/?$]]
+-- Captures: scheme, host (a DNS name, IPv4, or bracketed IPv6), port; as publisher.model checks it.
+local ENDPOINT = [[^(https?)://((?:[A-Za-z0-9](?:[-A-Za-z0-9]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[-A-Za-z0-9]*[A-Za-z0-9])?)*)|\[[0-9A-Fa-f:.]+\])(?::([0-9]{1,5}))?/?$]]
 
 local function matches(value, pattern)
     return type(value) == "string" and ngx.re.find(value, pattern, "jo") ~= nil
@@ -55,58 +55,52 @@ local function entry_hash(key, text)
     return tonumber(ngx.md5(key .. "\n" .. text):sub(1, 13), 16)
 end
 
--- Why `entry` (decoded) is not a valid entry for map `key`, or nil.
-local function entry_problem(key, entry)
-    if type(entry) ~= "table" then return "is not an object" end
-    for field in pairs(entry) do
-        if field ~= "hostname" and field ~= "rewrite_host" and field ~= "backends" then
-            return "has unknown field " .. tostring(field)
-        end
+-- One map's entry text, decoded and checked: {hostname, rewrite_host, backends = {{cluster,
+-- endpoint, weight, scheme, name, port, addresses}}}; or nil and why it is not a valid entry.
+-- The text is {"h": hostname, "r": rewrite_host, "b": [[cluster, endpoint, weight, [address]]]}.
+function _M.decode_entry(text)
+    local raw = cjson.decode(text)
+    if type(raw) ~= "table" then return nil, "is not a JSON object" end
+    for field in pairs(raw) do
+        if field ~= "h" and field ~= "r" and field ~= "b" then return nil, "has unknown field " .. tostring(field) end
     end
-    if not matches(entry.hostname, HOSTNAME) or #entry.hostname > 253 then
-        return "hostname is not a lower-case DNS name"
+    if not matches(raw.h, HOSTNAME) or #raw.h > 253 then return nil, "hostname is not a lower-case DNS name" end
+    if type(raw.r) ~= "boolean" then return nil, "rewrite_host is not a boolean" end
+    local list = raw.b
+    if type(list) ~= "table" or #list > MAX_BACKENDS then return nil, "backends is not a list of at most " .. MAX_BACKENDS end
+    for field in pairs(list) do
+        if not is_int(field, 1, #list) then return nil, "backends is not a list" end
     end
-    if type(entry.rewrite_host) ~= "boolean" then return "rewrite_host is not a boolean" end
-    local backends = entry.backends
-    if type(backends) ~= "table" or #backends > MAX_BACKENDS then
-        return "backends is not a list of at most " .. MAX_BACKENDS
-    end
-    for field in pairs(backends) do
-        if not is_int(field, 1, #backends) then return "backends is not a list" end
-    end
-    local clusters = {}
-    for i, backend in ipairs(backends) do
+    local backends, clusters = {}, {}
+    for i, item in ipairs(list) do
         local where = "backends[" .. i .. "]"
-        if type(backend) ~= "table" then return where .. " is not an object" end
-        for field in pairs(backend) do
-            if field ~= "cluster" and field ~= "endpoint" and field ~= "weight" and field ~= "scheme"
-                and field ~= "name" and field ~= "port" and field ~= "addresses" then
-                return where .. " has unknown field " .. tostring(field)
-            end
+        if type(item) ~= "table" or #item ~= 4 then return nil, where .. " is not [cluster, endpoint, weight, addresses]" end
+        for field in pairs(item) do
+            if not is_int(field, 1, 4) then return nil, where .. " is not a list" end
         end
-        if not matches(backend.cluster, SUBDOMAIN) then return where .. ".cluster is not a DNS-1123 subdomain" end
-        if clusters[backend.cluster] then return where .. ".cluster appears twice" end
-        clusters[backend.cluster] = true
-        if not matches(backend.endpoint, ENDPOINT) or #backend.endpoint > 300 then
-            return where .. ".endpoint is not an http(s) URL with a plain host"
-        end
-        if not is_int(backend.weight, 0, MAX_WEIGHT) then return where .. ".weight is outside 0.." .. MAX_WEIGHT end
-        if backend.scheme ~= "http" and backend.scheme ~= "https" then return where .. ".scheme is not http or https" end
-        if not matches(backend.name, NAME) and not matches(backend.name, IPV6) then
-            return where .. ".name is not a host name"
-        end
-        if not is_int(backend.port, 1, 65535) then return where .. ".port is outside 1..65535" end
-        local addresses = backend.addresses
+        local cluster, endpoint, weight, addresses = item[1], item[2], item[3], item[4]
+        if not matches(cluster, SUBDOMAIN) then return nil, where .. ".cluster is not a DNS-1123 subdomain" end
+        if clusters[cluster] then return nil, where .. ".cluster appears twice" end
+        clusters[cluster] = true
+        local parts = type(endpoint) == "string" and #endpoint <= 300 and ngx.re.match(endpoint, ENDPOINT, "jo")
+        if not parts then return nil, where .. ".endpoint is not an http(s) URL with a plain host" end
+        local scheme, name, port = parts[1], parts[2], tonumber(parts[3] or (parts[1] == "https" and "443" or "80"))
+        if port < 1 or port > 65535 then return nil, where .. ".endpoint port is outside 1..65535" end
+        if name:sub(1, 1) == "[" then name = name:sub(2, -2) end
+        if not is_int(weight, 0, MAX_WEIGHT) then return nil, where .. ".weight is outside 0.." .. MAX_WEIGHT end
         if type(addresses) ~= "table" or #addresses < 1 or #addresses > MAX_ADDRESSES then
-            return where .. ".addresses is not a list of 1.." .. MAX_ADDRESSES .. " IP addresses"
+            return nil, where .. ".addresses is not a list of 1.." .. MAX_ADDRESSES .. " IP addresses"
         end
-        for _, address in ipairs(addresses) do
-            if not matches(address, IPV4) and not (matches(address, IPV6) and address:find(":", 1, true)) then
-                return where .. ".addresses holds " .. tostring(address) .. ", not an IP address"
+        for field, address in pairs(addresses) do
+            if not is_int(field, 1, #addresses)
+                or not (matches(address, IPV4) or (matches(address, IPV6) and address:find(":", 1, true))) then
+                return nil, where .. ".addresses holds " .. tostring(address) .. ", not an IP address"
             end
         end
+        backends[i] = { cluster = cluster, endpoint = endpoint, weight = weight, scheme = scheme, name = name,
+                        port = port, addresses = addresses }
     end
-    return nil
+    return { hostname = raw.h, rewrite_host = raw.r, backends = backends }
 end
 
 -- Why `key` is not a map key ("namespace/name"), or nil.
@@ -147,40 +141,34 @@ function _M.entries()
     return out
 end
 
--- Validates the whole batch {set = {key = entry text}, delete = {key}, replace = bool} against
--- the table; returns the plan (old and new text per key, hostname moves) or nil and a reason.
-local function plan(batch)
+-- Validates a whole batch against the table: `head` is {expect_boot, replace}, `sets` maps key
+-- to entry text, `deletes` lists keys. Returns the plan (old and new text per key) or nil and why.
+local function plan(head, sets, deletes)
     local dict = _M.dict()
-    if type(batch) ~= "table" then return nil, "the batch is not an object" end
-    for field in pairs(batch) do
-        if field ~= "set" and field ~= "delete" and field ~= "replace" and field ~= "expect_boot" then
+    for field in pairs(head) do
+        if field ~= "replace" and field ~= "expect_boot" then
             return nil, "the batch has unknown field " .. tostring(field)
         end
     end
-    local sets = batch.set or {}
-    local deletes = batch.delete or {}
-    if type(sets) ~= "table" or type(deletes) ~= "table" then return nil, "set or delete has the wrong type" end
-    local changes = {} -- key -> {text = new text or false, entry = decoded}
+    local changes = {} -- key -> {text = new text or false, entry = decoded, old = text, old_hostname}
     for key, text in pairs(sets) do
         local problem = key_problem(key)
         if problem then return nil, problem end
-        if type(text) ~= "string" then return nil, key .. ": the entry is not a JSON text" end
-        local entry = cjson.decode(text)
-        problem = entry_problem(key, entry)
-        if problem then return nil, key .. ": " .. problem end
+        local entry, reason = _M.decode_entry(text)
+        if not entry then return nil, key .. ": the entry " .. reason end
         changes[key] = { text = text, entry = entry }
     end
-    for i, key in ipairs(deletes) do
+    for _, key in ipairs(deletes) do
         local problem = key_problem(key)
         if problem then return nil, problem end
         if changes[key] then return nil, key .. ": both set and deleted" end
         changes[key] = { text = false }
     end
-    if batch.replace == true then
+    if head.replace == true then
         for key in pairs(_M.entries()) do
             if changes[key] == nil then changes[key] = { text = false } end
         end
-    elseif batch.replace ~= nil and batch.replace ~= false then
+    elseif head.replace ~= nil and head.replace ~= false then
         return nil, "replace is not a boolean"
     end
     -- Hostnames: freed by every change first, then claimed; a claim on a hostname that a map
@@ -189,8 +177,8 @@ local function plan(batch)
     for key, change in pairs(changes) do
         change.old = dict:get("m:" .. key)
         if change.old then
-            local old_entry = cjson.decode(change.old)
-            change.old_hostname = old_entry and old_entry.hostname
+            local old = cjson.decode(change.old)
+            change.old_hostname = old and old.h
         end
     end
     for key, change in pairs(changes) do
@@ -205,6 +193,33 @@ local function plan(batch)
         end
     end
     return changes
+end
+
+-- Reads a batch body: a JSON object line ({"expect_boot": ..., "replace": ...}), then one line
+-- per change, "set <namespace>/<name> <entry JSON>" or "delete <namespace>/<name>". Lines keep
+-- entries out of an enclosing JSON string, so nothing is escaped twice.
+function _M.parse_batch(body)
+    local first = body:find("\n", 1, true)
+    local head = cjson.decode(first and body:sub(1, first - 1) or body)
+    if type(head) ~= "table" or head[1] ~= nil then return nil, "the first line is not a JSON object" end
+    local sets, deletes = {}, {}
+    local position = first and first + 1 or #body + 1
+    local line = 1
+    while position <= #body do
+        local stop = body:find("\n", position, true) or #body + 1
+        line = line + 1
+        local verb, key, rest = body:sub(position, stop - 1):match("^(%l+) (%S+) ?(.*)$")
+        if verb == "set" and rest ~= "" then
+            if sets[key] then return nil, "line " .. line .. ": " .. key .. " is set twice" end
+            sets[key] = rest
+        elseif verb == "delete" and rest == "" then
+            deletes[#deletes + 1] = key
+        else
+            return nil, "line " .. line .. " is neither 'set KEY ENTRY' nor 'delete KEY'"
+        end
+        position = stop + 1
+    end
+    return head, sets, deletes
 end
 
 -- Applies a planned batch; on a full dict, undoes what it did and returns nil, "table full".
@@ -261,9 +276,9 @@ local function apply(changes)
     return true
 end
 
--- Validates and applies one batch; returns true, or false, an HTTP status and a reason.
-function _M.apply_batch(batch)
-    local changes, reason = plan(batch)
+-- Validates and applies one parsed batch; returns true, or false, an HTTP status and a reason.
+function _M.apply_batch(head, sets, deletes)
+    local changes, reason = plan(head, sets, deletes)
     if not changes then return false, 400, reason end
     local ok, err = apply(changes)
     if not ok then return false, 507, err end

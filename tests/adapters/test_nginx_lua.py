@@ -43,9 +43,9 @@ def route(hostname: str = HOST, *backends: tuple[str, str, int]) -> Route:
 # --- Pure: renderer, entry text, snippet, options ------------------------------------------------------
 
 
-def test_render_splits_each_endpoint_into_scheme_name_and_port() -> None:
+def test_render_finds_each_endpoint_name_and_port() -> None:
     part = LuaRenderer().render(KEY, route(HOST, ("a", "https://a.example.net", 3), ("b", "http://[::1]:8000/", 1)))
-    assert [(b.scheme, b.name, b.port, b.weight) for b in part.backends] == [("https", "a.example.net", 443, 3), ("http", "::1", 8000, 1)]
+    assert [(b.name, b.port, b.weight) for b in part.backends] == [("a.example.net", 443, 3), ("::1", 8000, 1)]
     assert part.route() == route(HOST, ("a", "https://a.example.net", 3), ("b", "http://[::1]:8000/", 1))
 
 
@@ -61,7 +61,8 @@ def test_entry_text_is_canonical_and_reads_back() -> None:
     text = entry_text(part, addresses)
     assert text == entry_text(part, dict(reversed(addresses.items())))
     assert part_of(text) == part
-    assert json.loads(text)["backends"][0]["addresses"] == ["10.0.0.2", "10.0.0.3"]
+    assert json.loads(text) == {"h": HOST, "r": True, "b": [["b", "http://b.svc:81", 0, ["10.0.0.2", "10.0.0.3"]],
+                                                            ["a", "http://a.svc", 2, ["10.0.0.1"]]]}  # fmt: skip
 
 
 def test_checksum_ignores_order_and_sees_every_byte() -> None:
@@ -130,15 +131,16 @@ class Lua:
         self.parts = {k: p for k, p in parts.items() if k not in result.rejected}
         return result
 
-    async def control(self, method: str, path: str, body: object = None, *, secret: str | None = "") -> tuple[int, dict]:
-        """A raw control request; secret "" means the right one, None none at all."""
+    async def control(self, method: str, path: str, body: str | None = None, *, secret: str | None = "") -> tuple[int, dict]:
+        """A raw control request: (status, the answer's JSON head line with "lines": the rest).
+        secret "" means the right one, None none at all."""
         headers = {}
         if secret is not None:
             headers["Authorization"] = f"Bearer {secret or self.nginx.secret_file.read_text().strip()}"
-        data = None if body is None else (body if isinstance(body, str) else json.dumps(body))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            async with session.request(method, self.nginx.control_url + path, data=data, headers=headers) as response:
-                return response.status, await response.json(content_type=None)
+            async with session.request(method, self.nginx.control_url + path, data=body, headers=headers) as response:
+                head, _, rest = (await response.text()).partition("\n")
+                return response.status, {**json.loads(head), "lines": sorted(rest.splitlines())}
 
 
 async def fake_resolve(name: str, port: int) -> tuple[str, ...]:
@@ -289,26 +291,31 @@ async def test_a_malformed_batch_or_a_request_without_the_secret_changes_nothing
                           {"127.0.0.1": ("127.0.0.1",)})  # fmt: skip
         bad_entries = {
             "injected-hostname": good.replace("n.example.com", "n.example.com; }"),
-            "weight-above-max": good.replace('"weight":1', '"weight":1000001'),
-            "fractional-weight": good.replace('"weight":1', '"weight":0.5'),
-            "address-not-ip": good.replace('"127.0.0.1"]', '"evil.example"]'),
-            "unknown-field": good.replace('{"backends"', '{"lua":"os.exit()","backends"'),
+            "weight-above-max": good.replace(',1,["', ',1000001,["'),
+            "fractional-weight": good.replace(',1,["', ',0.5,["'),
+            "address-not-ip": good.replace('["127.0.0.1"]', '["evil.example"]'),
+            "endpoint-with-path": good.replace("127.0.0.1:1", "127.0.0.1:1/x;"),
+            "endpoint-port-too-big": good.replace("127.0.0.1:1", "127.0.0.1:65536"),
+            "unknown-field": good.replace('{"h"', '{"lua":"os.exit()","h"'),
             "not-json": good[:-3],
         }
+        head = '{"replace":false}'
         for case, text in bad_entries.items():
-            status, answer = await lua.control("POST", "/batch", {"set": {"ns/n": good, "ns/o": text}})
+            status, answer = await lua.control("POST", "/batch", f"{head}\nset ns/n {good}\nset ns/o {text}")
             assert status == 400, (case, answer)
             assert answer["version"] == before["version"] and answer["checksum"] == before["checksum"], case
         for case, batch in {
-            "not-an-object": "[1, 2]",
-            "hostname-taken": {"set": {"ns/n": good.replace("n.example.com", HOST)}},
-            "bad-key": {"set": {"ns/N_": good}},
-            "set-and-delete": {"set": {"ns/n": good}, "delete": ["ns/n"]},
+            "head-not-an-object": "[1, 2]",
+            "unknown-verb": f"{head}\nput ns/n {good}",
+            "hostname-taken": f"{head}\nset ns/n {good.replace('n.example.com', HOST)}",
+            "bad-key": f"{head}\nset ns/N_ {good}",
+            "set-and-delete": f"{head}\nset ns/n {good}\ndelete ns/n",
+            "set-twice": f"{head}\nset ns/n {good}\nset ns/n {good}",
         }.items():
             status, answer = await lua.control("POST", "/batch", batch)
             assert status == 400, (case, answer)
         for secret in (None, "wrong-secret-0123456789abcdef"):
-            status, _ = await lua.control("POST", "/batch", {"delete": ["ns/m"]}, secret=secret)
+            status, _ = await lua.control("POST", "/batch", '{}\ndelete ns/m', secret=secret)
             assert status == 401
             assert (await lua.control("GET", "/table", secret=secret))[0] == 401
         assert (await lua.control("GET", "/table"))[1] == before
@@ -411,8 +418,8 @@ async def test_names_are_re_resolved_and_a_moved_address_is_pushed(tmp_path: Pat
 
 
 async def _served_addresses(lua: Lua) -> bool:
-    entries = (await lua.control("GET", "/table"))[1]["entries"]
-    return json.loads(entries["ns/m"])["backends"][0]["addresses"] == ["127.0.0.2"]
+    (line,) = (await lua.control("GET", "/table"))[1]["lines"]
+    return json.loads(line.partition(" ")[2])["b"][0][3] == ["127.0.0.2"]
 
 
 @pytest.mark.slow
