@@ -110,7 +110,9 @@ def entry_text(part: LuaPart, addresses: Mapping[str, tuple[str, ...]]) -> str:
     return json.dumps({"h": part.hostname, "r": part.rewrite_host, "b": backends}, separators=(",", ":"))
 
 
-def _decoded(text: str) -> tuple[LuaPart, dict[str, tuple[str, ...]]]:
+def decode_entry(text: str) -> tuple[LuaPart, dict[str, tuple[str, ...]]]:
+    """An entry read back: the part and its addresses by name. Raises ValueError on anything
+    `entry_text` did not write."""
     try:
         entry = json.loads(text)
         backends, addresses = [], {}
@@ -121,16 +123,6 @@ def _decoded(text: str) -> tuple[LuaPart, dict[str, tuple[str, ...]]]:
         return LuaPart(str(entry["h"]), bool(entry["r"]), tuple(backends)), addresses
     except (KeyError, TypeError) as exc:
         raise ValueError(f"not a table entry: {exc!r}") from exc
-
-
-def part_of(text: str) -> LuaPart:
-    """Reads an entry back; raises ValueError on anything `entry_text` did not write."""
-    return _decoded(text)[0]
-
-
-def addresses_of(text: str) -> dict[str, tuple[str, ...]]:
-    """The addresses an entry holds, by name; raises ValueError like `part_of`."""
-    return _decoded(text)[1]
 
 
 def _entry_hash(key: MapKey, text: str) -> int:
@@ -310,6 +302,7 @@ class LuaTransport:
         self._boot: str | None = None
         self._version = 0
         self._entries: dict[MapKey, str] = {}
+        self._parts: dict[MapKey, LuaPart] = {}  # the same maps, decoded
         self._hashes: dict[MapKey, int] = {}
         self._sum = 0
         # name -> (addresses, when resolved): what the pushed entries use.
@@ -323,7 +316,7 @@ class LuaTransport:
     async def read(self) -> dict[MapKey, Route]:
         async with self._lock:
             await self._sync()
-            return {key: part_of(text).route() for key, text in self._entries.items()}
+            return {key: part.route() for key, part in self._parts.items()}
 
     async def write(self, parts: Mapping[MapKey, LuaPart], changes: Mapping[MapKey, LuaPart | None]) -> WriteResult:
         async with self._lock:
@@ -331,6 +324,7 @@ class LuaTransport:
                 await self._sync()
             rejected = await self._resolve_names(changes, force=frozenset())
             sets: dict[MapKey, str] = {}
+            set_parts: dict[MapKey, LuaPart] = {}
             deletes: list[MapKey] = []
             for key, part in changes.items():
                 if key in rejected:
@@ -341,9 +335,9 @@ class LuaTransport:
                     continue
                 text = self._entry_text(part)
                 if self._entries.get(key) != text:
-                    sets[key] = text
+                    sets[key], set_parts[key] = text, part
             if sets or deletes:
-                await self._push(sets, deletes)
+                await self._push(sets, set_parts, deletes)
             return WriteResult(rejected=rejected)
 
     def hold_off(self) -> float:
@@ -406,19 +400,23 @@ class LuaTransport:
             await self._restore(boot)
             return
         entries: dict[MapKey, str] = {}
+        parts: dict[MapKey, LuaPart] = {}
         names: dict[str, tuple[str, ...]] = {}
         try:
             for line in lines.splitlines():
-                key, _, text = line.partition(" ")
-                names.update(addresses_of(text))
-                entries[_map_key(key)] = text
+                name, _, text = line.partition(" ")
+                key = _map_key(name)
+                parts[key], addresses = decode_entry(text)
+                names.update(addresses)
+                entries[key] = text
         except ValueError as exc:
             raise Unavailable(f"nginx control listener: the table does not read back: {exc!r}") from exc
         hashes = {key: _entry_hash(key, text) for key, text in entries.items()}
         total = sum(hashes.values()) % _CHECKSUM_MODULUS
         if f"{total:013x}" != answer.get("checksum"):
             raise Unavailable("nginx control listener: the table does not match its own checksum")
-        self._boot, self._version, self._entries, self._hashes, self._sum = boot, int(answer.get("version", 0)), entries, hashes, total
+        self._boot, self._version, self._sum = boot, int(answer.get("version", 0)), total
+        self._entries, self._parts, self._hashes = entries, parts, hashes
         now = self._clock()
         for name, addresses in names.items():
             self._names.setdefault(name, (addresses, now))
@@ -441,13 +439,20 @@ class LuaTransport:
         NGINX confirms it, the table stays ours to restore."""
         self.stats.restarts_detected += 1
         log.warning("nginx restart detected", extra={"boot": boot, "previous_boot": self._boot, "maps": len(self._entries)})
-        await self._push(dict(self._entries), [], boot=boot, replace=True)
+        await self._push(dict(self._entries), dict(self._parts), [], boot=boot, replace=True)
         log.info("nginx table restored", extra={"boot": boot, "maps": len(self._entries)})
 
     async def _push(
-        self, sets: Mapping[MapKey, str], deletes: list[MapKey], *, boot: str | None = None, replace: bool = False
+        self,
+        sets: Mapping[MapKey, str],
+        parts: Mapping[MapKey, LuaPart],
+        deletes: list[MapKey],
+        *,
+        boot: str | None = None,
+        replace: bool = False,
     ) -> None:
-        """One batch; returns once NGINX confirmed it by boot id, version and checksum."""
+        """One batch (`sets` are entry texts, `parts` the same maps decoded); returns once NGINX
+        confirmed it by boot id, version and checksum."""
         boot = boot or self._boot
         hashes = {key: _entry_hash(key, text) for key, text in sets.items()}
         if replace:
@@ -466,7 +471,7 @@ class LuaTransport:
             if refused.status == 409 and not replace:
                 # A restart between our last look and this batch: restore, then apply the batch.
                 await self._restore(str(refused.body.get("boot")))
-                return await self._push(sets, deletes)
+                return await self._push(sets, parts, deletes)
             reason = {400: "invalid", 507: "table_full"}.get(refused.status, f"http_{refused.status}")
             self.stats.failures[reason] += 1
             log.warning("nginx refused batch", extra={"reason": reason, "maps": len(sets) + len(deletes), "error": str(refused)})
@@ -484,10 +489,11 @@ class LuaTransport:
             self._boot = None
             raise Unavailable(f"nginx did not confirm the batch (answered {answer!r})")
         if replace:
-            self._entries, self._hashes = {}, {}
+            self._entries, self._parts, self._hashes = {}, {}, {}
         for key in deletes:
-            del self._entries[key], self._hashes[key]
+            del self._entries[key], self._parts[key], self._hashes[key]
         self._entries.update(sets)
+        self._parts.update(parts)
         self._hashes.update(hashes)
         self._boot, self._version, self._sum = boot, version, expected_sum
         self.stats.pushes += 1
@@ -532,11 +538,7 @@ class LuaTransport:
         due = frozenset(name for name, (_, at) in self._names.items() if now - at > self._resolve_interval)
         if not due:
             return
-        affected = {}
-        for key, text in self._entries.items():
-            part = part_of(text)
-            if any(b.name in due for b in part.backends):
-                affected[key] = part
+        affected = {key: part for key, part in self._parts.items() if any(b.name in due for b in part.backends)}
         await self._resolve_names(affected, force=due)
         for name in due:
             addresses, at = self._names[name]
@@ -544,7 +546,7 @@ class LuaTransport:
         sets = {key: text for key, part in affected.items() if (text := self._entry_text(part)) != self._entries[key]}
         if sets:
             log.info("nginx endpoint addresses moved", extra={"maps": len(sets)})
-            await self._push(sets, [])
+            await self._push(sets, {key: affected[key] for key in sets}, [])
         unused = set(self._names) - {b.name for key in affected for b in affected[key].backends}
         for name in unused & due:
             del self._names[name]

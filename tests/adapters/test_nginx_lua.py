@@ -23,9 +23,9 @@ from adapters.nginx_lua import (
     LuaRenderer,
     LuaTransport,
     checksum,
+    decode_entry,
     entry_text,
     http_snippet,
-    part_of,
 )
 from publisher.cli import main
 from publisher.model import Backend, MapKey, Route
@@ -60,7 +60,7 @@ def test_entry_text_is_canonical_and_reads_back() -> None:
     addresses = {"a.svc": ("10.0.0.1",), "b.svc": ("10.0.0.2", "10.0.0.3")}
     text = entry_text(part, addresses)
     assert text == entry_text(part, dict(reversed(addresses.items())))
-    assert part_of(text) == part
+    assert decode_entry(text) == (part, addresses)
     assert json.loads(text) == {"h": HOST, "r": True, "b": [["b", "http://b.svc:81", 0, ["10.0.0.2", "10.0.0.3"]],
                                                             ["a", "http://a.svc", 2, ["10.0.0.1"]]]}  # fmt: skip
 
