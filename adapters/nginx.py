@@ -597,3 +597,15 @@ class NginxAdapter:
         if error is not None:
             raise Unavailable(f"nginx serves neither the new configuration nor the last good one: {error}")
         return reloads
+
+
+def build(options: NginxOptions) -> tuple[Any, Any]:
+    """The renderer and transport for options.nginx_mode: Lua mode lives in adapters.nginx_lua;
+    reload mode is this module's NginxAdapter through the engine's bridge for whole adapters."""
+    if options.nginx_mode == "lua":
+        from adapters.nginx_lua import build as build_lua
+
+        return build_lua(options)
+    from adapters._legacy import build_legacy
+
+    return build_legacy(NginxAdapter, options)
