@@ -45,6 +45,9 @@ _SIZE = re.compile(r"^[0-9]{1,6}[km]$")
 # DNS answers carry TTLs that getaddrinfo does not expose: names are re-resolved on this fixed
 # interval instead, so an endpoint whose address moves is followed within half a minute.
 RESOLVE_INTERVAL = 30.0
+# getaddrinfo has no timeout of its own; a lookup still unanswered after this fails (and a known
+# name keeps its last addresses).
+RESOLVE_TIMEOUT = 5.0
 # How often the transport asks NGINX for its boot id: a restart is repaired within about this
 # plus one push (0.12 s for 10,000 maps).
 POLL_INTERVAL = 0.25
@@ -511,7 +514,8 @@ class LuaTransport:
             (name, port) for name, port in wanted
             if name in force or name not in self._names or now - self._names[name][1] > self._resolve_interval
         )  # fmt: skip
-        results = await asyncio.gather(*(self._resolve(name, port) for name, port in due), return_exceptions=True)
+        lookups = (asyncio.wait_for(self._resolve(name, port), RESOLVE_TIMEOUT) for name, port in due)
+        results = await asyncio.gather(*lookups, return_exceptions=True)
         failed: dict[str, str] = {}
         for (name, _), result in zip(due, results):
             if isinstance(result, BaseException):

@@ -338,6 +338,23 @@ async def test_a_batch_larger_than_the_table_is_refused_whole_and_the_table_is_u
 
 
 @pytest.mark.slow
+async def test_the_transport_warns_before_the_table_fills(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async with lua_nginx(tmp_path, shared_dict_size="128k") as lua:
+        for batch in range(100):  # bounded: 128k holds far fewer than 1,000 maps
+            maps = {MapKey("ns", f"m{batch}-{i}"): route(f"m{batch}-{i}.example.com", ("a", "http://127.0.0.1:1", 1)) for i in range(10)}
+            try:
+                await lua.push(maps)
+            except Rejected:
+                break
+        else:
+            pytest.fail("the table never filled")
+        warnings = [r for r in caplog.records if r.getMessage() == "nginx table almost full"]
+        assert len(warnings) == 1, "warned once, on the transition"
+        assert caplog.records.index(warnings[0]) < caplog.records.index(
+            next(r for r in caplog.records if r.getMessage() == "nginx refused batch"))
+
+
+@pytest.mark.slow
 async def test_an_nginx_restart_is_detected_and_the_table_restored_within_a_second(tmp_path: Path) -> None:
     async with Backends(("a", "b")) as backends, lua_nginx(tmp_path) as lua, serving(lua.transport):
         await lua.push({KEY: route(HOST, ("a", backends.endpoint("a"), 3), ("b", backends.endpoint("b"), 1))})
