@@ -413,6 +413,24 @@ async def test_a_name_that_does_not_resolve_rejects_only_its_map(tmp_path: Path)
 
 
 @pytest.mark.slow
+async def test_a_dead_address_is_retried_on_the_same_backend_only(tmp_path: Path) -> None:
+    async def resolve(name: str, port: int) -> tuple[str, ...]:
+        return {"multi.test": ("127.0.0.1", "127.0.0.2")}.get(name) or await fake_resolve(name, port)
+
+    async with Backends(("a", "b")) as backends, running_lua_nginx(tmp_path) as nginx:
+        # Nothing listens on 127.0.0.2: every request that lands there is retried on 127.0.0.1.
+        transport = LuaTransport(nginx.options(), resolve=resolve)
+        lua = Lua(nginx, transport)
+        try:
+            await lua.push({KEY: route(HOST, ("a", f"http://multi.test:{backends.ports['a']}", 1),
+                                       ("b", backends.endpoint("b"), 0))})  # fmt: skip
+            assert await measure(nginx.url, HOST, 40) == {"a": 40}
+            assert backends.hits["b"] == 0
+        finally:
+            await transport.aclose()
+
+
+@pytest.mark.slow
 async def test_names_are_re_resolved_and_a_moved_address_is_pushed(tmp_path: Path) -> None:
     addresses = {"svc.test": ("127.0.0.1",)}
 
