@@ -6,13 +6,17 @@
 -- cannot change in the balancer. balance() only sets the chosen backend's address and, on a
 -- retry, moves to its next address; it does no I/O. Unknown host: 404; every weight 0: 503.
 local balancer = require("ngx.balancer")
+local lrucache = require("resty.lrucache") -- lua-resty-core depends on it
 local table_ = require("ome_table")
 
 local _M = {}
 
 -- Per worker: hostname -> {text = entry text, entry = decoded, current = SWRR state}. A changed
 -- entry text (another string) resets the state, so a weight change is live on the next request.
-local cache = {}
+-- An LRU, so hostnames that come and go cannot grow a worker without bound; an evicted host only
+-- starts its round robin afresh.
+local CACHED_HOSTS = 65536
+local cache = assert(lrucache.new(CACHED_HOSTS))
 
 local UPSTREAMS = { http = "http://ome_plain", https = "https://ome_tls" }
 
@@ -53,14 +57,14 @@ function _M.access()
     if not hostname then return ngx.exit(ngx.HTTP_NOT_FOUND) end
     local text = dict:get("m:" .. key)
     if not text then return ngx.exit(ngx.HTTP_NOT_FOUND) end
-    local state = cache[hostname]
+    local state = cache:get(hostname)
     if state == nil or state.text ~= text then
         local entry = table_.decode_entry(text)
         if not entry then return ngx.exit(ngx.HTTP_INTERNAL_SERVER_ERROR) end
         local current = {}
         for i = 1, #entry.backends do current[i] = 0 end
         state = { text = text, entry = entry, current = current, next_address = 0 }
-        cache[hostname] = state
+        cache:set(hostname, state)
     end
     local index = pick(state)
     if not index then return ngx.exit(ngx.HTTP_SERVICE_UNAVAILABLE) end
