@@ -457,6 +457,48 @@ def _envoy_bootstrap(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- nginx-config -------------------------------------------------------------------------------------
+
+
+def _add_nginx_config(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "nginx-config",
+        help="print the NGINX http {} snippet that serves what the nginx adapter pushes in Lua mode",
+        description="Prints the text to include inside http {}: the Lua modules shipped with this package, the "
+        "routing table, the catch-all server on --listen and the control listener `run --adapter nginx "
+        "--nginx-mode lua` pushes to. The main nginx.conf must load ndk_http_module and ngx_http_lua_module "
+        "(see --load-modules); Debian's libnginx-mod-http-lua, lua-resty-core and lua-cjson provide them.",
+    )
+    parser.add_argument("--listen", required=True, metavar="ADDR", help="where published hostnames are served (PORT or HOST:PORT)")
+    parser.add_argument("--control-listen", required=True, metavar="HOST:PORT", help="the control listener; keep it on 127.0.0.1")
+    parser.add_argument("--secret-file", required=True, metavar="PATH", help="the shared secret, the same file as --nginx-secret-file")
+    parser.add_argument("--shared-dict-size", default="32m", metavar="SIZE", help="routing table size, ~600 B per map (default: 32m)")
+    parser.add_argument("--ca-file", metavar="PATH", help="CA bundle for https backends (default: the system bundle)")
+    parser.add_argument("--load-modules", action="store_true", help="print the load_module lines for the main nginx.conf instead")
+    parser.set_defaults(run=_nginx_config)
+
+
+def _nginx_config(args: argparse.Namespace) -> int:
+    from adapters.nginx_lua import LOAD_MODULES, http_snippet
+
+    if args.load_modules:
+        print("".join(f"load_module {module};\n" for module in LOAD_MODULES), end="")
+        return EXIT_OK
+    try:
+        snippet = http_snippet(
+            listen=args.listen,
+            control_listen=args.control_listen,
+            secret_file=Path(args.secret_file),
+            shared_dict_size=args.shared_dict_size,
+            ca_file=Path(args.ca_file) if args.ca_file else None,
+        )
+    except ValueError as exc:
+        print(f"ome-publisher nginx-config: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    print(snippet, end="")
+    return EXIT_OK
+
+
 # --- demo ----------------------------------------------------------------------------------------------
 
 
@@ -490,7 +532,7 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_HELD
 
 
-_SUBCOMMANDS = (_add_verify, _add_run, _add_envoy_bootstrap, _add_demo)
+_SUBCOMMANDS = (_add_verify, _add_run, _add_envoy_bootstrap, _add_nginx_config, _add_demo)
 
 
 if __name__ == "__main__":
