@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def recipe() -> tuple[str, str]:
     """(the shell lines up to and including the `nginx` start, the `ome-publisher run` line)."""
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### NGINX beside the sidecar"):readme.index("## Operating it")]
+    section = readme[readme.index("**Reload mode**"):readme.index("## Operating it")]
     block = "\n".join(line for line in section.splitlines() if line.startswith("    ") or not line.strip())
     lines = textwrap.dedent(block).strip().replace("\\\n", " ").splitlines()
     run = next(i for i, line in enumerate(lines) if line.startswith("ome-publisher run"))
