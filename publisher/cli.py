@@ -177,7 +177,7 @@ def _verify(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     try:
         reports = _cluster_reports(args) if args.kubeconfig else _file_reports(args)
-    except (ManifestError, _InputError, config.ConfigError, KubeError) as exc:
+    except (ManifestError, _InputError, config.ConfigError, KubeError, SourceRefused) as exc:
         print(f"ome-publisher verify: {exc}", file=sys.stderr)
         return EXIT_INPUT
     if args.output == "text":

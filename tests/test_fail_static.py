@@ -463,3 +463,16 @@ async def test_a_stale_source_is_logged_once_and_its_recovery_too(kube_api, kube
     # One per informer (trafficmaps, inferenceservices): the first failure of the streak, not each retry.
     assert logged().count("watch restarting") == 2 and logged().count("source recovered") == 2
     assert last_success._value.get() > before_outage
+
+
+async def test_verify_on_a_cluster_that_refuses_exits_2_naming_the_rule(kube_api, kubeconfig):
+    seed(kube_api)
+    kube_api.refuse(403, verb="list", resource="inferenceservices")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "publisher.cli", "verify", "--kubeconfig", str(kubeconfig), cwd=ROOT,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 2
+    line = last_line(err.decode())
+    assert "403 Forbidden" in line and 'resources: ["inferenceservices"]' in line, line
