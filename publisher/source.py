@@ -1,10 +1,9 @@
 """Sources of TrafficMaps and InferenceServices, and the Store of the newest object per key.
 
-Two sources fill the same Stores: `KubeSource` (client-go informer semantics: paginated list,
-watch from the list's version with bookmarks, relist on 410 Gone that yields deletions for what
-vanished, reconnect with capped exponential backoff and jitter) and `DirectorySource` (manifests
-in a directory, re-read when a file changes). A source only writes Stores and says which keys
-changed; what a change means is the loop's business.
+`KubeSource` (client-go informer semantics: paginated list, watch with bookmarks, relist on 410;
+transient faults retried with backoff that resets after a healthy watch, refusals named with
+the missing RBAC rule) and `DirectorySource` (manifests in a directory) fill the same Stores and
+say which keys changed. Fail static: only a list that succeeds replaces what a Store holds.
 """
 
 from __future__ import annotations
