@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -28,8 +29,6 @@ import yaml
 
 from adapters import ADAPTERS
 from publisher import config
-
-helm = pytest.importorskip("helm_python", reason="helm-python-sdk is in the test extra")
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "ome-gateway-publisher"
