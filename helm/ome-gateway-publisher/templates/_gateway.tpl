@@ -6,9 +6,10 @@ The gateway container's pieces shared by both gateways: probes, the pre-stop dra
 Pre-stop drain. The kubelet runs it, then sends SIGTERM, on which Envoy exits at once and NGINX
 cuts its streams, so the waiting happens here. Both wait a few seconds first, while the Service's
 endpoints drop the pod, so no new request meets a closed listener.
-- Envoy: /drain_listeners?graceful (streams are told to close, listeners stay open through the drain
-  period), then wait until no downstream request is active (the admin's own excluded) or the timeout.
-  bash's /dev/tcp, because the Envoy image has no HTTP client.
+- Envoy: /drain_listeners?graceful (with --drain-strategy immediate every connection is closed after
+  its current request; listeners stay open through the drain period), then wait until no downstream
+  request is active (the admin's own excluded) or the timeout. bash's /dev/tcp, because the Envoy
+  image has no HTTP client; HTTP/1.1, because Envoy refuses HTTP/1.0.
 - NGINX: `nginx -s quit` (graceful: old workers finish their requests, bounded by
   worker_shutdown_timeout, which the chart sets to the same timeout), then wait for the master to exit.
 */}}
@@ -17,7 +18,7 @@ endpoints drop the pod, so no new request meets a closed listener.
 {{- $timeout := int .Values.gateway.drain.timeoutSeconds }}
 {{- $settle := min 5 $timeout }}
 {{- if eq $gateway "envoy" }}
-{{- $script := printf `admin() { exec 3<>/dev/tcp/127.0.0.1/%d || return 1; printf '%%s %%s HTTP/1.0\r\n\r\n' "$1" "$2" >&3; cat <&3; exec 3<&-; }
+{{- $script := printf `admin() { exec 3<>/dev/tcp/127.0.0.1/%d || return 1; printf '%%s %%s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n' "$1" "$2" >&3; cat <&3; exec 3<&-; }
 sleep %d
 admin POST '/drain_listeners?graceful' >/dev/null
 end=$((SECONDS + %d))
