@@ -5,7 +5,8 @@ every object is validated against Kubernetes' own schemas (kubernetes-validate, 
 oldest and newest Kubernetes in Chart.yaml's kubeVersion. The values schema accepts and refuses
 through Helm's own validator; what it cannot compare (distinct ports, drain within the grace
 period) the chart refuses at render. Every flag the chart passes is in that subcommand's --help,
-and the adapter choices match `adapters.ADAPTERS` and the CLI.
+and the adapter choices match `adapters.ADAPTERS` and the CLI. The rendered NGINX config passes a
+real `nginx -t`, and the gateways' pre-stop drains run against a real Envoy and NGINX (slow).
 """
 
 from __future__ import annotations
@@ -505,6 +506,94 @@ async def test_the_envoy_drain_lets_an_open_stream_finish(tmp_path: Path) -> Non
     assert hook is not None and hook.returncode == 0
     assert body.decode().split() == [f"token-{index}" for index in range(CHUNKS)], "the drain cut the stream"
     # The hook ran past its settling pause until the stream was done, so SIGTERM would find none.
+    assert stream_ended <= hook_exit
+
+
+NGINX = "/usr/sbin/nginx"
+# The NGINX test's server, in the directory the publisher's include names in reload mode.
+NGINX_SERVER = """
+server {{
+  listen 127.0.0.1:{listen};
+  location / {{ proxy_pass http://127.0.0.1:{backend}; proxy_buffering off; proxy_http_version 1.1; }}
+}}
+"""
+
+
+def _nginx_paths(text: str, root: Path) -> str:
+    """The pod's paths in the chart's NGINX config and hook, mapped under `root`."""
+    # /tmp/ first: `root` is under /tmp itself.
+    for pod_path, name in (("/tmp/", "tmp/"), ("/etc/nginx/ome/", "conf/"), ("/etc/nginx/ome-lua/", "lua/"),
+                           ("/run/nginx/", "run/"), ("/run/ome-gateway/", "gateway/")):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        text = text.replace(pod_path, f"{root}/{name}")
+    return text
+
+
+def _nginx_conf(changes: dict[str, Any], root: Path) -> Path:
+    conf = _one(_objects(_merge({"adapter": {"name": "nginx"}}, changes)), "ConfigMap")["data"]["nginx.conf"]
+    path = root / "conf" / "nginx.conf"
+    (root / "conf").mkdir(parents=True, exist_ok=True)
+    path.write_text(_nginx_paths(conf, root))
+    return path
+
+
+@pytest.mark.skipif(not Path(NGINX).exists(), reason="no NGINX (Debian nginx; .ci/run installs it)")
+@pytest.mark.parametrize("mode", ["lua", "reload"])
+def test_the_nginx_config_is_one_nginx_accepts(tmp_path: Path, mode: str) -> None:
+    changes = {"adapter": {"nginx": {"mode": mode}}, "gateway": {"nginx": {"httpSettings": {"server_names_hash_max_size": 4096}}}}
+    conf = _nginx_conf(changes, tmp_path)
+    checked = subprocess.run([NGINX, "-t", "-e", str(tmp_path / "error.log"), "-c", str(conf)],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path(NGINX).exists(), reason="no NGINX (Debian nginx; .ci/run installs it)")
+async def test_the_nginx_drain_lets_an_open_stream_finish(tmp_path: Path) -> None:
+    changes = {"adapter": {"nginx": {"mode": "reload"}}, "gateway": {"drain": {"timeoutSeconds": 40}}, "terminationGracePeriodSeconds": 60}
+    conf = _nginx_conf(changes, tmp_path)
+    drain = [_nginx_paths(arg, tmp_path) for arg in _container(_pod(_merge({"adapter": {"name": "nginx"}}, changes)), "nginx")["lifecycle"]["preStop"]["exec"]["command"]]
+    app = web.Application()
+    app.router.add_get("/stream", _streaming_backend)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    backend = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    listen = free_port()
+    (tmp_path / "gateway" / "test.conf").write_text(NGINX_SERVER.format(listen=listen, backend=backend))
+    loop = asyncio.get_running_loop()
+    nginx = await asyncio.create_subprocess_exec(
+        NGINX, "-e", str(tmp_path / "error.log"), "-c", str(conf), "-g", "daemon off;",
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )
+    hook: asyncio.subprocess.Process | None = None
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            for _ in range(100):
+                with contextlib.suppress(aiohttp.ClientError):
+                    response = await session.get(f"http://127.0.0.1:{listen}/stream")
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("NGINX did not start: " + (tmp_path / "error.log").read_text())
+            async with response:
+                assert response.status == 200
+                first = await response.content.readline()
+                hook = await asyncio.create_subprocess_exec(*drain)
+                hook_ended = asyncio.ensure_future(_exit_time(hook))
+                body = first + await response.content.read()
+                stream_ended = loop.time()
+            hook_exit = await asyncio.wait_for(hook_ended, 60)
+        nginx_status = await asyncio.wait_for(nginx.wait(), 30)
+    finally:
+        for process in (hook, nginx):
+            if process is not None and process.returncode is None:
+                process.kill()
+                await process.wait()
+        await runner.cleanup()
+    assert hook is not None and hook.returncode == 0 and nginx_status == 0
+    assert body.decode().split() == [f"token-{index}" for index in range(CHUNKS)], "the drain cut the stream"
     assert stream_ended <= hook_exit
 
 
