@@ -641,7 +641,7 @@ def test_envoy_defaults_to_xds() -> None:
     bootstrap = _container(pod, "envoy-bootstrap")
     assert "exec ome-publisher envoy-bootstrap " in bootstrap["command"][2]
     assert bootstrap["args"] == ["--xds=127.0.0.1:18000", "--listen=0.0.0.0:8080", "--admin=127.0.0.1:9901"]
-    assert "gateway-config" not in {mount["name"] for mount in _container(pod, "envoy")["volumeMounts"]}
+    assert "gateway-config" not in {volume["name"] for volume in pod["spec"]["volumes"]}
 
 
 def test_envoy_files_mode_shares_the_files() -> None:

@@ -74,6 +74,12 @@ ome.io/gateway-publisher-instance: {{ include "ome-gateway-publisher.instanceNam
 {{- end }}
 {{- end }}
 
+{{/* "true" when the sidecar writes files for the gateway (Envoy files mode, NGINX reload mode, the
+JSON adapter) on the gateway-config volume; "" when it pushes (xDS, Lua) or writes to an API. */}}
+{{- define "ome-gateway-publisher.writesFiles" -}}
+{{- if or (has (include "ome-gateway-publisher.gatewayMode" .) (list "envoy-files" "nginx-reload")) (eq .Values.adapter.name "json") }}true{{ end }}
+{{- end }}
+
 {{/* The Secret with NGINX's control-listener secret (lua mode): the user's, or the chart's. */}}
 {{- define "ome-gateway-publisher.nginxControlSecretName" -}}
 {{- default (printf "%s-nginx-control" (include "ome-gateway-publisher.fullname" .)) .Values.adapter.nginx.controlSecret.name }}

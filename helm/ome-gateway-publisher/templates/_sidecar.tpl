@@ -37,7 +37,9 @@ securityContext:
   {{- toYaml .Values.securityContext | nindent 2 }}
 volumeMounts:
   - {name: tmp-publisher, mountPath: /tmp}
+{{- if include "ome-gateway-publisher.writesFiles" . }}
   - {name: gateway-config, mountPath: /run/ome-gateway}
+{{- end }}
 {{- if not .Values.controlPlane.inCluster }}
   - {name: control-plane-kubeconfig, mountPath: /etc/ome-publisher/control-plane, readOnly: true}
 {{- end }}
