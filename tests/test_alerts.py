@@ -38,8 +38,8 @@ TARGET = {
     "instance": "10.0.0.7:9180",
     "pod": "eu-west-ome-gateway-publisher-6d4f9-x2x7q",
 }
-# The staleness gauge the fail-static work (issue 13) adds beside these; until merged, not in the registry.
-PENDING_METRICS = {"ome_gateway_publisher_source_last_success_age_seconds"}
+# The source's gauges the fail-static work (issue 13) adds; until it is merged, not in the registry.
+PENDING_METRICS = {"ome_gateway_publisher_source_last_success_timestamp_seconds", "ome_gateway_publisher_source_refused"}
 METRIC = re.compile(r"\b(ome_gateway_publisher_[a-z_]+|up)\b")
 OTHER_REGION = {**TARGET, "ome_io_gateway_publisher_instance": "us-east", "pod": "us-east-ome-gateway-publisher-5c8d7-q9r2t"}
 
@@ -130,13 +130,33 @@ CASES: dict[str, Case] = {
     "scraped-by-any-job": Case("OmeGatewayPublisherAbsent", [_series("up", TARGET, "1x15")], {"10m": []}),
     "source-stale": Case(
         "OmeGatewayPublisherSourceStale",
-        [_series("ome_gateway_publisher_source_last_success_age_seconds", TARGET, "0+60x10")],
-        {"4m": [], "6m": [(TARGET, f"{TARGET['pod']} has not heard from the control plane for 6m 0s")]},
+        # The TrafficMaps watch last succeeded at Unix time 120 (2m), then nothing for 12 minutes.
+        [_series("ome_gateway_publisher_source_last_success_timestamp_seconds", TARGET, "0+60x2 120x14", resource="trafficmaps"),
+         _series("ome_gateway_publisher_source_last_success_timestamp_seconds", TARGET, "0+60x16", resource="inferenceservices")],
+        {"11m": [], "13m": [({**TARGET, "resource": "trafficmaps"}, f"{TARGET['pod']}: the trafficmaps watch has not succeeded for 11m 0s")]},
     ),
-    "source-fresh": Case(
+    "source-quiet-but-reconnecting": Case(
         "OmeGatewayPublisherSourceStale",
-        [_series("ome_gateway_publisher_source_last_success_age_seconds", TARGET, "3x15")],
-        {"10m": []},
+        # No event, but a reconnect every 5 minutes succeeds.
+        [_series("ome_gateway_publisher_source_last_success_timestamp_seconds", TARGET,
+                 "0x4 300x4 600x4 900x4 1200x4", resource="trafficmaps")],
+        {"24m": []},
+    ),
+    "source-never-listed": Case(
+        "OmeGatewayPublisherSourceStale",
+        [_series("ome_gateway_publisher_source_last_success_timestamp_seconds", TARGET, "0x20", resource="trafficmaps")],
+        {"15m": []},
+    ),
+    "source-refused": Case(
+        "OmeGatewayPublisherSourceRefused",
+        [_series("ome_gateway_publisher_source_refused", TARGET, "0 0 1x10", resource="trafficmaps", namespace="llm")],
+        {"5m": [], "8m": [({**TARGET, "resource": "trafficmaps", "namespace": "llm"},
+                           f"{TARGET['pod']}: the API server refuses the trafficmaps list or watch")]},
+    ),
+    "source-allowed": Case(
+        "OmeGatewayPublisherSourceRefused",
+        [_series("ome_gateway_publisher_source_refused", TARGET, "0x10", resource="trafficmaps", namespace="llm")],
+        {"8m": []},
     ),
     "no-successful-apply": Case(
         "OmeGatewayPublisherNoSuccessfulApply",
