@@ -84,7 +84,7 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "envoy-files": {"adapter": {"envoy": {"mode": "files", "rewriteHost": True}}},
     "nginx-lua": {"adapter": {"name": "nginx"}},
     "nginx-lua-own-secret": {"adapter": {"name": "nginx", "nginx": {"controlSecret": {"name": "nginx-control", "key": "token"}, "caFile": "/etc/ssl/corporate/ca.pem"}}},
-    "nginx-reload": {"adapter": {"name": "nginx", "nginx": {"mode": "reload", "testCmd": "nginx -t"}}},
+    "nginx-reload": {"adapter": {"name": "nginx", "nginx": {"mode": "reload", "testCmd": "nginx -t", "rewriteHost": True}}},
     "nginx-reload-cmd": {"adapter": {"name": "nginx", "nginx": {"mode": "reload", "reloadCmd": "nginx -s reload"}}},
     "httproute": {"adapter": {"name": "httproute", "httproute": {"gateway": "gateways/global"}}},
     "httproute-remote": {"adapter": {"name": "httproute", "httproute": {"gateway": "gateways/global", "gatewayKubeconfigSecret": {"name": "gw", "key": "kubeconfig"}}}},
@@ -756,6 +756,7 @@ def test_nginx_reload_mode_shares_the_pid_and_the_include() -> None:
     assert pod["spec"]["shareProcessNamespace"] is True
     args = _container(pod, "publisher")["args"]
     assert "--nginx-mode=reload" in args and "--nginx-pid-file=/run/nginx/nginx.pid" in args
+    assert "--rewrite-host" in args
     assert not [item for item in objects if item["kind"] == "Secret"]
     assert "include /run/ome-gateway/*.conf;" in _one(objects, "ConfigMap")["data"]["nginx.conf"]
 

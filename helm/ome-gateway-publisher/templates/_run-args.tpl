@@ -48,6 +48,9 @@ against `ome-publisher run --help`.
 {{- end }}
 {{- else if eq .Values.adapter.name "nginx" }}
 - {{ printf "--nginx-mode=%s" .Values.adapter.nginx.mode | quote }}
+{{- if .Values.adapter.nginx.rewriteHost }}
+- --rewrite-host
+{{- end }}
 {{- if eq $mode "nginx-lua" }}
 - {{ printf "--nginx-control-url=http://127.0.0.1:%d" (int .Values.adapter.nginx.controlPort) | quote }}
 - {{ printf "--nginx-secret-file=%s" (include "ome-gateway-publisher.nginxSecretFile" .) | quote }}
