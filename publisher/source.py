@@ -322,6 +322,8 @@ class Informer(Generic[T]):
         self.last_success: float | None = None
         self.problem: str | None = None
         self._refused: str | None = None
+        # Looked up once: every watch chunk marks a success.
+        self._success_gauge = metrics.SOURCE_LAST_SUCCESS.labels(resource=resource.plural, namespace=namespace or "")
 
     async def run(self) -> None:
         synced = False
@@ -352,7 +354,7 @@ class Informer(Generic[T]):
 
     def _succeeded(self) -> None:
         self.last_success = self._clock()
-        metrics.SOURCE_LAST_SUCCESS.labels(resource=self._resource.plural, namespace=self._namespace or "").set(time.time())
+        self._success_gauge.set(time.time())
         if self.problem is not None:
             log.info(
                 "source recovered",
