@@ -399,6 +399,12 @@ class InvalidObject:
     message: str
     raw: dict[str, Any]
 
+    @property
+    def deletion_timestamp(self) -> str | None:
+        metadata = self.raw.get("metadata")
+        value = metadata.get("deletionTimestamp") if isinstance(metadata, dict) else None
+        return str(value) if value else None
+
 
 def describe_validation_error(exc: ValidationError) -> str:
     """One line per problem, each naming the field path: `spec.entries[0].weight: ...`."""

@@ -10,7 +10,7 @@ from publisher.loop import Backoff, KeyQueue, LoopOptions, Publisher
 from publisher.model import MapKey, Reason, parse_traffic_map
 from publisher.source import Stores, parse_isvc
 from tests.builders import make_entry, make_isvc, make_map
-from tests.fakes.memory_adapter import MemoryAdapter
+from tests.fakes.memory_adapter import MemoryGateway, memory_engine
 
 CHAT = MapKey("prod", "chat")
 
@@ -31,13 +31,13 @@ def put_map(stores: Stores, raw: dict, *, isvc: dict | None = None) -> MapKey:
     return tm.key
 
 
-def make_publisher(adapter: MemoryAdapter | None = None) -> tuple[Publisher, Stores, MemoryAdapter]:
+def make_publisher(gateway: MemoryGateway | None = None, **options) -> tuple[Publisher, Stores, MemoryGateway]:
     stores = Stores.empty()
-    adapter = adapter or MemoryAdapter()
-    return Publisher(stores, adapter, LoopOptions(adapter_name=adapter.name)), stores, adapter
+    engine, gateway = memory_engine(gateway)
+    return Publisher(stores, engine, LoopOptions(adapter_name=engine.name, **options)), stores, gateway
 
 
-def weights(adapter: MemoryAdapter, key: MapKey) -> list[int]:
+def weights(adapter: MemoryGateway, key: MapKey) -> list[int]:
     return [b.weight for b in adapter.held[key].backends]
 
 
@@ -128,7 +128,7 @@ async def test_held_map_keeps_its_publication_while_others_move():
 
 
 async def test_nothing_is_withdrawn_before_the_first_sync():
-    adapter = MemoryAdapter()
+    adapter = MemoryGateway()
     publisher, stores, _ = make_publisher(adapter)
     put_map(stores, make_map())
     await publisher.start()
@@ -170,9 +170,9 @@ async def test_deleted_map_and_opted_out_isvc_are_withdrawn():
 
 async def test_failed_apply_backs_off_and_retries():
     clock = FakeClock()
-    adapter = MemoryAdapter(fail_with=[Unavailable("gateway down")])
+    adapter = MemoryGateway(fail_with=[Unavailable("gateway down")])
     stores = Stores.empty()
-    publisher = Publisher(stores, adapter, LoopOptions(backoff_base=1.0), clock=clock)
+    publisher = Publisher(stores, memory_engine(adapter)[0], LoopOptions(backoff_base=1.0), clock=clock)
     put_map(stores, make_map())
     await publisher.start()
     publisher.synced()
@@ -187,7 +187,7 @@ async def test_failed_apply_backs_off_and_retries():
 
 
 async def test_rejected_map_is_isolated():
-    adapter = MemoryAdapter(reject={CHAT: "gateway refused it"})
+    adapter = MemoryGateway(reject={CHAT: "gateway refused it"})
     publisher, stores, _ = make_publisher(adapter)
     put_map(stores, make_map())
     embed = put_map(stores, make_map("embed"), isvc=make_isvc("embed"))
@@ -200,7 +200,7 @@ async def test_rejected_map_is_isolated():
 
 
 async def test_map_the_adapter_cannot_express_is_held_as_invalid_plan():
-    adapter = MemoryAdapter(cannot_express={CHAT: "too many backends"})
+    adapter = MemoryGateway(cannot_express={CHAT: "too many backends"})
     publisher, stores, _ = make_publisher(adapter)
     put_map(stores, make_map())
     await publisher.start()
@@ -211,7 +211,7 @@ async def test_map_the_adapter_cannot_express_is_held_as_invalid_plan():
 
 
 async def test_burst_on_one_map_costs_one_write_per_apply_and_ends_in_the_last_state():
-    adapter = MemoryAdapter(apply_delay=0.01)
+    adapter = MemoryGateway(apply_delay=0.01)
     publisher, stores, _ = make_publisher(adapter)
     put_map(stores, make_map())
     await publisher.start()
@@ -241,9 +241,9 @@ async def loop_idle(publisher: Publisher) -> None:
 
 
 async def test_resync_repairs_drift():
-    adapter = MemoryAdapter()
+    adapter = MemoryGateway()
     stores = Stores.empty()
-    publisher = Publisher(stores, adapter, LoopOptions(resync=0.05))
+    publisher = Publisher(stores, memory_engine(adapter)[0], LoopOptions(resync=0.05))
     put_map(stores, make_map())
     await publisher.start()
     publisher.synced()
@@ -263,7 +263,7 @@ async def test_resync_repairs_drift():
 
 def test_ready_needs_start_sync_and_a_recent_success():
     clock = FakeClock()
-    publisher = Publisher(Stores.empty(), MemoryAdapter(), LoopOptions(resync=10), clock=clock)
+    publisher = Publisher(Stores.empty(), memory_engine()[0], LoopOptions(resync=10), clock=clock)
     assert publisher.ready()[0] is False
     publisher.started = True
     publisher.is_synced = True

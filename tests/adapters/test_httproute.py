@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from adapters import ADAPTERS
 from adapters.base import Adapter, Unavailable
 from adapters.httproute import (
     ALL_ZERO_NOTE,
@@ -418,7 +419,7 @@ async def test_a_missing_namespace_fails_that_map_only(kube_api: FakeKubeAPI, ad
 
 
 def test_the_adapter_fits_the_protocol() -> None:
-    assert isinstance(HttpRouteAdapter(options()), Adapter)
+    assert isinstance(ADAPTERS["httproute"].engine("httproute", options()), Adapter)
 
 
 async def test_without_a_kube_the_adapter_connects_from_its_kubeconfig_and_closes_it(kube_api: FakeKubeAPI, kubeconfig) -> None:
