@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adapters.base import ApplyResult, Unavailable, publication_problem, write_atomic
 from publisher.model import Held, MapKey, Publication, Reason, parse_endpoint
@@ -43,6 +43,7 @@ __all__ = [
     "EnvoyStartError",
     "Rendered",
     "bootstrap",
+    "build",
     "cluster_name",
     "read_publications",
     "render",
@@ -64,11 +65,15 @@ _ROUTE_CONFIG = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
 
 
 class EnvoyOptions(BaseModel):
-    """How the sidecar reaches the Envoy beside it."""
+    """How the sidecar reaches its Envoys: as their xDS server, or through a watched directory."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    envoy_dir: Path = Field(description="Directory Envoy watches; required, as it must match Envoy's bootstrap.")
+    envoy_xds_listen: str | None = Field(
+        default=None,
+        description="HOST:PORT of the delta ADS server Envoys connect to (the bootstrap's --xds); exactly one of it and envoy_dir.",
+    )
+    envoy_dir: Path | None = Field(default=None, description="Directory Envoy watches; it must match Envoy's bootstrap.")
     envoy_route_config: str = Field(
         default="ome-global",
         pattern=_ROUTE_CONFIG.pattern,
@@ -86,6 +91,29 @@ class EnvoyOptions(BaseModel):
         default=False,
         description="Send each backend its endpoint's host; off, as OME's own publisher passes the Host through.",
     )
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> EnvoyOptions:
+        if (self.envoy_xds_listen is None) == (self.envoy_dir is None):
+            raise ValueError("give exactly one of --envoy-xds-listen (xDS server) and --envoy-dir (watched files)")
+        if self.envoy_xds_listen is not None:
+            host, _, port = self.envoy_xds_listen.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"envoy_xds_listen {self.envoy_xds_listen!r} is not HOST:PORT")
+        return self
+
+
+def build(options: EnvoyOptions) -> tuple[Any, Any]:
+    """The renderer and transport of the mode `options` choose: xDS server, or watched files."""
+    if options.envoy_xds_listen is not None:
+        from adapters.envoy_resources import XdsRenderer
+        from adapters.envoy_xds import XdsTransport
+
+        renderer = XdsRenderer(ca_file=options.envoy_ca_file, rewrite_host=options.rewrite_host)
+        return renderer, XdsTransport(options.envoy_xds_listen, renderer)
+    from adapters._legacy import build_legacy
+
+    return build_legacy(EnvoyAdapter, options)
 
 
 # --- Pure: validation, rendering, bootstrap ----------------------------------------------------------
@@ -593,6 +621,7 @@ class EnvoyAdapter:
     rejection_check_after = 0.25
 
     def __init__(self, options: EnvoyOptions, *, io: _EnvoyIO | None = None) -> None:
+        assert options.envoy_dir is not None, "the file transport needs envoy_dir"
         self._options = options
         self._io = io or _EnvoyIO(options.envoy_dir, options.envoy_admin, options.envoy_route_config)
         # What Envoy has taken: each map's part, who owns each hostname, and the files' versions.

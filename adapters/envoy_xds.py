@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -29,6 +29,7 @@ from adapters.envoy_resources import (
     SCOPE_TYPE,
     MapResources,
     Resource,
+    XdsRenderer,
     key_of,
     map_name,
     route_from_version,
@@ -357,8 +358,12 @@ class XdsTransport:
     batch_maps = 500
     shutdown_grace = 1.0
 
-    def __init__(self, listen: str) -> None:
+    # How long a read at start waits for a first Envoy to connect and list what it holds.
+    read_wait = 3.0
+
+    def __init__(self, listen: str, renderer: XdsRenderer) -> None:
         self._listen = listen
+        self._renderer = renderer
         self._target: dict[MapKey, MapResources] = {}
         self._seeded = False
         self._generation = 0
@@ -439,15 +444,26 @@ class XdsTransport:
         return 0.0
 
     async def read(self) -> dict[MapKey, Route]:
-        """What every connected Envoy serves alike (a map they serve differently is left out)."""
-        sessions = list(self._sessions)
-        if not sessions:
-            raise Unavailable("envoy: no Envoy connected")
-        deadline = time.monotonic() + self.ack_timeout
-        while not all(s.readable for s in sessions):
+        """What every connected Envoy serves alike (a map they serve differently is left out);
+        nothing when no Envoy connects within `read_wait`: each one that connects later lists what
+        it holds and is brought to the target from there.
+
+        The first read of a started transport also makes what it read the target, re-rendered, so
+        an Envoy connecting before the first write gets it, and nothing it holds is taken away."""
+        deadline = time.monotonic() + self.read_wait
+        while not self._sessions or not all(s.readable for s in self._sessions):
             if time.monotonic() > deadline:
+                if not self._sessions:
+                    return {}
                 raise Unavailable("envoy: a connected Envoy has not listed what it holds")
             await asyncio.sleep(0.01)
+        served = self._served_by_all(list(self._sessions))
+        if not self._seeded:
+            self._target = {key: self._renderer.render(key, r) for key, r in served.items()}
+            self._seeded = True
+        return served
+
+    def _served_by_all(self, sessions: list[_Session]) -> dict[MapKey, Route]:
         first, *others = sessions
         served: dict[MapKey, Route] = {}
         for name in first.held[SCOPE_TYPE]:
@@ -463,15 +479,15 @@ class XdsTransport:
         if not self._sessions:
             raise Unavailable("envoy: no Envoy connected")
         before = {key: self._target.get(key) for key in changes}
-        self._apply(changes)
-        if not self._seeded or len(self._target) != len(parts):
-            # The first write after a start (or one that disagrees with ours) brings the whole state.
+        if self._seeded:
+            self._apply(changes)
+            changed = set(changes)
+        else:
+            # The first write after a start that read nothing brings the whole state.
             self._target = dict(parts)
             self._seeded = True
-            changed: Iterable[MapKey] = self._target.keys() | changes.keys()
-        else:
-            changed = changes.keys()
-        sessions = await self._sync(set(changed))
+            changed = set(self._target) | set(changes)
+        sessions = await self._sync(changed)
         rejected: dict[MapKey, str] = {}
         for session in sessions:
             for key in changes:

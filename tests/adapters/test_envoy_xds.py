@@ -114,7 +114,7 @@ def test_xds_bootstrap_points_envoy_at_delta_ads_with_scoped_routes():
 
 @contextlib.asynccontextmanager
 async def xds_server(listen: str = "127.0.0.1:0") -> AsyncIterator[XdsTransport]:
-    transport = XdsTransport(listen)
+    transport = XdsTransport(listen, RENDERER)
     serving = asyncio.create_task(transport.serve())
     try:
         await asyncio.wait_for(transport.started(), 10)
