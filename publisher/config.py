@@ -73,7 +73,7 @@ class RunConfig(BaseModel):
     report_status: bool = Field(True, description="Write this instance's condition on each TrafficMap (turn off with --no-report-status).")
     leader_elect: bool = Field(False, description="Only the holder of a Lease writes status; every replica still writes its own gateway.")
     lease_namespace: str | None = Field(None, description="Namespace of the Lease (default: $POD_NAMESPACE, else `default`).")
-    listen: str = Field("0.0.0.0:8080", description="HOST:PORT for /metrics, /healthz, /readyz and /debug/maps.")
+    listen: str = Field("0.0.0.0:9180", description="HOST:PORT for /metrics, /healthz, /readyz and /debug/maps.")
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Least severe level logged.")
     probe_max_age: Duration | None = Field(None, description="Report (not hold) a map whose probe.lastProbeTime is older than this.")
