@@ -7,9 +7,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
+import re
+import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 import yaml
 from envoy.config.cluster.v3 import cluster_pb2
@@ -18,7 +23,9 @@ from envoy.config.route.v3 import route_pb2, scoped_route_pb2
 from adapters.envoy import envoy_binary, run_envoy, xds_bootstrap
 from adapters.envoy_resources import MapResources, XdsRenderer, route_from_version
 from adapters.envoy_xds import XdsTransport
+from publisher.config import RunConfig
 from publisher.model import Backend, MapKey, Route
+from tests.builders import make_entry, make_isvc, make_map
 from tests.gateways import Backends, assert_measured_split, eventually, free_port, measure
 
 HOST = "llama.example.com"
@@ -324,3 +331,66 @@ async def test_xds_bootstrap_passes_envoy_validate(tmp_path):
     )
     output, _ = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 0, output.decode()
+
+
+# --- the README's recipe, as written -----------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_recipe() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### Envoy beside the sidecar") :]
+    section = section[: section.index("\n### ", 1)]
+    return [line[4:] for line in section.splitlines() if line.startswith("    ")]
+
+
+@pytest.mark.slow
+async def test_the_readme_recipe_serves_a_trafficmap_through_envoy(kube_api, kubeconfig, tmp_path):
+    lines = readme_recipe()
+    assert [line.split()[:2] for line in lines] == [["ome-publisher", "envoy-bootstrap"], ["ome-publisher", "run"], ["envoy", "-c"]]
+    sidecar_port = RunConfig().listen_address[1]
+    ports = [int(p) for line in lines for p in re.findall(r":(\d+)\b", line)]
+    # Envoy's listener, its admin, the xDS server (named twice) and the sidecar's own: no clash.
+    assert sidecar_port not in ports and len(set(ports)) == 3, f"the recipe's ports clash: {ports}, sidecar {sidecar_port}"
+    # The same commands on free ports of 127.0.0.1, so the test runs beside others.
+    free = {port: free_port() for port in {*ports, sidecar_port}}
+    script = "\n".join(lines).replace("0.0.0.0", "127.0.0.1")
+    script = re.sub(r":(\d+)\b", lambda m: f":{free[int(m.group(1))]}", script)
+    script = re.sub(r"^ome-publisher ", f"{sys.executable} -m publisher.cli ", script, flags=re.MULTILINE)
+    script = re.sub(r"^envoy ", f"{envoy_binary()} ", script, flags=re.MULTILINE)
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT), "OME_PUBLISHER_LISTEN": f"127.0.0.1:{free[sidecar_port]}"}
+    async with Backends(("worker-a", "worker-b")) as backends:
+        isvc = kube_api.create(make_isvc(host="chat.example.com"))
+        entries = [make_entry(c, allocated=r, ready=r, weight=r, endpoint=backends.endpoint(c)) for c, r in (("worker-a", 1), ("worker-b", 3))]
+        kube_api.create(make_map(generation=1, isvc_uid=isvc["metadata"]["uid"], observed_isvc_generation=1, entries=entries))
+        with open(tmp_path / "recipe.log", "wb") as output:
+            process = await asyncio.create_subprocess_exec(
+                "bash", "-c", script, cwd=tmp_path, env=env, stdout=output, stderr=output, start_new_session=True
+            )
+        try:
+            url = f"http://127.0.0.1:{free[8080]}/"
+            await eventually(lambda: _answers(measure(url, "chat.example.com", 4)), timeout=30)
+            await eventually(lambda: _answers(_readyz(f"http://127.0.0.1:{free[sidecar_port]}/readyz")), timeout=30)
+            await assert_measured_split(url, "chat.example.com", {"worker-a": 1, "worker-b": 3}, 1000)
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), 15)
+            except asyncio.TimeoutError:
+                os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+
+
+async def _answers(request):
+    """The request's result, or None while its server does not answer yet."""
+    try:
+        return await request
+    except aiohttp.ClientError:
+        return None
+
+
+async def _readyz(url: str) -> bool:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+        async with session.get(url) as response:
+            return response.status == 200
