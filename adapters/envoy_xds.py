@@ -112,6 +112,7 @@ class _Session:
     outbox: asyncio.Queue[discovery_pb2.DeltaDiscoveryResponse | None] = field(default_factory=lambda: asyncio.Queue(maxsize=1))
     pending: tuple[str, asyncio.Future[str | None]] | None = None
     nonces: itertools.count[int] = field(default_factory=itertools.count)
+    cut: str | None = None  # why the sidecar ended this stream
 
     @property
     def name(self) -> str:
@@ -324,6 +325,12 @@ class _Session:
                     self._hold(type_url, name, None)
         return error
 
+    def end(self) -> None:
+        """End the stream: drop the queued response, if any, for the end mark."""
+        with contextlib.suppress(asyncio.QueueEmpty):
+            self.outbox.get_nowait()
+        self.outbox.put_nowait(None)
+
     def status(self) -> EnvoyStatus:
         return EnvoyStatus(self.node, self.peer, self.connected_at, dict(self.nack_counts), self.unacked_since, self.sent)
 
@@ -339,6 +346,8 @@ class _Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         async with self._transport._attached(session, request_iterator):
             while (response := await session.outbox.get()) is not None:
                 yield response
+            if session.cut is not None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, session.cut)
 
 
 class XdsTransport:
@@ -406,22 +415,26 @@ class XdsTransport:
         self, session: _Session, requests: AsyncIterator[discovery_pb2.DeltaDiscoveryRequest]
     ) -> AsyncIterator[None]:
         async def read() -> None:
-            async for request in requests:
-                session.receive(request)
-                if session not in self._sessions and session.node:
-                    self._sessions.add(session)
-                    log.info("envoy connected", extra={"envoy": session.name})
-            await session.outbox.put(None)
+            try:
+                async for request in requests:
+                    session.receive(request)
+                    if session not in self._sessions and session.node:
+                        self._sessions.add(session)
+                        log.info("envoy connected", extra={"envoy": session.name})
+            finally:
+                session.end()
 
         async def sync() -> None:
             try:
                 await session.run()
-            except _Behind as exc:
-                log.warning("envoy fell behind; ending its stream", extra={"envoy": session.name, "error": str(exc)})
+            except Exception as exc:  # noqa: BLE001 - any failure ends this stream only; Envoy reconnects
+                if not isinstance(exc, _Behind):
+                    log.exception("xds stream failed", extra={"envoy": session.name})
+                log.warning("ending an envoy's stream", extra={"envoy": session.name, "error": str(exc)})
+                what = "fell behind" if isinstance(exc, _Behind) else "failed"
+                session.cut = f"{what}: {exc}; reconnect to be brought up to date"
                 self._sessions.discard(session)
-                with contextlib.suppress(asyncio.QueueEmpty):
-                    session.outbox.get_nowait()
-                session.outbox.put_nowait(None)
+                session.end()
 
         tasks = [asyncio.create_task(read()), asyncio.create_task(sync())]
         try:

@@ -15,13 +15,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import grpc
 import pytest
 import yaml
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2, scoped_route_pb2
 
 from adapters.envoy import envoy_binary, run_envoy, xds_bootstrap
-from adapters.envoy_resources import MapResources, XdsRenderer, route_from_version
+from adapters.envoy_resources import CLUSTER_TYPE, MapResources, XdsRenderer, route_from_version
 from adapters.envoy_xds import XdsTransport
 from publisher.config import RunConfig
 from publisher.model import Backend, MapKey, Route
@@ -319,6 +322,37 @@ async def test_xds_envoy_started_without_its_control_plane_publishes_once_it_con
             await connected(transport)
             await write(transport, {}, parts((KEY, route({"a": 2, "b": 3}, backends))))
             await assert_measured_split(running.url, HOST, {"a": 2, "b": 3}, 1000)
+
+
+@pytest.mark.slow
+async def test_xds_an_envoy_that_stops_answering_is_cut_off_and_the_others_still_confirm(gateway, backends):
+    transport, running = gateway
+    transport.ack_timeout = 0.5
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{transport.port}") as channel:
+        stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
+        silent: asyncio.Queue = asyncio.Queue()
+        await silent.put(discovery_pb2.DeltaDiscoveryRequest(node=base_pb2.Node(id="silent"), type_url=CLUSTER_TYPE))
+
+        async def requests():
+            while (request := await silent.get()) is not None:
+                yield request
+
+        # It subscribes, then reads nothing and ACKs nothing, like an Envoy stuck on its main thread.
+        call = stub.DeltaAggregatedResources(requests())
+        try:
+            await connected(transport, 2)
+            result = await asyncio.wait_for(write(transport, {}, parts((KEY, route({"a": 1, "b": 1}, backends)))), 10)
+            assert result.rejected == {}
+            assert [s.node for s in transport.envoys()] == ["ome-gateway-envoy"]
+            await assert_measured_split(running.url, HOST, {"a": 1, "b": 1}, 1000)
+            # Its stream was ended by the sidecar, so it would reconnect and be brought up to date.
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                async for _ in call:
+                    pass
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE and "fell behind" in ended.value.details()
+        finally:
+            await silent.put(None)
+            call.cancel()
 
 
 @pytest.mark.slow
