@@ -74,9 +74,11 @@ class EnvoyStatus:
 
 @dataclass
 class _Item:
-    """One map's share of one response: resources to add or update, names to remove."""
+    """One map's share of one response (for `part` of the target): resources to add or update,
+    names to remove."""
 
     key: MapKey
+    part: MapResources | None
     resources: tuple[Resource, ...] = ()
     removed: tuple[str, ...] = ()
 
@@ -209,12 +211,10 @@ class _Session:
         keys, self.dirty = self.dirty, set()
         if self.unacked_since is None:
             self.unacked_since = time.monotonic()
-        target = self.transport._target
-        skip = {k for k in keys if k in self.nacks and self.nacks[k][0] == target.get(k)}
-        keys -= skip
-        if CLUSTER_TYPE not in self.subscribed:
-            self.dirty |= keys
-            return
+        # The parts as they are now: a write meanwhile marks its maps dirty for the next round.
+        target = {k: part for k in keys if (part := self.transport._target.get(k)) is not None}
+        keys -= {k for k in keys if k in self.nacks and self.nacks[k][0] == target.get(k)}
+        await self._await_subscription(CLUSTER_TYPE)
         # 1. New and changed clusters, ACKed before any route names them.
         adds = []
         for key in sorted(keys):
@@ -222,19 +222,16 @@ class _Session:
             if part is not None:
                 changed = tuple(r for r in part.clusters if self.held[CLUSTER_TYPE].get(r.name) != r.version)
                 if changed:
-                    adds.append(_Item(key, changed))
-        failed = await self._push(CLUSTER_TYPE, adds)
-        if SCOPE_TYPE not in self.subscribed:
-            self.dirty |= keys
-            return
-        keys -= failed
+                    adds.append(_Item(key, part, changed))
+        keys -= await self._push(CLUSTER_TYPE, adds)
+        await self._await_subscription(SCOPE_TYPE)
         # 2. Scopes of withdrawn maps leave first, so their host is free for another map's scope.
-        gone = [_Item(k, removed=(map_name(k),)) for k in sorted(keys) if k not in target and map_name(k) in self.held[SCOPE_TYPE]]
+        gone = [_Item(k, None, removed=(map_name(k),)) for k in sorted(keys) if k not in target and map_name(k) in self.held[SCOPE_TYPE]]
         failed = await self._push(SCOPE_TYPE, gone)
         keys -= failed
         # 3. New and changed scopes, then the route configurations Envoy subscribes to for them.
         scopes = [
-            _Item(k, (target[k].scope,))
+            _Item(k, target[k], (target[k].scope,))
             for k in sorted(keys)
             if k in target and self.held[SCOPE_TYPE].get(target[k].scope.name) != target[k].scope.version
         ]
@@ -243,7 +240,7 @@ class _Session:
         routes = [k for k in sorted(keys) if k in target and self.held[ROUTE_TYPE].get(map_name(k)) != target[k].route_config.version]
         if routes:
             await self._await_route_subscriptions(routes)
-            items = [_Item(k, (target[k].route_config,)) for k in routes if map_name(k) in self.routes_wanted]
+            items = [_Item(k, target[k], (target[k].route_config,)) for k in routes if map_name(k) in self.routes_wanted]
             keys -= await self._push(ROUTE_TYPE, items)
         # 4. Clusters no route names any more.
         stale = []
@@ -252,16 +249,29 @@ class _Session:
             keep = {r.name for r in part.clusters} if part is not None else set()
             removed = tuple(sorted(self.clusters_of.get(key, set()) - keep))
             if removed:
-                stale.append(_Item(key, removed=removed))
+                stale.append(_Item(key, part, removed=removed))
         await self._push(CLUSTER_TYPE, stale)
+
+    async def _await_subscription(self, type_url: str) -> None:
+        """Envoy asks for clusters first, then for scopes once its clusters are in: wait for it."""
+        deadline = time.monotonic() + self.transport.ack_timeout
+        while type_url not in self.subscribed:
+            if time.monotonic() > deadline:
+                raise _Behind(f"no {_KIND[type_url]} subscription within {self.transport.ack_timeout:.1f}s")
+            await self._wait_for_request()
 
     async def _await_route_subscriptions(self, keys: list[MapKey]) -> None:
         """A new scope makes Envoy subscribe to its route configuration, right after its ACK."""
         deadline = time.monotonic() + self.transport.ack_timeout
         while any(map_name(k) not in self.routes_wanted for k in keys) and time.monotonic() < deadline:
-            self.wake.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), 0.05)
+            await self._wait_for_request()
+
+    async def _wait_for_request(self) -> None:
+        """Until Envoy's next request (or 50 ms); leaves `wake` set, as a request may have more
+        for the next round than the one awaited."""
+        self.wake.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), 0.05)
         self.wake.set()
 
     async def _push(self, type_url: str, items: list[_Item]) -> set[MapKey]:
@@ -279,19 +289,19 @@ class _Session:
             if error is None:
                 continue
             if len(batch) == 1:
-                self._refused(type_url, batch[0].key, error)
+                self._refused(type_url, batch[0].key, batch[0].part, error)
                 refused.add(batch[0].key)
                 continue
             for item in batch:
                 error = await self._send(type_url, [item])
                 if error is not None:
-                    self._refused(type_url, item.key, error)
+                    self._refused(type_url, item.key, item.part, error)
                     refused.add(item.key)
         return refused
 
-    def _refused(self, type_url: str, key: MapKey, error: str) -> None:
+    def _refused(self, type_url: str, key: MapKey, part: MapResources | None, error: str) -> None:
         self.nack_counts[_KIND[type_url]] += 1
-        self.nacks[key] = (self.transport._target.get(key), f"envoy {self.name} refused the {_KIND[type_url]}: {error}")
+        self.nacks[key] = (part, f"envoy {self.name} refused the {_KIND[type_url]}: {error}")
         log.warning("envoy refused a map", extra={"envoy": self.name, "map": str(key), "kind": _KIND[type_url], "error": error})
 
     async def _send(self, type_url: str, items: list[_Item]) -> str | None:
