@@ -315,3 +315,161 @@ def test_published_message_names_the_weights_and_what_an_all_zero_map_gets():
         "the envoy gateway serves generation 4 for chat.example.com: worker-a=0; every weight is 0, so the gateway answers 503"
     )
     assert "503" not in _published_message("httproute", zero, "Gateway API answers it with HTTP 500", None)
+
+
+# --- issue 11: regressions ------------------------------------------------------------------------
+
+
+async def test_resync_runs_between_writes_and_never_adopts_a_stale_read(caplog):
+    """Finding 1: resync read the gateway during an apply and adopted the stale read, taking a held
+    map's live weights back and warning of drift that was not there."""
+    gateway = MemoryGateway(apply_delay=0.03)
+    publisher, stores, _ = make_publisher(gateway, resync=0.02)
+    put_map(stores, make_map())
+    embed = put_map(stores, make_map("embed"), isvc=make_isvc("embed"))
+    await publisher.start()
+    publisher.synced()
+    tasks = [asyncio.create_task(publisher.run_applier()), asyncio.create_task(publisher.run_resync())]
+    with caplog.at_level("WARNING", logger="publisher.loop"):
+        for ready in range(2, 12):
+            put_map(stores, make_map("embed", resource_version=str(ready), generation=3,
+                                     entries=[make_entry("worker-a", allocated=ready, ready=ready, weight=ready, service="embed"),
+                                              make_entry("worker-b", weight=1, service="embed")]),
+                    isvc=make_isvc("embed"))
+            publisher.changed([embed], at=0.0)
+            await asyncio.sleep(0.02)
+        for _ in range(300):
+            if embed in gateway.held and weights(gateway, embed) == [11, 1]:
+                break
+            await asyncio.sleep(0.01)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert gateway.reads >= 3, "resync never ran"
+    assert not [r for r in caplog.records if r.getMessage() == "gateway drift repaired"]
+    assert weights(gateway, CHAT) == [2, 3]
+
+
+async def test_a_generation_only_change_writes_nothing_and_reports_the_new_generation():
+    """Finding 3: a spec change that leaves the weights alone rewrote the gateway."""
+    publisher, stores, gateway = make_publisher()
+    put_map(stores, make_map(generation=3))
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert len(gateway.applies) == 1
+    put_map(stores, make_map(generation=4, resource_version="2"))
+    publisher.changed([CHAT], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert len(gateway.applies) == 1
+    assert publisher.provenance[CHAT].generation == 4
+    assert publisher.debug_maps()[0]["publishedGeneration"] == 4
+
+
+async def test_two_maps_with_one_hostname_hold_the_younger_with_host_conflict():
+    """Finding 4: both maps reported Published and one was never served."""
+    publisher, stores, gateway = make_publisher()
+    put_map(stores, make_map(metadata={"creationTimestamp": "2026-01-01T00:00:00Z"}))
+    copy = put_map(stores, make_map("chat-copy", metadata={"creationTimestamp": "2026-05-01T00:00:00Z"}),
+                   isvc=make_isvc("chat-copy", host="chat.example.com"))
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert set(gateway.held) == {CHAT}
+    assert publisher.states[copy].state == "held" and publisher.states[copy].reason == Reason.HOST_CONFLICT
+    # The owner is deleted: the waiting map is released and published in the next pass.
+    stores.maps.delete(CHAT)
+    publisher.changed([CHAT], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert set(gateway.held) == {copy}
+    assert publisher.states[copy].state == "published"
+
+
+async def test_an_error_deciding_one_map_holds_it_and_the_others_publish():
+    """Finding 9: a probe time without a zone plus --probe-max-age raised out of sync_once."""
+    publisher, stores, gateway = make_publisher(probe_max_age=60.0)
+    naive = make_entry("worker-a", allocated=1, ready=1, weight=1,
+                       probe={"result": "Passing", "gated": False, "lastProbeTime": "2026-01-01T00:00:00"})
+    put_map(stores, make_map(entries=[naive]))
+    embed = put_map(stores, make_map("embed"), isvc=make_isvc("embed"))
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert embed in gateway.held
+    assert publisher.states[embed].state == "published"
+    assert publisher.states[CHAT].reason == Reason.INTERNAL_ERROR
+
+
+async def test_a_map_read_back_that_todays_check_refuses_is_kept():
+    """Finding 10: after a restart with other options, an unrelated write withdrew such a map."""
+    gateway = MemoryGateway()
+    first, stores, _ = make_publisher(gateway)
+    put_map(stores, make_map())
+    await first.start()
+    first.synced()
+    await first.sync_once(first.queue.take_ready())
+    gateway.cannot_express[CHAT] = "this gateway no longer takes it"
+    restarted, stores2, _ = make_publisher(gateway)
+    put_map(stores2, make_map())
+    embed = put_map(stores2, make_map("embed"), isvc=make_isvc("embed"))
+    await restarted.start()
+    restarted.synced()
+    await restarted.sync_once(restarted.queue.take_ready())
+    assert restarted.states[CHAT].reason == Reason.INVALID_PLAN
+    assert set(gateway.held) == {CHAT, embed}
+
+
+async def test_a_held_map_deleted_during_an_apply_leaves_no_held_series():
+    """Finding 10: the map_held gauge leaked when a held map was deleted during an apply."""
+    from publisher import metrics
+
+    publisher, stores, gateway = make_publisher()
+    put_map(stores, make_map(entries=[make_entry("worker-a", allocated=4, ready=4, weight=7)]))
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    held = metrics.REGISTRY.get_sample_value(metrics.PREFIX + "map_held", {"namespace": "prod", "name": "chat", "reason": "VerificationFailed"})
+    assert held == 1
+    stores.maps.delete(CHAT)
+    publisher.changed([CHAT], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert metrics.REGISTRY.get_sample_value(metrics.PREFIX + "map_held", {"namespace": "prod", "name": "chat", "reason": "VerificationFailed"}) is None
+
+
+async def test_an_invalid_map_being_deleted_is_withdrawn_not_held():
+    """Finding 10: an invalid map being deleted was held, so its route stayed."""
+    publisher, stores, gateway = make_publisher()
+    put_map(stores, make_map())
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    bad = make_map(resource_version="2", metadata={"deletionTimestamp": "2026-12-01T00:00:00Z"},
+                   entries=[make_entry("worker-a", weight=-1)])
+    tm = parse_traffic_map(bad)
+    stores.maps.upsert(CHAT, tm, "2")
+    publisher.changed([CHAT], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert gateway.held == {}
+    assert publisher.states[CHAT].state == "withdrawn"
+
+
+async def test_a_resync_feeds_the_queue_a_slice_at_a_time():
+    """Finding 11: one resync pass of every map held the event loop (0.75 s at 10,000 maps)."""
+    publisher, stores, gateway = make_publisher(resync=0.01)
+    for i in range(loop.RESYNC_SLICE * 2 + 5):
+        put_map(stores, make_map(f"m{i}"), isvc=make_isvc(f"m{i}"))
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    resync = asyncio.create_task(publisher.run_resync())
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if publisher._resync_backlog:
+            break
+    resync.cancel()
+    await asyncio.gather(resync, return_exceptions=True)
+    assert 0 < len(publisher.queue) <= loop.RESYNC_SLICE
+    publisher.changed([MapKey("prod", "fresh")], at=0.0)
+    taken = publisher.queue.take_ready()
+    assert MapKey("prod", "fresh") in taken and len(taken) <= loop.RESYNC_SLICE + 1

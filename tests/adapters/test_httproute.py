@@ -192,7 +192,7 @@ def _with(base: Publication, **changes: Any) -> Publication:
         (_with(pub("chat", 1), backends=(Backend("a", "http://10.0.0.7:8080", 1),)), "IP address"),
         (_with(pub("chat", 1), backends=(Backend("a", "http://[fd00::7]:8080", 1),)), "IP address"),
         (_with(pub("chat", 1), hostname="Chat.Example.com"), "not a lower-case DNS name"),
-        (_with(pub("chat", 1), hostname="10.1.2.3"), "not a Gateway API hostname"),
+        (_with(pub("chat", 1), hostname="10.1.2.3"), "not a lower-case DNS name"),
         (_with(pub("chat", 1), hostname="chat.example.com\n"), "not a lower-case DNS name"),
         (_with(pub("chat", 1), backends=(Backend("Bad_Cluster", "http://a.example.com", 1),)), "not a DNS-1123 subdomain"),
         (_with(pub("chat", 1), backends=(Backend("a", "ftp://a.example.com", 1),)), "endpoint"),
