@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envoy.config.cluster.v3 import cluster_pb2
-from envoy.config.core.v3 import address_pb2, base_pb2
-from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2, scoped_route_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from envoy.type.matcher.v3 import string_pb2
@@ -111,6 +110,9 @@ def route_from_version(version: str) -> Route | None:
 
 
 def _ip_literal(host: str) -> str | None:
+    # Only a host starting with a digit or '[' can be an IP literal: the others skip the parse.
+    if not host[:1].isdigit() and not host.startswith("["):
+        return None
     bare = host[1:-1] if host.startswith("[") else host
     try:
         return str(ipaddress.ip_address(bare))
@@ -121,28 +123,13 @@ def _ip_literal(host: str) -> str | None:
 def _cluster(name: str, endpoint_url: str, ca_file: Path) -> cluster_pb2.Cluster:
     endpoint = parse_endpoint(endpoint_url)
     ip = _ip_literal(endpoint.host)
-    cluster = cluster_pb2.Cluster(
-        name=name,
-        # An IP needs no resolver; a name is one logical host, re-resolved per connection.
-        type=cluster_pb2.Cluster.STATIC if ip else cluster_pb2.Cluster.LOGICAL_DNS,
-        connect_timeout=duration_pb2.Duration(seconds=5),
-        load_assignment=endpoint_pb2.ClusterLoadAssignment(
-            cluster_name=name,
-            endpoints=[
-                endpoint_components_pb2.LocalityLbEndpoints(
-                    lb_endpoints=[
-                        endpoint_components_pb2.LbEndpoint(
-                            endpoint=endpoint_components_pb2.Endpoint(
-                                address=address_pb2.Address(
-                                    socket_address=address_pb2.SocketAddress(address=ip or endpoint.host, port_value=endpoint.port)
-                                )
-                            )
-                        )
-                    ]
-                )
-            ],
-        ),
-    )
+    # An IP needs no resolver; a name is one logical host, re-resolved per connection.
+    cluster = cluster_pb2.Cluster(name=name, type=cluster_pb2.Cluster.STATIC if ip else cluster_pb2.Cluster.LOGICAL_DNS)
+    cluster.connect_timeout.seconds = 5
+    cluster.load_assignment.cluster_name = name
+    socket = cluster.load_assignment.endpoints.add().lb_endpoints.add().endpoint.address.socket_address
+    socket.address = ip or endpoint.host
+    socket.port_value = endpoint.port
     if not ip:
         cluster.dns_lookup_family = cluster_pb2.Cluster.V4_PREFERRED
     if endpoint.tls:
