@@ -237,6 +237,10 @@ async def test_xds_two_envoys_both_serve_a_change_and_a_late_one_gets_the_curren
             await write(transport, state, parts((KEY, route({"a": 0, "b": 1}, backends))))
             assert await measure(first.url, HOST, 50) == {"b": 50}
             assert await measure(second.url, HOST, 50) == {"b": 50}
+            # What /debug/maps shows: each Envoy, and the version of the map it serves.
+            versions = transport.served(KEY)
+            assert len(versions) == 2 and set(versions.values()) == {state[KEY].route_config.version.split(" ")[0]}
+            assert transport.served(MapKey("models", "absent")) == dict.fromkeys(versions)
             async with envoy(tmp_path, transport.port, name="late") as late:
                 await connected(transport, 3)
                 await eventually(lambda: all(s.unacked_since is None and s.sent for s in transport.envoys()), timeout=20)
