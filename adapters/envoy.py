@@ -6,8 +6,9 @@ virtual host per Publication, `weighted_clusters` on route `/`), each an xDS Dis
 part is rendered once and cached; a write joins the cached parts. With `--envoy-admin` every write
 is confirmed from Envoy's admin stats (the cheap version readouts; the rejection counters only when
 a version is late), and a rejected one is rolled back to the last accepted files.
-It also builds the bootstrap that points Envoy at those files, and runs a real Envoy for tests and
-the demo. It decides nothing about maps and imports no metrics.
+It also builds the bootstraps that point Envoy at those files or at the sidecar's xDS server
+(`build` picks that mode, adapters.envoy_xds, with `envoy_xds_listen`), and runs a real Envoy for
+tests and the demo. It decides nothing about maps and imports no metrics.
 """
 
 from __future__ import annotations
