@@ -5,7 +5,7 @@ ACKs and from the versions it lists on reconnect), and the order of updates: clu
 the scope and route naming them, scopes removed before their clusters, one map per response in
 steady state, a NACKed batch resent map by map to pin the refusal. It renders nothing (see
 adapters.envoy_resources), decides nothing about maps and imports no metrics: per-Envoy state is
-data (`envoys()`, `served()`) that the loop's metrics and /debug/maps read.
+data (`envoys()`, read by publisher.metrics at scrape time; `served()`, for /debug/maps).
 """
 
 from __future__ import annotations
@@ -551,8 +551,9 @@ class XdsTransport:
     # --- per-Envoy state, for metrics and /debug/maps ---------------------------------------------------
 
     def envoys(self) -> list[EnvoyStatus]:
-        return sorted((s.status() for s in self._sessions), key=lambda s: (s.node, s.peer))
+        # list() copies the set in one step: /metrics calls this from a worker thread.
+        return sorted((s.status() for s in list(self._sessions)), key=lambda s: (s.node, s.peer))
 
     def served(self, key: MapKey) -> dict[str, str | None]:
         """Envoy name -> the version of `key`'s route configuration it holds (None: not served)."""
-        return {s.name: s.held[ROUTE_TYPE].get(map_name(key), "").split(" ")[0] or None for s in self._sessions}
+        return {s.name: s.held[ROUTE_TYPE].get(map_name(key), "").split(" ")[0] or None for s in list(self._sessions)}

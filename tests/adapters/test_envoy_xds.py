@@ -19,6 +19,7 @@ import grpc
 import pytest
 import yaml
 from envoy.config.core.v3 import base_pb2
+from prometheus_client import generate_latest
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2, scoped_route_pb2
@@ -26,6 +27,7 @@ from envoy.config.route.v3 import route_pb2, scoped_route_pb2
 from adapters.envoy import envoy_binary, run_envoy, xds_bootstrap
 from adapters.envoy_resources import CLUSTER_TYPE, MapResources, XdsRenderer, route_from_version
 from adapters.envoy_xds import XdsTransport
+from publisher import metrics
 from publisher.config import RunConfig
 from publisher.model import Backend, MapKey, Route
 from tests.builders import make_entry, make_isvc, make_map
@@ -279,6 +281,14 @@ async def test_xds_a_map_one_envoy_refuses_is_isolated_and_reported_while_the_ot
             for status in transport.envoys():
                 nacks.update(status.nacks)
             assert nacks == {"cluster": 1}
+            metrics.watch_envoys(transport)
+            try:
+                scraped = [line for line in generate_latest(metrics.REGISTRY).decode().splitlines() if line.startswith(metrics.PREFIX + "xds_")]
+            finally:
+                metrics.watch_envoys(None)
+            assert metrics.PREFIX + "xds_envoys 2.0" in scraped
+            assert sorted(line.rsplit(" ", 1)[1] for line in scraped if 'kind="cluster"' in line) == ["0.0", "1.0"]
+            assert sorted(line.rsplit(" ", 1)[1] for line in scraped if "oldest_unacked" in line) == ["0.0", "0.0"]
             assert (await transport.read())[bad] == old_bad
 
 
@@ -411,6 +421,10 @@ async def test_the_readme_recipe_serves_a_trafficmap_through_envoy(kube_api, kub
             await eventually(lambda: _answers(measure(url, "chat.example.com", 4)), timeout=30)
             await eventually(lambda: _answers(_readyz(f"http://127.0.0.1:{free[sidecar_port]}/readyz")), timeout=30)
             await assert_measured_split(url, "chat.example.com", {"worker-a": 1, "worker-b": 3}, 1000)
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{free[sidecar_port]}/metrics") as response:
+                    scraped = (await response.text()).splitlines()
+            assert metrics.PREFIX + "xds_envoys 1.0" in scraped  # the sidecar's own view of its Envoy
         finally:
             os.killpg(process.pid, signal.SIGTERM)
             try:
