@@ -513,6 +513,8 @@ class Publisher:
 
     def debug_maps(self) -> list[dict[str, Any]]:
         maps = []
+        fleet = getattr(self.adapter, "transport", None)
+        served_by = fleet.served if isinstance(fleet, metrics.EnvoyFleet) else None
         for key in sorted(self.all_keys() | set(self.states)):
             state = self._state(key)
             route = self.published.get(key)
@@ -529,6 +531,8 @@ class Publisher:
                     "weights": {b.cluster: b.weight for b in route.backends} if route else None,
                 }
             )
+            if served_by is not None:
+                maps[-1]["envoys"] = served_by(key)  # which version each connected Envoy serves
         return maps
 
 

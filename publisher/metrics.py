@@ -108,9 +108,12 @@ def start(adapter: str) -> None:
 @runtime_checkable
 class EnvoyFleet(Protocol):
     """A gateway with Envoys connected to it (adapters.envoy_xds.XdsTransport): its `envoys()`
-    are statuses with node, peer, nacks (by resource kind), unacked_since (monotonic) and sent."""
+    are statuses with node, peer, nacks (by resource kind), unacked_since (monotonic) and sent;
+    `served(key)` says which version of a map each Envoy serves (for /debug/maps)."""
 
     def envoys(self) -> list[Any]: ...
+
+    def served(self, key: MapKey) -> dict[str, str | None]: ...
 
 
 class _EnvoyCollector:

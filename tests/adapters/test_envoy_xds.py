@@ -425,6 +425,11 @@ async def test_the_readme_recipe_serves_a_trafficmap_through_envoy(kube_api, kub
                 async with session.get(f"http://127.0.0.1:{free[sidecar_port]}/metrics") as response:
                     scraped = (await response.text()).splitlines()
             assert metrics.PREFIX + "xds_envoys 1.0" in scraped  # the sidecar's own view of its Envoy
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{free[sidecar_port]}/debug/maps") as response:
+                    (chat,) = (await response.json())["maps"]
+            ((envoy_name, version),) = chat["envoys"].items()
+            assert envoy_name.startswith("ome-gateway-envoy@") and version
         finally:
             os.killpg(process.pid, signal.SIGTERM)
             try:
