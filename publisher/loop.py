@@ -532,6 +532,8 @@ class Publisher:
 
     def debug_maps(self) -> list[dict[str, Any]]:
         maps = []
+        fleet = getattr(self.adapter, "transport", None)
+        served_by = fleet.served if isinstance(fleet, metrics.EnvoyFleet) else None
         for key in sorted(self.all_keys() | set(self.states)):
             state = self._state(key)
             route = self.published.get(key)
@@ -549,6 +551,8 @@ class Publisher:
                     "probeAgeSeconds": _probe_ages(self.stores.maps.get(key), self.wall_clock()),
                 }
             )
+            if served_by is not None:
+                maps[-1]["envoys"] = served_by(key)  # which version each connected Envoy serves
         return maps
 
 

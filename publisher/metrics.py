@@ -10,12 +10,14 @@ the small `Health` protocol, so this module knows nothing of the loop's internal
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.aiohttp import make_aiohttp_handler
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from publisher import __version__
 from publisher.model import MapKey
@@ -110,6 +112,58 @@ def start(adapter: str) -> None:
         RELOADS.labels(adapter=adapter, result=result)
     APPLY_DURATION.labels(adapter=adapter)
     EVENT_TO_APPLY.labels(adapter=adapter)
+
+
+# --- per-Envoy series of the xDS gateway ---------------------------------------------------------
+
+
+@runtime_checkable
+class EnvoyFleet(Protocol):
+    """A gateway with Envoys connected to it (adapters.envoy_xds.XdsTransport): its `envoys()`
+    are statuses with node, peer, nacks (by resource kind), unacked_since (monotonic) and sent;
+    `served(key)` says which version of a map each Envoy serves (for /debug/maps)."""
+
+    def envoys(self) -> list[Any]: ...
+
+    def served(self, key: MapKey) -> dict[str, str | None]: ...
+
+
+class _EnvoyCollector:
+    """Reads the connected Envoys from the transport at scrape time, so an Envoy that leaves
+    leaves no series behind and the transport keeps no metrics of its own."""
+
+    fleet: EnvoyFleet | None = None
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterable[Any]:
+        if self.fleet is None:
+            return []
+        envoys = self.fleet.envoys()
+        now = time.monotonic()
+        connected = GaugeMetricFamily(PREFIX + "xds_envoys", "Envoys connected to the xDS server.", value=len(envoys))
+        nacks = CounterMetricFamily(PREFIX + "xds_nacks", "Responses an Envoy refused since it connected, by resource kind.", labels=["envoy", "kind"])
+        unacked = GaugeMetricFamily(
+            PREFIX + "xds_oldest_unacked_seconds", "Age of the oldest change an Envoy has not ACKed (0: in sync).", labels=["envoy"]
+        )
+        sent = CounterMetricFamily(PREFIX + "xds_resources_sent", "Resources added or removed on an Envoy's stream.", labels=["envoy"])
+        for envoy in envoys:
+            name = f"{envoy.node}@{envoy.peer}"
+            for kind in ("cluster", "scope", "route"):
+                nacks.add_metric([name, kind], envoy.nacks.get(kind, 0))
+            unacked.add_metric([name], 0.0 if envoy.unacked_since is None else now - envoy.unacked_since)
+            sent.add_metric([name], envoy.sent)
+        return [connected, nacks, unacked, sent]
+
+
+_ENVOYS = _EnvoyCollector()
+REGISTRY.register(_ENVOYS)
+
+
+def watch_envoys(fleet: EnvoyFleet | None) -> None:
+    """Export per-Envoy series for `fleet` (None: none)."""
+    _ENVOYS.fleet = fleet
 
 
 # --- per-map series ------------------------------------------------------------------------------

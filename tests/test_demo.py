@@ -118,6 +118,6 @@ async def test_demo_follows_the_change_and_leaves_nothing_running(monkeypatch) -
     assert process.returncode is not None, "envoy still running"
     assert not bootstrap_path.parent.exists(), "temporary directory left behind"
     ports = [int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)", lines[0])]
-    assert len(ports) == 3  # two backends and Envoy's listener
+    assert len(ports) == 4  # two backends, the sidecar's xDS server and Envoy's listener
     for port in ports:
         assert await refused(port), f"something still listens on {port}"

