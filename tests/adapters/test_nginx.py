@@ -421,8 +421,8 @@ async def test_an_unconfirmed_reload_restores_the_last_confirmed_file(tmp_path: 
 
 async def test_a_refused_file_found_on_disk_is_never_taken_for_what_nginx_serves(tmp_path: Path) -> None:
     """Finding 2, the wedge: a crash between writing a file and its confirmation leaves a file
-    NGINX refused. The old adapter read it as its last good config, restored it after every
-    refusal, and no later apply could succeed, across restarts too."""
+    NGINX refused. The old adapter read it as its last good config, kept its refused map in
+    every file it assembled, and no later apply could succeed, across restarts too."""
     gateway = FakeNginx(tmp_path / "ome.conf")
     adapter, _, _ = _fake_adapter(tmp_path, gateway)
     await adapter.current()
@@ -430,7 +430,7 @@ async def test_a_refused_file_found_on_disk_is_never_taken_for_what_nginx_serves
     await adapter.apply(good, frozenset(good))
     good_text = (tmp_path / "ome.conf").read_text()
     gateway.refused_hosts = {"nowhere.invalid"}
-    refused = _file(make_pub("m", ("a", "http://nowhere.invalid", 1)))
+    refused = _file(*good.values(), make_pub("bad", ("a", "http://nowhere.invalid", 1)))
     (tmp_path / "ome.conf").write_text(refused)  # written, then the sidecar died
 
     restarted, _, _ = _fake_adapter(tmp_path, FakeNginx(tmp_path / "ome.conf", {"nowhere.invalid"}, serving=gateway.serving))
@@ -638,7 +638,7 @@ async def test_real_nginx_a_restarted_sidecar_reads_back_what_is_served_and_writ
 async def test_real_nginx_wedge_a_refused_file_on_disk_at_start_is_not_adopted(tmp_path: Path) -> None:
     """Finding 2 against a real NGINX: the sidecar died between writing a file NGINX refuses and
     its confirmation. On the old code the restarted adapter took that file as last good, and every
-    later apply was refused (the bad upstream was in every file it assembled)."""
+    later apply was refused (the bad map was in every file it assembled, unchanged)."""
     async with Backends(("a", "b")) as backends, running_nginx(tmp_path) as nginx:
         options = nginx.options(nginx_pid_file=None, nginx_reload_cmd=nginx.command("-s", "reload"),
                                 nginx_test_cmd=nginx.command("-t"), nginx_min_reload_interval=0.2)
@@ -650,8 +650,8 @@ async def test_real_nginx_wedge_a_refused_file_on_disk_at_start_is_not_adopted(t
         finally:
             await adapter.aclose()
         good_text = nginx.conf_file.read_text()
-        refused = make_pub("m", ("a", "http://no-such-host.invalid", 1))
-        nginx.conf_file.write_text(render(routes(refused), listen=options.nginx_listen,
+        refused = make_pub("bad", ("a", "http://no-such-host.invalid", 1))
+        nginx.conf_file.write_text(render(routes(*good.values(), refused), listen=options.nginx_listen,
                                           status_listen=options.nginx_status_listen))
         restarted = NginxAdapter(options)
         try:
