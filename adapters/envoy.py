@@ -21,7 +21,7 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -331,34 +331,65 @@ def render(
     return assemble({key: renderer.render(key, route) for key, route in routes.items()}, route_config=route_config)
 
 
+_DECODER = json.JSONDecoder()
+_RDS_HEAD = re.compile(r'\{"version_info":"[0-9a-f]*","resources":\[\{"@type":"[^"]*","name":"[^"]*","virtual_hosts":\[')
+_CDS_HEAD = re.compile(r'\{"version_info":"[0-9a-f]*","resources":\[')
+
+
+def _elements(text: str, start: int) -> Iterator[tuple[Any, int, int]]:
+    """Each element of the JSON array whose first element is at `start`: (value, begin, end).
+
+    One short parse per element, not one for the whole file: a thread reading a large file this
+    way gives the event loop's thread the GIL between elements."""
+    position, end = start, len(text)
+    while position < end and text[position] != "]":
+        value, stop = _DECODER.raw_decode(text, position)
+        yield value, position, stop
+        position = stop + 1 if stop < end and text[stop] == "," else stop
+    if position >= end:
+        raise ValueError("unterminated array")
+
+
 def _load(text: str) -> Any:
-    # Files this adapter wrote are JSON; the C YAML loader (when built) for any other.
+    # Any file not in the shape `assemble` writes: JSON, else YAML through the C loader when built.
     try:
         return json.loads(text)
     except ValueError:
         return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
+def _metadata_route(virtual_host: Any) -> tuple[MapKey, Route]:
+    return _route_from_json(virtual_host["routes"][0]["metadata"]["filter_metadata"][METADATA_KEY])
+
+
 def read_routes(rds_text: str) -> tuple[str, dict[MapKey, Route]]:
-    """Pure: the version and the routes an rds.yaml written by `render` holds. ValueError else.
+    """Pure: the version and the routes an rds.yaml written by `assemble` holds. ValueError else.
     Blocking for a large file: call it through asyncio.to_thread."""
     try:
+        head = _RDS_HEAD.match(rds_text)
+        if head is not None:
+            version = json.loads(rds_text[: rds_text.index(',"resources"')] + "}")["version_info"]
+            return str(version), dict(_metadata_route(host) for host, _, _ in _elements(rds_text, head.end()))
         document = _load(rds_text) if rds_text.strip() else None
-        version = str(document["version_info"])
         (resource,) = document["resources"]
-        routes: dict[MapKey, Route] = {}
-        for virtual_host in resource.get("virtual_hosts") or []:
-            key, route = _route_from_json(virtual_host["routes"][0]["metadata"]["filter_metadata"][METADATA_KEY])
-            routes[key] = route
+        routes = dict(_metadata_route(host) for host in resource.get("virtual_hosts") or [])
+        return str(document["version_info"]), routes
     except (yaml.YAMLError, KeyError, TypeError, IndexError, ValueError) as exc:
         raise ValueError(f"not an rds file written by this adapter: {exc!r}") from exc
-    return version, routes
 
 
 def read_clusters(cds_text: str) -> tuple[str, list[_Cluster]]:
-    """Pure: the version and the clusters (name, text, digest) of a cds.yaml written by `render`.
+    """Pure: the version and the clusters (name, text, digest) of a cds.yaml written by `assemble`.
     ValueError else. Blocking for a large file: call it through asyncio.to_thread."""
     try:
+        head = _CDS_HEAD.match(cds_text)
+        if head is not None:
+            version = json.loads(cds_text[: cds_text.index(',"resources"')] + "}")["version_info"]
+            clusters = []
+            for resource, begin, end in _elements(cds_text, head.end()):
+                text = cds_text[begin:end]
+                clusters.append((str(resource["name"]), text, _digest(text)))
+            return str(version), clusters
         document = _load(cds_text)
         clusters = []
         for resource in document["resources"]:

@@ -30,6 +30,7 @@ from adapters.envoy import (
     build,
     cluster_name,
     envoy_binary,
+    read_clusters,
     read_routes,
     render,
     run_envoy,
@@ -403,6 +404,56 @@ async def test_a_restarted_adapter_reads_back_and_writes_nothing():
     assert io.writes == []
 
 
+def test_read_clusters_returns_what_assemble_wrote():
+    rendered = render_pubs(make_pub(1, 0, name="one", hostname="one.example.com"), make_pub(2, name="two", hostname="two.example.com"))
+    assert read_clusters(rendered.cds) == (rendered.cds_version, rendered.clusters)
+    assert read_clusters(yaml.safe_dump(json.loads(rendered.cds)))[1] == rendered.clusters
+
+
+async def test_transport_a_rejected_write_raises_and_restores_the_confirmed_files():
+    io = FakeIO(reject="bad.example")
+    transport = EnvoyFileTransport(EnvoyOptions(envoy_dir=Path("/nonexistent"), envoy_admin="http://fake"), io=io)
+    await transport.read()
+    good = [make_pub(1, name=f"ok{i}", hostname=f"ok{i}.example.com") for i in range(5)]
+    assert (await transport.write(parts(*good), parts(*good))).reloads == 2
+    confirmed = dict(io.files)
+    bad = make_pub(1, name="bad", hostname="bad.example.com", endpoints=["http://bad.example"])
+    with pytest.raises(Rejected, match="rejected cds"):
+        await transport.write(parts(*good, bad), parts(bad))
+    assert io.files == confirmed
+    # What the engine's bisection does next: the good ones alone go through, with nothing to write.
+    assert await transport.write(parts(*good), {}) == WriteResult()
+    more = make_pub(2, name="ok9", hostname="ok9.example.com")
+    assert (await transport.write(parts(*good, more), parts(more))).reloads == 2
+
+
+async def test_transport_reads_what_envoy_serves_when_the_files_hold_another_version():
+    io = FakeIO()
+    first = EnvoyFileTransport(EnvoyOptions(envoy_dir=Path("/nonexistent"), envoy_admin="http://fake"), io=io)
+    await first.read()
+    served = make_pub(1)
+    await first.write(parts(served), parts(served))
+    served_rds = io.files[RDS_FILE]
+    io.reject = "other.example"
+    unconfirmed = make_pub(1, endpoints=["http://other.example"])
+    io.files[CDS_FILE], io.files[RDS_FILE] = render_pubs(unconfirmed).cds, render_pubs(unconfirmed).rds
+    io.served_rds = lambda: asyncio.sleep(0, served_rds)  # Envoy's own dump of what it serves
+
+    restarted = EnvoyFileTransport(EnvoyOptions(envoy_dir=Path("/nonexistent"), envoy_admin="http://fake"), io=io)
+    assert await restarted.read() == routes(served)
+    io.reject = None
+    again = make_pub(2)
+    assert (await restarted.write(parts(again), parts(again))).reloads >= 1
+    assert read_routes(io.files[RDS_FILE])[1] == routes(again)
+
+
+def test_build_gives_a_renderer_and_a_file_transport():
+    renderer, transport = build(EnvoyOptions(envoy_dir=Path("/nonexistent"), rewrite_host=True))
+    assert isinstance(transport, EnvoyFileTransport)
+    pub = make_pub(1)
+    assert "host_rewrite_literal" in renderer.render(pub.key, pub.route).virtual_host
+
+
 # --- a real Envoy ------------------------------------------------------------------------------------
 
 
@@ -550,3 +601,50 @@ async def test_bootstrap_passes_envoy_validate(tmp_path):
     assert process.returncode == 0, output.decode()
     config = yaml.safe_load(boot.read_text())
     assert config["dynamic_resources"]["cds_config"]["path_config_source"]["path"] == str(opts.envoy_dir / CDS_FILE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gateway", [{"envoy_ca_file": Path("/nonexistent/ca.crt")}], indirect=True)
+async def test_envoy_transport_one_bad_map_among_five_raises_rejected_and_a_subset_goes_through(gateway, backends):
+    renderer, transport = build(gateway.options)
+    good = [local_pub(backends, {"a": 1, "b": 1}, name=f"ok{i}", hostname=f"ok{i}.example.com") for i in range(5)]
+
+    def parts_of(*pubs):
+        return {pub.key: renderer.render(pub.key, pub.route) for pub in pubs}
+
+    try:
+        await transport.read()
+        assert (await transport.write(parts_of(*good[:4]), parts_of(*good[:4]))).reloads == 2
+        # An https backend needs the CA file, which is missing: Envoy refuses the clusters.
+        bad = make_pub(1, name="bad", hostname="bad.example.com", endpoints=["https://c.example"])
+        with pytest.raises(Rejected, match="rejected cds"):
+            await transport.write(parts_of(*good, bad), parts_of(good[4], bad))
+        await assert_measured_split(gateway.url, "ok0.example.com", {"a": 1, "b": 1}, 400)
+        assert await measure(gateway.url, "ok4.example.com", 10) == {"status:404": 10}
+        # The engine's bisection writes the halves; the good one goes through on its own.
+        assert (await transport.write(parts_of(*good), parts_of(good[4]))).reloads == 2
+        await assert_measured_split(gateway.url, "ok4.example.com", {"a": 1, "b": 1}, 400)
+        assert read_routes((gateway.directory / RDS_FILE).read_text())[1] == routes(*good)
+    finally:
+        await transport.aclose()
+
+
+@pytest.mark.slow
+async def test_envoy_transport_restarted_reads_back_and_writes_nothing(gateway, backends):
+    renderer, transport = build(gateway.options)
+    pubs = [local_pub(backends, {"a": 3, "b": 1}), make_pub(name="idle", hostname="idle.example.com")]
+    parts_of = {pub.key: renderer.render(pub.key, pub.route) for pub in pubs}
+    try:
+        await transport.read()
+        await transport.write(parts_of, parts_of)
+    finally:
+        await transport.aclose()
+    before = {f: (gateway.directory / f).stat().st_mtime_ns for f in (CDS_FILE, RDS_FILE)}
+    _, restarted = build(gateway.options)
+    try:
+        assert await restarted.read() == routes(*pubs)
+        assert await restarted.write(parts_of, {}) == WriteResult()
+    finally:
+        await restarted.aclose()
+    assert {f: (gateway.directory / f).stat().st_mtime_ns for f in (CDS_FILE, RDS_FILE)} == before
+    assert await measure(gateway.url, "idle.example.com", 10) == {"status:503": 10}
