@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from adapters import ADAPTERS
 from adapters.base import Adapter, Unavailable
 from adapters.httproute import (
     ALL_ZERO_NOTE,
@@ -191,7 +192,7 @@ def _with(base: Publication, **changes: Any) -> Publication:
         (_with(pub("chat", 1), backends=(Backend("a", "http://10.0.0.7:8080", 1),)), "IP address"),
         (_with(pub("chat", 1), backends=(Backend("a", "http://[fd00::7]:8080", 1),)), "IP address"),
         (_with(pub("chat", 1), hostname="Chat.Example.com"), "not a lower-case DNS name"),
-        (_with(pub("chat", 1), hostname="10.1.2.3"), "not a Gateway API hostname"),
+        (_with(pub("chat", 1), hostname="10.1.2.3"), "not a lower-case DNS name"),
         (_with(pub("chat", 1), hostname="chat.example.com\n"), "not a lower-case DNS name"),
         (_with(pub("chat", 1), backends=(Backend("Bad_Cluster", "http://a.example.com", 1),)), "not a DNS-1123 subdomain"),
         (_with(pub("chat", 1), backends=(Backend("a", "ftp://a.example.com", 1),)), "endpoint"),
@@ -418,7 +419,7 @@ async def test_a_missing_namespace_fails_that_map_only(kube_api: FakeKubeAPI, ad
 
 
 def test_the_adapter_fits_the_protocol() -> None:
-    assert isinstance(HttpRouteAdapter(options()), Adapter)
+    assert isinstance(ADAPTERS["httproute"].engine("httproute", options()), Adapter)
 
 
 async def test_without_a_kube_the_adapter_connects_from_its_kubeconfig_and_closes_it(kube_api: FakeKubeAPI, kubeconfig) -> None:
