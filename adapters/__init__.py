@@ -60,8 +60,8 @@ class AdapterSpec:
 
 
 ADAPTERS: dict[str, AdapterSpec] = {
-    "envoy": AdapterSpec("adapters.envoy", "EnvoyOptions", legacy_class="EnvoyAdapter"),
+    "envoy": AdapterSpec("adapters.envoy", "EnvoyOptions"),
     "httproute": AdapterSpec("adapters.httproute", "HttpRouteOptions", legacy_class="HttpRouteAdapter"),
     "json": AdapterSpec("adapters.json_file", "JsonOptions"),
-    "nginx": AdapterSpec("adapters.nginx", "NginxOptions", legacy_class="NginxAdapter"),
+    "nginx": AdapterSpec("adapters.nginx", "NginxOptions"),
 }

@@ -31,13 +31,12 @@ import aiohttp
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from adapters.base import ApplyResult, Rejected, Unavailable, WriteResult, publication_problem, write_atomic
-from publisher.model import Backend, Held, MapKey, Publication, Reason, Route, parse_endpoint
+from adapters.base import Rejected, Unavailable, WriteResult, publication_problem, write_atomic
+from publisher.model import Backend, MapKey, Publication, Route, parse_endpoint
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "EnvoyAdapter",
     "EnvoyFileTransport",
     "EnvoyOptions",
     "EnvoyPart",
@@ -48,6 +47,7 @@ __all__ = [
     "assemble",
     "bootstrap",
     "build",
+    "build_files",
     "cluster_name",
     "read_clusters",
     "read_routes",
@@ -91,6 +91,11 @@ class EnvoyOptions(BaseModel):
         default=False,
         description="Send each backend its endpoint's host; off, as OME's own publisher passes the Host through.",
     )
+
+
+def build(options: EnvoyOptions) -> tuple[Any, Any]:
+    """The renderer and transport for the engine: file mode."""
+    return build_files(options)
 
 
 _DEFAULT_CA: Path = EnvoyOptions.model_fields["envoy_ca_file"].default
@@ -771,97 +776,10 @@ class EnvoyFileTransport:
         await self._io.aclose()
 
 
-def build(options: EnvoyOptions) -> tuple[EnvoyRenderer, EnvoyFileTransport]:
+def build_files(options: EnvoyOptions) -> tuple[EnvoyRenderer, EnvoyFileTransport]:
     """File mode's renderer and transport for the engine."""
     renderer = EnvoyRenderer(rewrite_host=options.rewrite_host, ca_file=options.envoy_ca_file)
     return renderer, EnvoyFileTransport(options)
-
-
-# --- Until adapters.engine.Engine drives them: the loop's Adapter over renderer + transport -----------
-
-
-def _unknown_provenance(key: MapKey, route: Route) -> Publication:
-    # Gateway config holds no generations: a route read back before any apply has provenance 0.
-    return Publication(key.namespace, key.name, route.hostname, 0, 0, route.backends)
-
-
-class EnvoyAdapter:
-    """The loop's `Adapter` over EnvoyRenderer and EnvoyFileTransport, until the engine replaces
-    it. It renders only changed maps and writes only when a part changed; it does not isolate: a
-    rejected write holds every map it changed."""
-
-    name = "envoy"
-
-    def __init__(self, options: EnvoyOptions, *, io: _EnvoyIO | None = None) -> None:
-        self.renderer = EnvoyRenderer(rewrite_host=options.rewrite_host, ca_file=options.envoy_ca_file)
-        self.transport = EnvoyFileTransport(options, io=io)
-        self._parts: dict[MapKey, EnvoyPart] = {}
-        self._published: dict[MapKey, Publication] = {}
-        self._started = False
-
-    def check(self, pub: Publication) -> Held | None:
-        problem = route_problem(pub.key, pub.route)
-        return Held(Reason.INVALID_PLAN, f"envoy: {problem}") if problem else None
-
-    async def current(self) -> dict[MapKey, Publication]:
-        routes = await self.transport.read()
-        self._parts = {}
-        owners: set[str] = set()
-        for key in sorted(routes):
-            route = routes[key]
-            if route_problem(key, route) is None and route.hostname not in owners:
-                self._parts[key] = self.renderer.render(key, route)
-                owners.add(route.hostname)
-        known = self._published
-        self._published = {
-            key: known[key] if key in known and known[key].route == routes[key] else _unknown_provenance(key, routes[key])
-            for key in self._parts
-        }
-        self._started = True
-        return dict(self._published)
-
-    async def apply(self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey]) -> ApplyResult:
-        if not self._started:
-            await self.current()
-        rejected: dict[MapKey, Held] = {}
-        parts, published = dict(self._parts), dict(self._published)
-        for key in self._parts.keys() - desired.keys():
-            del parts[key], published[key]
-        owners = {part.hostname: key for key, part in parts.items()}
-        for key in sorted((changed & desired.keys()) | (desired.keys() - self._parts.keys())):
-            pub = desired[key]
-            held = self.check(pub)
-            if held is not None:
-                rejected[key] = held  # keeps its last good part
-                continue
-            owner = owners.get(pub.hostname)
-            if owner is not None and owner != key:
-                rejected[key] = Held(Reason.APPLY_FAILED, f"envoy: hostname {pub.hostname!r} is already served for {owner}")
-                continue
-            if key in parts and published[key].route == pub.route:
-                published[key] = pub  # provenance only: nothing to write
-                continue
-            if key in parts:
-                owners.pop(parts[key].hostname, None)
-            parts[key], published[key] = self.renderer.render(key, pub.route), pub
-            owners[pub.hostname] = key
-        changes = {key: parts.get(key) for key in parts.keys() | self._parts.keys() if parts.get(key) != self._parts.get(key)}
-        if not changes:
-            self._published = published
-            return ApplyResult(rejected=rejected)
-        try:
-            result = await self.transport.write(parts, changes)
-        except Rejected as exc:
-            refused = Held(Reason.APPLY_FAILED, str(exc))
-            return ApplyResult(rejected={**{key: refused for key in changes}, **rejected}, wrote=True)
-        self._parts, self._published = parts, published
-        return ApplyResult(rejected=rejected, notes=result.notes, wrote=True, reloads=result.reloads)
-
-    def hold_off(self) -> float:
-        return self.transport.hold_off()
-
-    async def aclose(self) -> None:
-        await self.transport.aclose()
 
 
 # --- A real Envoy, for the tests and `ome-publisher demo` ---------------------------------------------

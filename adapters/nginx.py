@@ -34,15 +34,8 @@ from typing import Annotated, Any, Protocol
 import aiohttp
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from adapters.base import (
-    ApplyResult,
-    Rejected,
-    Unavailable,
-    WriteResult,
-    publication_problem,
-    write_atomic,
-)
-from publisher.model import Backend, Held, MapKey, Publication, Reason, Route, parse_endpoint
+from adapters.base import Rejected, Unavailable, WriteResult, publication_problem, write_atomic
+from publisher.model import Backend, MapKey, Publication, Route, parse_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -501,39 +494,40 @@ class NginxFileTransport:
         return assemble(parts, listen=self._options.nginx_listen, status_listen=self._options.nginx_status_listen)
 
     async def read(self) -> dict[MapKey, Route]:
-        """What NGINX serves: a file's routes only when its version is the one NGINX serves; the
-        file on disk, else the last confirmed one (kept beside it across restarts). A file NGINX
-        refused is never taken for what it serves."""
+        """What NGINX serves: a file's routes only when its version is the one NGINX serves (the
+        file on disk, else the last confirmed one, kept beside it across restarts); nothing when
+        NGINX serves none of our files or a version none holds. A file NGINX refused is never
+        taken for what it serves."""
         with _translated(f"read {self._path}"):
             disk = await self._read_text(self._path)
+            served = await self._gateway.served_version()
+            if served is not None:
+                for text in (disk, self._confirmed_text, await self._read_text(self._confirmed_path)):
+                    if text is not None and version_of(text) == served:
+                        if text != disk:
+                            log.warning(
+                                "nginx file on disk is not what nginx serves; the served one is put back",
+                                extra={"path": str(self._path), "served": served, "file": disk and version_of(disk)},
+                            )
+                            await self._put(text)
+                        self._confirmed_text = text
+                        routes, problems = await asyncio.to_thread(read_back, text)
+                        for message in problems:
+                            log.warning("nginx file line ignored", extra={"path": str(self._path), "problem": message})
+                        return routes
             if disk is None:
                 # NGINX cannot start while its include is missing; an empty file serves nothing.
-                disk = self._assemble({})[0]
-                await self._put(disk)
+                await self._put(self._assemble({})[0])
                 log.info("nginx file created", extra={"path": str(self._path)})
-            served = await self._gateway.served_version()
-            if served is None:
-                self._confirmed_text = None
-                return {}
-            candidates = [disk, self._confirmed_text, await self._read_text(self._confirmed_path)]
-            for text in candidates:
-                if text is not None and version_of(text) == served:
-                    if text != disk:
-                        log.warning(
-                            "nginx file on disk is not what nginx serves; the served one is put back",
-                            extra={"path": str(self._path), "served": served, "file": version_of(disk)},
-                        )
-                        await self._put(text)
-                    self._confirmed_text = text
-                    routes, problems = await asyncio.to_thread(read_back, text)
-                    for message in problems:
-                        log.warning("nginx file line ignored", extra={"path": str(self._path), "problem": message})
-                    return routes
         self._confirmed_text = None
-        raise Unavailable(
-            f"nginx serves version {served}, which neither {self._path} (version {version_of(disk)}) "
-            "nor the last confirmed copy holds: what it serves is unknown until the next write"
-        )
+        if served is not None:
+            # Nothing proves what NGINX serves, so nothing is claimed: the engine then writes every
+            # map it wants, which replaces the unproven file (Unavailable would block that write).
+            log.warning(
+                "nginx serves a version no file holds; nothing is taken as served",
+                extra={"path": str(self._path), "served": served, "file": disk and version_of(disk)},
+            )
+        return {}
 
     async def write(self, parts: Mapping[MapKey, NginxPart], changes: Mapping[MapKey, NginxPart | None]) -> WriteResult:
         """Assemble `parts`, test, reload and confirm. Rejected: NGINX refused and serves the last
@@ -645,94 +639,11 @@ class NginxFileTransport:
             raise Unavailable(f"nginx serves neither the new configuration nor the last confirmed one: {error}")
 
 
-def build(options: NginxOptions) -> tuple[NginxRenderer, NginxFileTransport]:
+def build_reload(options: NginxOptions) -> tuple[NginxRenderer, NginxFileTransport]:
     """Reload mode's renderer and transport for the engine."""
     return NginxRenderer(listen=options.nginx_listen, rewrite_host=options.rewrite_host), NginxFileTransport(options)
 
 
-# --- Until adapters.engine.Engine drives them: the loop's Adapter over renderer + transport --------
-
-
-def _unknown_provenance(key: MapKey, route: Route) -> Publication:
-    # Gateway text holds no generations: a route read back before any apply has provenance 0.
-    return Publication(key.namespace, key.name, route.hostname, 0, 0, route.backends)
-
-
-class NginxAdapter:
-    """The loop's `Adapter` over NginxRenderer and NginxFileTransport, until the engine replaces
-    it. It renders only changed maps and writes only when a part changed; it does not isolate: a
-    refused write holds every map it changed."""
-
-    name = "nginx"
-
-    def __init__(
-        self,
-        options: NginxOptions,
-        *,
-        gateway: _Gateway | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        confirm_timeout: float = 10.0,
-        poll_interval: float = 0.05,
-    ) -> None:
-        self.renderer = NginxRenderer(listen=options.nginx_listen, rewrite_host=options.rewrite_host)
-        self.transport = NginxFileTransport(
-            options, gateway=gateway, clock=clock, sleep=sleep, confirm_timeout=confirm_timeout,
-            poll_interval=poll_interval,
-        )  # fmt: skip
-        self._parts: dict[MapKey, NginxPart] = {}
-        self._published: dict[MapKey, Publication] = {}
-        self._started = False
-
-    def check(self, pub: Publication) -> Held | None:
-        reason = shared_problem(pub.key, pub.route) or self.renderer.problem(pub.key, pub.route)
-        return None if reason is None else Held(Reason.INVALID_PLAN, f"nginx: {reason}")
-
-    async def current(self) -> dict[MapKey, Publication]:
-        routes = await self.transport.read()
-        self._parts = {
-            key: self.renderer.render(key, route)
-            for key, route in routes.items()
-            if route_problem(key, route, rewrite_host=self.renderer.rewrite_host) is None
-        }
-        known = self._published
-        self._published = {
-            key: known[key] if key in known and known[key].route == routes[key] else _unknown_provenance(key, routes[key])
-            for key in self._parts
-        }
-        self._started = True
-        return dict(self._published)
-
-    async def apply(self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey]) -> ApplyResult:
-        if not self._started:
-            await self.current()
-        rejected: dict[MapKey, Held] = {}
-        parts, published = dict(self._parts), dict(self._published)
-        for key in changed:
-            pub = desired.get(key)
-            if pub is None:
-                parts.pop(key, None)
-                published.pop(key, None)
-                continue
-            held = self.check(pub)
-            if held is not None:
-                rejected[key] = held  # keeps its last good part
-                continue
-            parts[key], published[key] = self.renderer.render(key, pub.route), pub
-        changes = {key: parts.get(key) for key in changed if parts.get(key) != self._parts.get(key)}
-        if not changes:
-            self._published = published
-            return ApplyResult(rejected=rejected)
-        try:
-            result = await self.transport.write(parts, changes)
-        except Rejected as exc:
-            refused = Held(Reason.APPLY_FAILED, str(exc))
-            return ApplyResult(rejected={**{key: refused for key in changes}, **rejected}, wrote=True)
-        self._parts, self._published = parts, published
-        return ApplyResult(rejected=rejected, notes=result.notes, wrote=True, reloads=result.reloads)
-
-    def hold_off(self) -> float:
-        return self.transport.hold_off()
-
-    async def aclose(self) -> None:
-        await self.transport.aclose()
+def build(options: NginxOptions) -> tuple[NginxRenderer, NginxFileTransport]:
+    """The renderer and transport for the engine: reload mode."""
+    return build_reload(options)

