@@ -614,28 +614,40 @@ class EnvoyFileTransport:
         async with _translated("reading back"):
             rds = await self._io.read(RDS_FILE)
             cds = await self._io.read(CDS_FILE)
-            if rds is None or cds is None:
-                # Envoy cannot start without both files; empty ones serve nothing.
-                empty = assemble({}, route_config=self._options.envoy_route_config)
-                rds, cds = empty.rds, empty.cds
+            served = await self._served_versions()
+            holds_nothing = served is None or (served.rds, served.cds) == ("", "")
+            if (rds is None or cds is None) and (self._confirmed is not None or holds_nothing):
+                # A missing file: the last confirmed ones go back; with none known and nothing of
+                # ours in Envoy, empty ones (it cannot start without both). Else Envoy keeps what it has.
+                if self._confirmed is not None:
+                    cds, rds = self._confirmed
+                else:
+                    empty = assemble({}, route_config=self._options.envoy_route_config)
+                    cds, rds = empty.cds, empty.rds
                 await self._io.write(CDS_FILE, cds)
                 await self._io.write(RDS_FILE, rds)
-            rds_version, routes = await asyncio.to_thread(read_routes, rds)
-            cds_version, clusters = await asyncio.to_thread(read_clusters, cds)
-            served = await self._served_versions()
-            if served is None or (served.rds, served.cds) == (rds_version, cds_version):
-                self._rds_version, self._cds_version = rds_version, cds_version
-                self._held_clusters, self._confirmed = clusters, (cds, rds)
+            in_rds = await asyncio.to_thread(read_routes, rds) if rds is not None else None
+            in_cds = await asyncio.to_thread(read_clusters, cds) if cds is not None else None
+            if in_rds and in_cds and (served is None or (served.rds, served.cds) == (in_rds[0], in_cds[0])):
+                assert rds is not None and cds is not None
+                self._rds_version, self._cds_version = in_rds[0], in_cds[0]
+                self._held_clusters, self._confirmed = in_cds[1], (cds, rds)
+                routes = in_rds[1]
             else:
+                assert served is not None  # without an Envoy answering, both files exist by now
                 log.warning(
                     "envoy serves other versions than its files",
-                    extra={"served_rds": served.rds, "file_rds": rds_version, "served_cds": served.cds, "file_cds": cds_version},
-                )
-                # What Envoy serves is unknown as files: the first write rewrites both, and a
-                # rejection then has nothing confirmed to restore.
+                    extra={"served_rds": served.rds, "served_cds": served.cds,
+                           "file_rds": in_rds and in_rds[0], "file_cds": in_cds and in_cds[0]},
+                )  # fmt: skip
+                # What Envoy serves is known only from its own dump: the first write rewrites both
+                # files, and a rejection then has nothing confirmed to restore.
                 self._rds_version = self._cds_version = ""
-                self._held_clusters, self._confirmed = (clusters if served.cds == cds_version else []), None
-                if served.rds != rds_version:
+                self._held_clusters = in_cds[1] if in_cds and in_cds[0] == served.cds else []
+                self._confirmed = None
+                if in_rds and in_rds[0] == served.rds:
+                    routes = in_rds[1]
+                else:
                     _, routes = await asyncio.to_thread(read_routes, await self._io.served_rds())
         log.info("envoy state read back", extra={"maps": len(routes), "rds_version": self._rds_version})
         return routes

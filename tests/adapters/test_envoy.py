@@ -454,6 +454,26 @@ async def test_transport_reads_what_envoy_serves_when_the_files_hold_another_ver
     assert read_routes(io.files[RDS_FILE])[1] == routes(again)
 
 
+async def test_deleted_files_are_put_back_and_never_replaced_by_empty_ones_under_a_running_envoy():
+    """Fail static: empty files under a running Envoy would drop every route it serves."""
+    io = FakeIO()
+    transport = EnvoyFileTransport(EnvoyOptions(envoy_dir=Path("/nonexistent"), envoy_admin="http://fake"), io=io)
+    await transport.read()
+    pub = make_pub(3, 1)
+    await transport.write(parts(pub), parts(pub))
+    confirmed = dict(io.files)
+    io.files.clear()
+    assert await transport.read() == routes(pub)  # a resync: the confirmed files go back
+    assert io.files == confirmed
+    io.files.clear()
+    io.served_rds = lambda: asyncio.sleep(0, confirmed[RDS_FILE])
+    restarted = EnvoyFileTransport(EnvoyOptions(envoy_dir=Path("/nonexistent"), envoy_admin="http://fake"), io=io)
+    assert await restarted.read() == routes(pub)  # a restart: what Envoy serves, and no empty files
+    assert io.files == {}
+    assert (await restarted.write(parts(pub), parts(pub))).reloads == 2
+    assert io.files == confirmed
+
+
 def test_build_gives_a_renderer_and_a_file_transport():
     renderer, transport = build(EnvoyOptions(envoy_dir=Path("/nonexistent"), rewrite_host=True))
     assert isinstance(transport, EnvoyFileTransport)
