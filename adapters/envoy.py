@@ -32,7 +32,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.base import Rejected, Unavailable, WriteResult, publication_problem, write_atomic
-from publisher.model import Backend, MapKey, Publication, Route, parse_endpoint
+from adapters.json_file import from_json as route_from_json
+from adapters.json_file import to_json as route_json
+from publisher.model import MapKey, Publication, Route, parse_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -182,31 +184,10 @@ def _cluster(key: MapKey, cluster: str, endpoint_url: str, *, ca_file: Path) -> 
     return resource
 
 
-def _route_json(key: MapKey, route: Route) -> dict[str, Any]:
-    return {
-        "namespace": key.namespace,
-        "name": key.name,
-        "hostname": route.hostname,
-        "backends": [{"cluster": b.cluster, "endpoint": b.endpoint, "weight": b.weight} for b in route.backends],
-    }
-
-
-def _route_from_json(data: Any) -> tuple[MapKey, Route]:
-    # Metadata written with generations in it (before routes left provenance out) reads the same.
-    try:
-        backends = tuple(
-            Backend(cluster=str(b["cluster"]), endpoint=str(b["endpoint"]), weight=int(b["weight"]))
-            for b in data["backends"]
-        )
-        return MapKey(str(data["namespace"]), str(data["name"])), Route(str(data["hostname"]), backends)
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"not a route: {exc!r}") from exc
-
-
 def _virtual_host(key: MapKey, route: Route, *, rewrite_host: bool) -> dict[str, Any]:
     envoy_route: dict[str, Any] = {
         "match": {"prefix": "/"},
-        "metadata": {"filter_metadata": {METADATA_KEY: _route_json(key, route)}},
+        "metadata": {"filter_metadata": {METADATA_KEY: route_json(key, route)}},
     }
     if route.all_zero:
         envoy_route["direct_response"] = {"status": 503}
@@ -364,7 +345,7 @@ def _load(text: str) -> Any:
 
 
 def _metadata_route(virtual_host: Any) -> tuple[MapKey, Route]:
-    return _route_from_json(virtual_host["routes"][0]["metadata"]["filter_metadata"][METADATA_KEY])
+    return route_from_json(virtual_host["routes"][0]["metadata"]["filter_metadata"][METADATA_KEY])
 
 
 def read_routes(rds_text: str) -> tuple[str, dict[MapKey, Route]]:

@@ -29,13 +29,15 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Protocol
 
 import aiohttp
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from adapters.base import Rejected, Unavailable, WriteResult, publication_problem, write_atomic
-from publisher.model import Backend, MapKey, Publication, Route, parse_endpoint
+from adapters.json_file import from_json as route_from_json
+from adapters.json_file import to_json as route_json
+from publisher.model import MapKey, Publication, Route, parse_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -178,26 +180,6 @@ _PROXY_COMMON = (
 )
 
 
-def _route_json(key: MapKey, route: Route) -> dict[str, Any]:
-    return {
-        "namespace": key.namespace,
-        "name": key.name,
-        "hostname": route.hostname,
-        "backends": [{"cluster": b.cluster, "endpoint": b.endpoint, "weight": b.weight} for b in route.backends],
-    }
-
-
-def _route_from_json(data: Any) -> tuple[MapKey, Route]:
-    try:
-        backends = tuple(
-            Backend(cluster=str(b["cluster"]), endpoint=str(b["endpoint"]), weight=int(b["weight"]))
-            for b in data["backends"]
-        )
-        return MapKey(str(data["namespace"]), str(data["name"])), Route(str(data["hostname"]), backends)
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"not a route: {exc!r}") from exc
-
-
 @dataclass(frozen=True, slots=True)
 class NginxPart:
     """One map's share of the file: its hostname (one server_name per file) and its text."""
@@ -214,7 +196,7 @@ def render_part(key: MapKey, route: Route, *, listen: str, rewrite_host: bool = 
     reason = route_problem(key, route, rewrite_host=rewrite_host)
     if reason is not None:
         raise ValueError(f"{key}: {reason}")
-    out = [ROUTE_PREFIX, json.dumps(_route_json(key, route), separators=(",", ":"), sort_keys=True), "\n"]
+    out = [ROUTE_PREFIX, json.dumps(route_json(key, route), separators=(",", ":"), sort_keys=True), "\n"]
     server_head = f"server {{\n    listen {listen};\n    server_name {route.hostname};\n    location / {{\n"
     if route.all_zero:
         out += [server_head, "        return 503;\n    }\n}\n"]
@@ -311,7 +293,7 @@ def read_back(text: str) -> tuple[dict[MapKey, Route], list[str]]:
     for number, line in enumerate(text.splitlines(), start=1):
         try:
             if line.startswith(ROUTE_PREFIX):
-                key, route = _route_from_json(json.loads(line[len(ROUTE_PREFIX) :]))
+                key, route = route_from_json(json.loads(line[len(ROUTE_PREFIX) :]))
             elif line.startswith(LEGACY_PREFIX):
                 pub = Publication.from_json(json.loads(line[len(LEGACY_PREFIX) :]))
                 key, route = pub.key, pub.route
