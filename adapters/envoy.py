@@ -746,12 +746,12 @@ class EnvoyFileTransport:
             raise Unavailable("envoy rejected an update, and no confirmed files are known to restore")
         cds, rds = self._confirmed
         cds_version, clusters = await asyncio.to_thread(read_clusters, cds)
-        rds_version, _ = await asyncio.to_thread(read_routes, rds)
+        rds_version, routes = await asyncio.to_thread(read_routes, rds)
         self._rds_version = self._cds_version = ""
         try:
             async with _translated("restoring"):
-                await self._write(CDS_FILE, cds, cds_version, "cds")
-                await self._write(RDS_FILE, rds, rds_version, "rds")
+                await self._write(CDS_FILE, cds, cds_version, "cds", allowance=self.seconds_per_cluster * len(clusters))
+                await self._write(RDS_FILE, rds, rds_version, "rds", allowance=self.seconds_per_virtual_host * len(routes))
         except _EnvoyRejected as exc:
             raise Unavailable(f"envoy: restoring the last confirmed files: {exc}") from exc
         self._rds_version, self._cds_version, self._held_clusters = rds_version, cds_version, clusters
