@@ -538,8 +538,10 @@ class NginxFileTransport:
             if error is None:
                 error, reloads = await self._reload_and_confirm(version, self.seconds_per_map * len(parts))
         except Unavailable:
-            if reloads == 0:
-                await self._put_back(before)
+            # Not reloaded (NGINX down, a command that would not run): the confirmed file goes
+            # back; with none, the new file stays, as it is what NGINX should start from.
+            if reloads == 0 and self._confirmed_text is not None:
+                await self._put(self._confirmed_text)
             raise
         if error is None:
             self._confirmed_text = text

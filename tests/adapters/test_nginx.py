@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adapters import ADAPTERS, Engine
-from adapters.base import ApplyResult, Rejected, WriteResult
+from adapters.base import ApplyResult, Rejected, Unavailable, WriteResult
 from adapters.nginx import (
     SPLIT_UNITS,
     NginxFileTransport,
@@ -465,6 +465,28 @@ async def test_a_served_version_no_file_holds_is_not_claimed_and_the_next_write_
     assert result.rejected == {} and result.reloads == 1
     assert gateway.serving == version_of((tmp_path / "ome.conf").read_text())
     assert await NginxFileTransport(_options(tmp_path), gateway=gateway).read() == routes(good)
+
+
+async def test_with_nginx_down_the_new_file_waits_on_disk_for_nginx_to_start(tmp_path: Path) -> None:
+    """A pod starting: nothing serves our file yet, so nothing is claimed, and the write that cannot
+    reload leaves the desired file for NGINX to start from (never an older, unproven one)."""
+    refused = _file(make_pub("bad", ("a", "http://nowhere.invalid", 1)))
+    (tmp_path / "ome.conf").write_text(refused)
+
+    @dataclass
+    class DownNginx(FakeNginx):
+        async def reload(self) -> str | None:
+            raise FileNotFoundError(tmp_path / "pid")
+
+    gateway = DownNginx(tmp_path / "ome.conf", {"nowhere.invalid"})
+    adapter, _, _ = _fake_adapter(tmp_path, gateway)
+    assert await adapter.start() == {}
+    good = make_pub("m", ("a", "http://10.0.0.1", 1))
+    with pytest.raises(Unavailable):
+        await adapter.apply({good.key: good})
+    assert read_back((tmp_path / "ome.conf").read_text())[0] == routes(good)
+    gateway.serving = version_of((tmp_path / "ome.conf").read_text())  # NGINX starts from it
+    assert await adapter.start() == routes(good)
 
 
 async def test_withdrawn_maps_leave_the_file(tmp_path: Path) -> None:
