@@ -675,3 +675,19 @@ async def test_envoy_transport_restarted_reads_back_and_writes_nothing(gateway, 
         await restarted.aclose()
     assert {f: (gateway.directory / f).stat().st_mtime_ns for f in (CDS_FILE, RDS_FILE)} == before
     assert await measure(gateway.url, "idle.example.com", 10) == {"status:503": 10}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gateway", [{"envoy_ca_file": Path("/nonexistent/ca.crt")}], indirect=True)
+async def test_envoy_one_rejected_map_among_five_good_ones_is_isolated(gateway, backends):
+    """Finding 5: on the old code Envoy's refusal of one map's cluster failed all six."""
+    good = [local_pub(backends, {"a": 1, "b": 1}, name=f"ok{i}", hostname=f"ok{i}.example.com") for i in range(5)]
+    bad = make_pub(1, name="bad", hostname="bad.example.com", endpoints=["https://c.example"])
+    result = await gateway.adapter.apply({pub.key: pub for pub in (*good, bad)})
+    assert result.rejected.keys() == {bad.key}
+    assert result.rejected[bad.key].reason is Reason.APPLY_FAILED
+    await assert_measured_split(gateway.url, good[0].hostname, {"a": 1, "b": 1}, 1000)
+    for pub in good[1:]:
+        assert set(await measure(gateway.url, pub.hostname, 20)) <= {"a", "b"}
+    assert await measure(gateway.url, bad.hostname, 10) == {"status:404": 10}
+    assert read_routes((gateway.directory / RDS_FILE).read_text())[1] == routes(*good)
