@@ -96,9 +96,8 @@ class EnvoyOptions(BaseModel):
 
 
 def build(options: EnvoyOptions) -> tuple[Any, Any]:
-    """The renderer and transport for the engine: file mode."""
+    """The renderer and transport for the engine: file mode (the xDS mode's helper dispatches here)."""
     return build_files(options)
-
 
 _DEFAULT_CA: Path = EnvoyOptions.model_fields["envoy_ca_file"].default
 
