@@ -70,6 +70,11 @@ _ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Rout
 _ROUTE_CONFIG = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
 
 
+def build(options: EnvoyOptions) -> tuple[Any, Any]:
+    """The renderer and transport for the engine: file mode (see `build_files`)."""
+    return build_files(options)
+
+
 class EnvoyOptions(BaseModel):
     """How the sidecar reaches the Envoy beside it."""
 
@@ -94,10 +99,6 @@ class EnvoyOptions(BaseModel):
         description="Send each backend its endpoint's host; off, as OME's own publisher passes the Host through.",
     )
 
-
-def build(options: EnvoyOptions) -> tuple[Any, Any]:
-    """The renderer and transport for the engine: file mode (the xDS mode's helper dispatches here)."""
-    return build_files(options)
 
 _DEFAULT_CA: Path = EnvoyOptions.model_fields["envoy_ca_file"].default
 
