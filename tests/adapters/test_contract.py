@@ -55,10 +55,11 @@ async def envoy_files(tmp_path: Path) -> AsyncIterator[EngineFactory]:
 
 
 GATEWAYS = {"json-file": json_file, "json-dir": json_dir, "nginx-reload": nginx_reload, "envoy-files": envoy_files}
-REAL_GATEWAYS = {"nginx-reload", "envoy-files"}
+# Gateways that start a real process.
+SLOW = {"nginx-reload", "envoy-files"}
 
 
-@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.slow] if name in REAL_GATEWAYS else []) for name in sorted(GATEWAYS)])
+@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else []) for name in sorted(GATEWAYS)])
 async def gateway(request, tmp_path) -> AsyncIterator[EngineFactory]:
     async with GATEWAYS[request.param](tmp_path) as factory:
         yield factory
