@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import aiohttp
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -67,12 +67,27 @@ _ListenAddress = Annotated[str, AfterValidator(_check_listen)]
 
 
 class NginxOptions(BaseModel):
-    """How the NGINX adapter reaches its NGINX. Set exactly one of nginx_pid_file, nginx_reload_cmd."""
+    """How the NGINX adapter reaches its NGINX. Lua mode: nginx_secret_file (and nginx_control_url).
+    Reload mode: nginx_conf_file and exactly one of nginx_pid_file, nginx_reload_cmd."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    nginx_conf_file: Path = Field(
-        description="The one file the adapter owns, included inside http {}; no default: it is deployment-specific."
+    nginx_mode: Literal["lua", "reload"] = Field(
+        default="lua",
+        description="lua: weights pushed into the running NGINX, no reloads; reload: rewrite a file and reload. "
+        "Unset, it is reload when --nginx-conf-file is given (the sidecar cannot see NGINX's modules), else lua.",
+    )
+    nginx_control_url: str = Field(
+        default="http://127.0.0.1:8082",
+        pattern=r"^https?://[A-Za-z0-9.:\[\]-]+(:[0-9]{1,5})?/?$",
+        description="Lua mode: the control listener `ome-publisher nginx-config` declares; loopback, inside the pod.",
+    )
+    nginx_secret_file: Path | None = Field(
+        default=None, description="Lua mode: the shared secret the control listener requires, read by both sides."
+    )
+    nginx_conf_file: Path | None = Field(
+        default=None,
+        description="Reload mode: the one file the adapter owns, included inside http {}; no default: it is deployment-specific.",
     )
     nginx_listen: _ListenAddress = Field(
         default="8080", description="Where published hostnames are served; 8080 needs no root, like OME's examples."
@@ -98,8 +113,21 @@ class NginxOptions(BaseModel):
         default=False, description="Off: the client's Host passes through, as OME's own publisher does."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_from_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("nginx_mode") is None:
+            data = {**data, "nginx_mode": "reload" if data.get("nginx_conf_file") is not None else "lua"}
+        return data
+
     @model_validator(mode="after")
     def _one_reload_way(self) -> NginxOptions:
+        if self.nginx_mode == "lua":
+            if self.nginx_secret_file is None:
+                raise ValueError("nginx_mode lua needs nginx_secret_file")
+            return self
+        if self.nginx_conf_file is None:
+            raise ValueError("nginx_mode reload needs nginx_conf_file")
         if (self.nginx_pid_file is None) == (self.nginx_reload_cmd is None):
             raise ValueError("set exactly one of nginx_pid_file and nginx_reload_cmd")
         if self.nginx_listen == self.nginx_status_listen:
@@ -465,6 +493,7 @@ class NginxFileTransport:
         poll_interval: float = 0.05,
     ) -> None:
         self._options = options
+        assert options.nginx_conf_file is not None, "reload mode's options validate that it is set"
         self._path = options.nginx_conf_file
         self._confirmed_path = self._path.with_name(f".{self._path.name}.confirmed")
         self._gateway: _Gateway = gateway if gateway is not None else _NginxProcess(options)
@@ -639,6 +668,11 @@ def build_reload(options: NginxOptions) -> tuple[NginxRenderer, NginxFileTranspo
     return NginxRenderer(listen=options.nginx_listen, rewrite_host=options.rewrite_host), NginxFileTransport(options)
 
 
-def build(options: NginxOptions) -> tuple[NginxRenderer, NginxFileTransport]:
-    """The renderer and transport for the engine: reload mode."""
+def build(options: NginxOptions) -> tuple[Any, Any]:
+    """The renderer and transport for options.nginx_mode: Lua mode lives in adapters.nginx_lua,
+    reload mode here."""
+    if options.nginx_mode == "lua":
+        from adapters.nginx_lua import build as build_lua
+
+        return build_lua(options)
     return build_reload(options)

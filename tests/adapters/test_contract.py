@@ -54,9 +54,20 @@ async def envoy_files(tmp_path: Path) -> AsyncIterator[EngineFactory]:
         yield lambda: ADAPTERS["envoy"].engine("envoy", options)
 
 
-GATEWAYS = {"json-file": json_file, "json-dir": json_dir, "nginx-reload": nginx_reload, "envoy-files": envoy_files}
+@contextlib.asynccontextmanager
+async def nginx_lua(tmp_path: Path) -> AsyncIterator[EngineFactory]:
+    from tests.adapters.nginx_fixtures import running_lua_nginx
+
+    async with running_lua_nginx(tmp_path / "nginx") as nginx:
+        yield lambda: ADAPTERS["nginx"].engine("nginx", nginx.options())
+
+
+GATEWAYS = {
+    "json-file": json_file, "json-dir": json_dir, "nginx-lua": nginx_lua, "nginx-reload": nginx_reload,
+    "envoy-files": envoy_files,
+}
 # Gateways that start a real process.
-SLOW = {"nginx-reload", "envoy-files"}
+SLOW = {"nginx-lua", "nginx-reload", "envoy-files"}
 
 
 @pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else []) for name in sorted(GATEWAYS)])
