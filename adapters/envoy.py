@@ -1,14 +1,14 @@
-"""The Envoy adapter: weights into an Envoy beside the sidecar, through filesystem dynamic config.
+"""The Envoy adapter in file mode: a pure renderer, and a transport that owns two watched files.
 
-Owns `DIR/cds.yaml` (one cluster per map entry) and `DIR/rds.yaml` (one route configuration, one
-virtual host per Publication, `weighted_clusters` on route `/`), each an xDS DiscoveryResponse whose
-`version_info` is a digest of its content, replaced by rename so Envoy's watch sees it. Each map's
-part is rendered once and cached; a write joins the cached parts. With `--envoy-admin` every write
-is confirmed from Envoy's admin stats (the cheap version readouts; the rejection counters only when
-a version is late), and a rejected one is rolled back to the last accepted files.
-It also builds the bootstraps that point Envoy at those files or at the sidecar's xDS server
-(`build` picks that mode, adapters.envoy_xds, with `envoy_xds_listen`), and runs a real Envoy for
-tests and the demo. It decides nothing about maps and imports no metrics.
+The renderer turns one map's Route into its clusters and virtual host (`weighted_clusters` on `/`;
+no generation: a generation-only change renders the same part). The transport owns `DIR/cds.yaml`
+and `DIR/rds.yaml`, xDS DiscoveryResponses in JSON (valid YAML) whose `version_info` digests the
+content, joins the parts into them and replaces them by rename; with `--envoy-admin` each write is
+confirmed from Envoy's version readouts (the rejection counters only when a version is late), and
+a rejected one restores the last confirmed files. Read-back parses off the event loop. Hostname
+ownership and isolating a rejected map are the engine's. The module also builds the bootstrap and
+runs a real Envoy for tests and the demo. `build` picks this mode or the xDS server
+(adapters.envoy_xds) from `envoy_xds_listen`. It decides nothing about maps and imports no metrics.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -32,21 +32,28 @@ import aiohttp
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from adapters.base import ApplyResult, Unavailable, publication_problem, write_atomic
-from publisher.model import Held, MapKey, Publication, Reason, parse_endpoint
+from adapters.base import Rejected, Unavailable, WriteResult, publication_problem, write_atomic
+from adapters.json_file import from_json as route_from_json
+from adapters.json_file import to_json as route_json
+from publisher.model import MapKey, Publication, Route, parse_endpoint
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "EnvoyAdapter",
+    "EnvoyFileTransport",
     "EnvoyOptions",
+    "EnvoyPart",
     "EnvoyProcess",
+    "EnvoyRenderer",
     "EnvoyStartError",
     "Rendered",
+    "assemble",
     "bootstrap",
     "build",
+    "build_files",
     "cluster_name",
-    "read_publications",
+    "read_clusters",
+    "read_routes",
     "render",
     "run_envoy",
     "xds_bootstrap",
@@ -112,12 +119,13 @@ def build(options: EnvoyOptions) -> tuple[Any, Any]:
 
         renderer = XdsRenderer(ca_file=options.envoy_ca_file, rewrite_host=options.rewrite_host)
         return renderer, XdsTransport(options.envoy_xds_listen, renderer)
-    from adapters._legacy import build_legacy
-
-    return build_legacy(EnvoyAdapter, options)
+    return build_files(options)
 
 
-# --- Pure: validation, rendering, bootstrap ----------------------------------------------------------
+_DEFAULT_CA: Path = EnvoyOptions.model_fields["envoy_ca_file"].default
+
+
+# --- Pure: validation, rendering, read-back ----------------------------------------------------------
 
 
 def cluster_name(key: MapKey, cluster: str) -> str:
@@ -129,12 +137,14 @@ def _virtual_host_name(key: MapKey) -> str:
     return f"ome|{key.namespace}|{key.name}"
 
 
-def _problem(pub: Publication) -> str | None:
-    """Why Envoy cannot be given `pub`, or None: every value that reaches the config, checked."""
-    problem = publication_problem(pub)
-    if problem is not None:
-        return problem
-    for backend in pub.backends:
+def shared_problem(key: MapKey, route: Route) -> str | None:
+    """The strict checks every adapter shares (adapters.base.publication_problem), for a Route."""
+    return publication_problem(Publication(key.namespace, key.name, route.hostname, 0, 0, route.backends))
+
+
+def envoy_problem(route: Route) -> str | None:
+    """What Envoy cannot be given about a route that passed the shared checks, or None."""
+    for backend in route.backends:
         endpoint = parse_endpoint(backend.endpoint)
         if endpoint.path not in ("", "/"):
             return f"backends[{backend.cluster}].endpoint has path {endpoint.path!r}; Envoy weighted_clusters cannot rewrite the path per backend"
@@ -144,6 +154,11 @@ def _problem(pub: Publication) -> str | None:
             except ValueError:
                 return f"backends[{backend.cluster}].endpoint host {endpoint.host!r} is not an IPv6 address"
     return None
+
+
+def route_problem(key: MapKey, route: Route) -> str | None:
+    """Why a route must not reach Envoy's config, or None: every value that reaches it, checked."""
+    return shared_problem(key, route) or envoy_problem(route)
 
 
 def _ip_literal(host: str) -> str | None:
@@ -191,23 +206,23 @@ def _cluster(key: MapKey, cluster: str, endpoint_url: str, *, ca_file: Path) -> 
     return resource
 
 
-def _virtual_host(pub: Publication, *, rewrite_host: bool) -> dict[str, Any]:
-    route: dict[str, Any] = {
+def _virtual_host(key: MapKey, route: Route, *, rewrite_host: bool) -> dict[str, Any]:
+    envoy_route: dict[str, Any] = {
         "match": {"prefix": "/"},
-        "metadata": {"filter_metadata": {METADATA_KEY: pub.to_json()}},
+        "metadata": {"filter_metadata": {METADATA_KEY: route_json(key, route)}},
     }
-    if pub.all_zero:
-        route["direct_response"] = {"status": 503}
+    if route.all_zero:
+        envoy_route["direct_response"] = {"status": 503}
     else:
         clusters = []
-        for backend in pub.backends:
-            weight: dict[str, Any] = {"name": cluster_name(pub.key, backend.cluster), "weight": backend.weight}
+        for backend in route.backends:
+            weight: dict[str, Any] = {"name": cluster_name(key, backend.cluster), "weight": backend.weight}
             if rewrite_host:
                 host = parse_endpoint(backend.endpoint).host
                 weight["host_rewrite_literal"] = host[1:-1] if host.startswith("[") else host
             clusters.append(weight)
-        route["route"] = {"weighted_clusters": {"clusters": clusters}}
-    return {"name": _virtual_host_name(pub.key), "domains": [pub.hostname], "routes": [route]}
+        envoy_route["route"] = {"weighted_clusters": {"clusters": clusters}}
+    return {"name": _virtual_host_name(key), "domains": [route.hostname], "routes": [envoy_route]}
 
 
 def _dumps(value: Any) -> str:
@@ -218,23 +233,45 @@ def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
+_Cluster = tuple[str, str, bytes]  # (name, JSON text, digest)
+
+
 @dataclass(frozen=True, slots=True)
-class _Part:
-    """One map's share of both files, rendered once (JSON text is YAML, and much faster to write)."""
+class EnvoyPart:
+    """One map's share of both files, rendered once: JSON text (which is YAML, and which json.loads
+    reads back far faster than a YAML parser). Equal parts are served the same."""
 
-    pub: Publication
+    hostname: str
     virtual_host: str
-    virtual_host_digest: bytes
-    clusters: tuple[tuple[str, str, bytes], ...]  # (name, text, digest), in backend order
+    virtual_host_digest: bytes = field(compare=False)
+    clusters: tuple[_Cluster, ...]  # in backend order
 
 
-def _render_part(pub: Publication, *, rewrite_host: bool, ca_file: Path) -> _Part:
-    virtual_host = _dumps(_virtual_host(pub, rewrite_host=rewrite_host))
+def render_part(key: MapKey, route: Route, *, rewrite_host: bool = False, ca_file: Path = _DEFAULT_CA) -> EnvoyPart:
+    """Both files' text for one map. ValueError for a route `route_problem()` refuses."""
+    problem = route_problem(key, route)
+    if problem is not None:
+        raise ValueError(f"{key}: {problem}")
+    virtual_host = _dumps(_virtual_host(key, route, rewrite_host=rewrite_host))
     clusters = []
-    for backend in pub.backends:
-        text = _dumps(_cluster(pub.key, backend.cluster, backend.endpoint, ca_file=ca_file))
-        clusters.append((cluster_name(pub.key, backend.cluster), text, _digest(text)))
-    return _Part(pub, virtual_host, _digest(virtual_host), tuple(clusters))
+    for backend in route.backends:
+        text = _dumps(_cluster(key, backend.cluster, backend.endpoint, ca_file=ca_file))
+        clusters.append((cluster_name(key, backend.cluster), text, _digest(text)))
+    return EnvoyPart(route.hostname, virtual_host, _digest(virtual_host), tuple(clusters))
+
+
+@dataclass(frozen=True)
+class EnvoyRenderer:
+    """The `Renderer` of file mode (and of the parts xDS mode does not need). Pure."""
+
+    rewrite_host: bool = False
+    ca_file: Path = _DEFAULT_CA
+
+    def problem(self, key: MapKey, route: Route) -> str | None:
+        return envoy_problem(route)
+
+    def render(self, key: MapKey, route: Route) -> EnvoyPart:
+        return render_part(key, route, rewrite_host=self.rewrite_host, ca_file=self.ca_file)
 
 
 def _version(digests: Iterable[bytes]) -> str:
@@ -244,87 +281,134 @@ def _version(digests: Iterable[bytes]) -> str:
     return h.hexdigest()
 
 
-def _rds_version(route_config: str, parts: Mapping[MapKey, _Part], order: list[MapKey]) -> str:
-    return _version([route_config.encode(), *(parts[k].virtual_host_digest for k in order)])
-
-
-def _rds_text(route_config: str, parts: Mapping[MapKey, _Part], order: list[MapKey], version: str) -> str:
-    hosts = ",".join(parts[k].virtual_host for k in order)
-    return (
-        f'{{"version_info":"{version}","resources":[{{"@type":"{_ROUTE_TYPE}",'
-        f'"name":"{route_config}","virtual_hosts":[{hosts}]}}]}}\n'
-    )
-
-
-def _cds_text(clusters: list[tuple[str, str, bytes]]) -> tuple[str, str]:
+def _cds_text(clusters: list[_Cluster]) -> tuple[str, str]:
     version = _version(d for _, _, d in clusters)
     body = ",".join(text for _, text, _ in clusters)
     return version, f'{{"version_info":"{version}","resources":[{body}]}}\n'
 
 
-def _clusters_of(parts: Mapping[MapKey, _Part], order: list[MapKey]) -> list[tuple[str, str, bytes]]:
-    return [c for k in order for c in parts[k].clusters]
-
-
 @dataclass(frozen=True)
 class Rendered:
-    """Both files for a set of Publications, and the maps that could not go in."""
+    """Both files for a set of parts, with their versions and the clusters in cds order."""
 
     cds: str
     rds: str
     cds_version: str
     rds_version: str
-    rejected: Mapping[MapKey, Held] = field(default_factory=dict)
+    clusters: list[_Cluster] = field(repr=False)
 
 
-def render(
-    pubs: Iterable[Publication],
-    *,
-    route_config: str = "ome-global",
-    rewrite_host: bool = False,
-    ca_file: Path = EnvoyOptions.model_fields["envoy_ca_file"].default,
-) -> Rendered:
-    """Pure: Publications -> cds.yaml and rds.yaml text. A Publication Envoy cannot take, or whose
-    hostname an earlier one (in key order) already has, is left out and listed in `rejected`."""
-    parts: dict[MapKey, _Part] = {}
-    domains: dict[str, MapKey] = {}
-    rejected: dict[MapKey, Held] = {}
-    for pub in sorted(pubs, key=lambda p: p.key):
-        refusal = _refusal(pub, domains)
-        if refusal:
-            rejected[pub.key] = refusal
-            continue
-        parts[pub.key] = _render_part(pub, rewrite_host=rewrite_host, ca_file=ca_file)
-        domains[pub.hostname] = pub.key
-    order = sorted(parts)
-    rds_version = _rds_version(route_config, parts, order)
-    cds_version, cds = _cds_text(_clusters_of(parts, order))
-    return Rendered(cds, _rds_text(route_config, parts, order, rds_version), cds_version, rds_version, rejected)
-
-
-def _refusal(pub: Publication, domains: Mapping[str, MapKey]) -> Held | None:
-    problem = _problem(pub)
-    if problem:
-        return Held(Reason.APPLY_FAILED, f"envoy: {problem}")
-    owner = domains.get(pub.hostname)
-    if owner is not None and owner != pub.key:
-        return Held(Reason.APPLY_FAILED, f"envoy: hostname {pub.hostname!r} is already served for {owner}")
+def duplicate_hostname(parts: Mapping[MapKey, EnvoyPart]) -> str | None:
+    """A message naming two maps with one domain, or None (Envoy refuses such a route configuration)."""
+    owners: dict[str, MapKey] = {}
+    for key in sorted(parts):
+        owner = owners.setdefault(parts[key].hostname, key)
+        if owner != key:
+            return f"maps {owner} and {key} both claim domain {parts[key].hostname}"
     return None
 
 
-def read_publications(rds_text: str) -> tuple[str, dict[MapKey, Publication]]:
-    """Pure: the version and the Publications an rds.yaml written by `render` holds. ValueError else."""
+def assemble(parts: Mapping[MapKey, EnvoyPart], *, route_config: str = "ome-global") -> Rendered:
+    """Pure: cds.yaml and rds.yaml from the parts, in key order; each version a digest of the part
+    digests. ValueError for two maps with one domain. A join of cached texts: cheap at 10,000 maps."""
+    duplicate = duplicate_hostname(parts)
+    if duplicate is not None:
+        raise ValueError(duplicate)
+    order = sorted(parts)
+    rds_version = _version([route_config.encode(), *(parts[k].virtual_host_digest for k in order)])
+    hosts = ",".join(parts[k].virtual_host for k in order)
+    rds = (
+        f'{{"version_info":"{rds_version}","resources":[{{"@type":"{_ROUTE_TYPE}",'
+        f'"name":"{route_config}","virtual_hosts":[{hosts}]}}]}}\n'
+    )
+    clusters = [c for k in order for c in parts[k].clusters]
+    cds_version, cds = _cds_text(clusters)
+    return Rendered(cds, rds, cds_version, rds_version, clusters)
+
+
+def render(
+    routes: Mapping[MapKey, Route],
+    *,
+    route_config: str = "ome-global",
+    rewrite_host: bool = False,
+    ca_file: Path = _DEFAULT_CA,
+) -> Rendered:
+    """Pure: routes -> cds.yaml and rds.yaml. ValueError for a route Envoy cannot take, or two maps
+    with one hostname."""
+    renderer = EnvoyRenderer(rewrite_host=rewrite_host, ca_file=ca_file)
+    return assemble({key: renderer.render(key, route) for key, route in routes.items()}, route_config=route_config)
+
+
+_DECODER = json.JSONDecoder()
+_RDS_HEAD = re.compile(r'\{"version_info":"[0-9a-f]*","resources":\[\{"@type":"[^"]*","name":"[^"]*","virtual_hosts":\[')
+_CDS_HEAD = re.compile(r'\{"version_info":"[0-9a-f]*","resources":\[')
+
+
+def _elements(text: str, start: int) -> Iterator[tuple[Any, int, int]]:
+    """Each element of the JSON array whose first element is at `start`: (value, begin, end).
+
+    One short parse per element, not one for the whole file: a thread reading a large file this
+    way gives the event loop's thread the GIL between elements."""
+    position, end = start, len(text)
+    while position < end and text[position] != "]":
+        value, stop = _DECODER.raw_decode(text, position)
+        yield value, position, stop
+        position = stop + 1 if stop < end and text[stop] == "," else stop
+    if position >= end:
+        raise ValueError("unterminated array")
+
+
+def _load(text: str) -> Any:
+    # Any file not in the shape `assemble` writes: JSON, else YAML through the C loader when built.
     try:
-        document = yaml.safe_load(rds_text) if rds_text.strip() else None
-        version = str(document["version_info"])
+        return json.loads(text)
+    except ValueError:
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def _metadata_route(virtual_host: Any) -> tuple[MapKey, Route]:
+    return route_from_json(virtual_host["routes"][0]["metadata"]["filter_metadata"][METADATA_KEY])
+
+
+def read_routes(rds_text: str) -> tuple[str, dict[MapKey, Route]]:
+    """Pure: the version and the routes an rds.yaml written by `assemble` holds. ValueError else.
+    Blocking for a large file: call it through asyncio.to_thread."""
+    try:
+        head = _RDS_HEAD.match(rds_text)
+        if head is not None:
+            version = json.loads(rds_text[: rds_text.index(',"resources"')] + "}")["version_info"]
+            return str(version), dict(_metadata_route(host) for host, _, _ in _elements(rds_text, head.end()))
+        document = _load(rds_text) if rds_text.strip() else None
         (resource,) = document["resources"]
-        pubs: dict[MapKey, Publication] = {}
-        for virtual_host in resource.get("virtual_hosts") or []:
-            pub = Publication.from_json(virtual_host["routes"][0]["metadata"]["filter_metadata"][METADATA_KEY])
-            pubs[pub.key] = pub
+        routes = dict(_metadata_route(host) for host in resource.get("virtual_hosts") or [])
+        return str(document["version_info"]), routes
     except (yaml.YAMLError, KeyError, TypeError, IndexError, ValueError) as exc:
         raise ValueError(f"not an rds file written by this adapter: {exc!r}") from exc
-    return version, pubs
+
+
+def read_clusters(cds_text: str) -> tuple[str, list[_Cluster]]:
+    """Pure: the version and the clusters (name, text, digest) of a cds.yaml written by `assemble`.
+    ValueError else. Blocking for a large file: call it through asyncio.to_thread."""
+    try:
+        head = _CDS_HEAD.match(cds_text)
+        if head is not None:
+            version = json.loads(cds_text[: cds_text.index(',"resources"')] + "}")["version_info"]
+            clusters = []
+            for resource, begin, end in _elements(cds_text, head.end()):
+                text = cds_text[begin:end]
+                clusters.append((str(resource["name"]), text, _digest(text)))
+            return str(version), clusters
+        document = _load(cds_text)
+        clusters = []
+        for resource in document["resources"]:
+            text = _dumps(resource)
+            clusters.append((str(resource["name"]), text, _digest(text)))
+        return str(document["version_info"]), clusters
+    except (yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a cds file written by this adapter: {exc!r}") from exc
+
+
+# --- Pure: the bootstrap ----------------------------------------------------------------------------
 
 
 def _config_source(path: Path) -> dict[str, Any]:
@@ -573,9 +657,19 @@ class _EnvoyIO:
         return sum(int(s.get("value", 0)) for s in body.get("stats", []) if "name" in s)
 
     async def served_rds(self) -> str:
-        """Envoy's active route configuration as an rds document, for `read_publications`."""
-        body = await self._get_json("/config_dump?resource=dynamic_route_configs", 30.0)
-        for config in body.get("configs", []):
+        """Envoy's active route configuration as an rds document, for `read_routes`. The dump is
+        large at 10,000 maps: it is parsed off the event loop."""
+        assert self._admin_url is not None
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        url = self._admin_url + "/config_dump?resource=dynamic_route_configs"
+        async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=30.0)) as response:
+            response.raise_for_status()
+            body = await response.read()
+        return await asyncio.to_thread(self._rds_document, body)
+
+    def _rds_document(self, body: bytes) -> str:
+        for config in json.loads(body).get("configs", []):
             route_config = config.get("route_config", {})
             if self._rds_prefix == f"http.{STAT_PREFIX}.rds.{route_config.get('name')}.":
                 return json.dumps({"version_info": config.get("version_info", ""), "resources": [route_config]})
@@ -601,13 +695,12 @@ class _EnvoyRejected(Exception):
         super().__init__(f"envoy rejected {what} version {version} ({what}.update_rejected rose); Envoy's log has its reason")
 
 
-# --- The adapter ------------------------------------------------------------------------------------
+# --- The transport ------------------------------------------------------------------------------------
 
 
-class EnvoyAdapter:
-    """Adapter `envoy`: see the module docstring. Construct, then `current()` once, then `apply()`."""
+class EnvoyFileTransport:
+    """The `Transport` of file mode: see the module docstring. The engine drives it, one call at a time."""
 
-    name = "envoy"
     # How long Envoy gets to take one file beyond the work it carries: a rename of a small change
     # reloads within milliseconds; past the deadline the write is reported Unavailable and retried.
     confirm_timeout = 10.0
@@ -625,155 +718,121 @@ class EnvoyAdapter:
         assert options.envoy_dir is not None, "the file transport needs envoy_dir"
         self._options = options
         self._io = io or _EnvoyIO(options.envoy_dir, options.envoy_admin, options.envoy_route_config)
-        # What Envoy has taken: each map's part, who owns each hostname, and the files' versions.
-        self._parts: dict[MapKey, _Part] = {}
-        self._domains: dict[str, MapKey] = {}
+        # The files' versions as Envoy holds them ("" when unknown: the next write rewrites that file).
         self._rds_version = ""
         self._cds_version = ""
-        self._started = False
+        # The clusters Envoy holds (old ones leave only after the routes naming them), and the two
+        # files Envoy last confirmed: what a rejected write restores. None: unknown.
+        self._held_clusters: list[_Cluster] = []
+        self._confirmed: tuple[str, str] | None = None
         # Envoy's update_rejected counters as last read (None: not yet): a rise means a rejection.
         self._rejections: _PerSubscription | None = None
 
-    def check(self, pub: Publication) -> Held | None:
-        problem = _problem(pub)
-        return Held(Reason.INVALID_PLAN, f"envoy: {problem}") if problem else None
-
-    def _render(self, pub: Publication) -> _Part:
-        return _render_part(pub, rewrite_host=self._options.rewrite_host, ca_file=self._options.envoy_ca_file)
-
-    def _accept_all(self, pubs: Mapping[MapKey, Publication]) -> None:
-        """Start-up: rebuild the cache from what the gateway holds (a full render, off the loop)."""
-        self._parts, self._domains = {}, {}
-        for key in sorted(pubs):
-            pub = pubs[key]
-            if _refusal(pub, self._domains) is None:
-                self._parts[key] = self._render(pub)
-                self._domains[pub.hostname] = key
-
-    def _files(self, parts: Mapping[MapKey, _Part]) -> tuple[str, str, list[tuple[str, str, bytes]]]:
-        order = sorted(parts)
-        route_config = self._options.envoy_route_config
-        version = _rds_version(route_config, parts, order)
-        return version, _rds_text(route_config, parts, order, version), _clusters_of(parts, order)
-
-    async def current(self) -> dict[MapKey, Publication]:
+    async def read(self) -> dict[MapKey, Route]:
+        """What Envoy serves: the files when Envoy holds their versions (or is not up yet, and will
+        load them), else Envoy's own route configuration. Parsed off the event loop."""
         async with _translated("reading back"):
             rds = await self._io.read(RDS_FILE)
             cds = await self._io.read(CDS_FILE)
-            file_version, pubs = read_publications(rds) if rds is not None else ("", {})
-            served = await self._served_instead(file_version)
-            if served is not None:
-                file_version, pubs = served
-            await asyncio.to_thread(self._accept_all, pubs)
-            rds_version, rds_text, clusters = self._files(self._parts)
-            cds_version, cds_text = _cds_text(clusters)
-            if rds is None:
-                await self._io.write(RDS_FILE, rds_text)
-                file_version = rds_version
-            if cds is None:
-                await self._io.write(CDS_FILE, cds_text)
-                cds_file_version = cds_version
+            served = await self._served_versions()
+            holds_nothing = served is None or (served.rds, served.cds) == ("", "")
+            if (rds is None or cds is None) and (self._confirmed is not None or holds_nothing):
+                # A missing file: the last confirmed ones go back; with none known and nothing of
+                # ours in Envoy, empty ones (it cannot start without both). Else Envoy keeps what it has.
+                if self._confirmed is not None:
+                    cds, rds = self._confirmed
+                else:
+                    empty = assemble({}, route_config=self._options.envoy_route_config)
+                    cds, rds = empty.cds, empty.rds
+                await self._io.write(CDS_FILE, cds)
+                await self._io.write(RDS_FILE, rds)
+            in_rds = await asyncio.to_thread(read_routes, rds) if rds is not None else None
+            in_cds = await asyncio.to_thread(read_clusters, cds) if cds is not None else None
+            if in_rds and in_cds and (served is None or (served.rds, served.cds) == (in_rds[0], in_cds[0])):
+                assert rds is not None and cds is not None
+                self._rds_version, self._cds_version = in_rds[0], in_cds[0]
+                self._held_clusters, self._confirmed = in_cds[1], (cds, rds)
+                routes = in_rds[1]
             else:
-                cds_file_version = str(json.loads(cds)["version_info"])
-        # A file we would write differently (another rendering, or not what Envoy serves) is
-        # rewritten by the first apply: the remembered versions then differ from any rendered one.
-        self._rds_version = file_version if served is None else ""
-        self._cds_version = cds_file_version if served is None else ""
-        self._started = True
-        log.info("envoy state read back", extra={"maps": len(self._parts), "rds_version": file_version})
-        return {key: part.pub for key, part in self._parts.items()}
+                assert served is not None  # without an Envoy answering, both files exist by now
+                log.warning(
+                    "envoy serves other versions than its files",
+                    extra={"served_rds": served.rds, "served_cds": served.cds,
+                           "file_rds": in_rds and in_rds[0], "file_cds": in_cds and in_cds[0]},
+                )  # fmt: skip
+                # What Envoy serves is known only from its own dump: the first write rewrites both
+                # files, and a rejection then has nothing confirmed to restore.
+                self._rds_version = self._cds_version = ""
+                self._held_clusters = in_cds[1] if in_cds and in_cds[0] == served.cds else []
+                self._confirmed = None
+                if in_rds and in_rds[0] == served.rds:
+                    routes = in_rds[1]
+                else:
+                    _, routes = await asyncio.to_thread(read_routes, await self._io.served_rds())
+        log.info("envoy state read back", extra={"maps": len(routes), "rds_version": self._rds_version})
+        return routes
 
-    async def _served_instead(self, file_version: str) -> tuple[str, dict[MapKey, Publication]] | None:
-        """When Envoy runs and serves another route version than the file's, what it serves."""
+    async def _served_versions(self) -> _PerSubscription | None:
+        """The versions Envoy holds, or None when there is no admin API or Envoy is not up yet."""
         if not self._io.confirms:
             return None
         try:
-            served = (await self._io.versions()).rds
+            return await self._io.versions()
         except (OSError, aiohttp.ClientError, asyncio.TimeoutError):
             return None  # Envoy not up yet: it will load the files.
-        if not served or served == file_version:
-            return None
-        log.warning("envoy serves another version than its files", extra={"served": served, "file": file_version})
-        return read_publications(await self._io.served_rds())
 
-    async def apply(self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey]) -> ApplyResult:
-        if not self._started:
-            await self.current()
-        parts, domains, rejected, touched = self._candidate(desired, changed)
-        rds_version, rds_text, clusters = self._files(parts)
-        cds_version, cds_text = _cds_text(clusters)
-        if rds_version == self._rds_version and cds_version == self._cds_version:
-            self._parts, self._domains = parts, domains
-            return ApplyResult(rejected=rejected, wrote=False)
+    async def write(self, parts: Mapping[MapKey, EnvoyPart], changes: Mapping[MapKey, EnvoyPart | None]) -> WriteResult:
+        """Make Envoy serve `parts`: new clusters first, then the routes, then old clusters leave.
+        Rejected: Envoy refused, and the last confirmed files are back. Unavailable: not confirmed."""
+        route_config = self._options.envoy_route_config
+        try:
+            files = await asyncio.to_thread(assemble, parts, route_config=route_config)
+        except ValueError as exc:
+            raise Rejected(f"envoy: {exc}") from exc
+        if (files.rds_version, files.cds_version) == (self._rds_version, self._cds_version):
+            return WriteResult()
         writes = 0
-        leftovers: list[tuple[str, str, bytes]] = []
         try:
             async with _translated("writing"):
-                if cds_version != self._cds_version:
-                    # New clusters go in before any route names them; old ones leave after (below).
-                    names = {name for name, _, _ in clusters}
-                    held = [c for k in sorted(self._parts) for c in self._parts[k].clusters]
-                    leftovers = [c for c in held if c[0] not in names]
-                    first_version, first_text = _cds_text(clusters + leftovers) if rds_version != self._rds_version else (cds_version, cds_text)
-                    old_names = {name for name, _, _ in held}
-                    added = [text for name, text, _ in clusters if name not in old_names]
+                if files.cds_version != self._cds_version:
+                    names = {name for name, _, _ in files.clusters}
+                    leftovers = [c for c in self._held_clusters if c[0] not in names]
+                    held_names = {name for name, _, _ in self._held_clusters}
+                    added = [text for name, text, _ in files.clusters if name not in held_names]
+                    first_version, first_text = (
+                        _cds_text(files.clusters + leftovers) if files.rds_version != self._rds_version and leftovers
+                        else (files.cds_version, files.cds)
+                    )  # fmt: skip
                     writes += 1
                     await self._write(
                         CDS_FILE, first_text, first_version, "cds",
                         allowance=self.seconds_per_cluster * len(added),
                         # Only a cluster that resolves a name warms for long; an IP one is active at once.
                         warming=any('"type":"LOGICAL_DNS"' in text for text in added),
-                    )
+                    )  # fmt: skip
                     self._cds_version = first_version
-                if rds_version != self._rds_version:
+                    self._held_clusters = files.clusters + (leftovers if first_version != files.cds_version else [])
+                if files.rds_version != self._rds_version:
                     writes += 1
                     await self._write(
-                        RDS_FILE, rds_text, rds_version, "rds", allowance=self.seconds_per_virtual_host * len(parts)
+                        RDS_FILE, files.rds, files.rds_version, "rds", allowance=self.seconds_per_virtual_host * len(parts)
                     )
-                    self._rds_version = rds_version
-                    self._parts, self._domains = parts, domains
-                if cds_version != self._cds_version:
+                    self._rds_version = files.rds_version
+                if files.cds_version != self._cds_version:
                     writes += 1
+                    leftover_count = len(self._held_clusters) - len(files.clusters)
                     await self._write(
-                        CDS_FILE, cds_text, cds_version, "cds", allowance=self.seconds_per_cluster * len(leftovers)
+                        CDS_FILE, files.cds, files.cds_version, "cds", allowance=self.seconds_per_cluster * leftover_count
                     )
-                    self._cds_version = cds_version
+                    self._cds_version = files.cds_version
+                    self._held_clusters = files.clusters
         except _EnvoyRejected as exc:
+            log.warning("envoy rejected an update", extra={"maps": len(changes), "error": str(exc)})
             await self._restore()
-            log.warning("envoy rejected an update", extra={"maps": len(touched), "error": str(exc)})
-            refused = Held(Reason.APPLY_FAILED, str(exc))
-            return ApplyResult(rejected={**rejected, **{key: refused for key in touched}}, wrote=True, reloads=writes + 2)
-        self._parts, self._domains = parts, domains
-        log.debug("envoy updated", extra={"rds_version": rds_version, "cds_version": cds_version, "writes": writes})
-        return ApplyResult(rejected=rejected, wrote=True, reloads=writes)
-
-    def _candidate(
-        self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey]
-    ) -> tuple[dict[MapKey, _Part], dict[str, MapKey], dict[MapKey, Held], set[MapKey]]:
-        """The cache after this apply: re-render only changed or new keys, drop withdrawn ones."""
-        parts, domains = dict(self._parts), dict(self._domains)
-        rejected: dict[MapKey, Held] = {}
-        touched: set[MapKey] = set()
-        for key in self._parts.keys() - desired.keys():
-            old = parts.pop(key)
-            domains.pop(old.pub.hostname, None)
-            touched.add(key)
-        for key in sorted((changed & desired.keys()) | (desired.keys() - parts.keys())):
-            pub, old = desired[key], parts.get(key)
-            if old is not None and old.pub == pub:
-                continue
-            if old is not None:
-                domains.pop(old.pub.hostname, None)
-            refusal = _refusal(pub, domains)
-            if refusal is not None:
-                rejected[key] = refusal
-                if old is not None:
-                    domains[old.pub.hostname] = key
-                continue
-            parts[key] = self._render(pub)
-            domains[pub.hostname] = key
-            touched.add(key)
-        return parts, domains, rejected, touched
+            raise Rejected(str(exc)) from exc
+        self._confirmed = (files.cds, files.rds)
+        log.debug("envoy updated", extra={"rds_version": files.rds_version, "cds_version": files.cds_version, "writes": writes})
+        return WriteResult(reloads=writes)
 
     async def _write(
         self, filename: str, text: str, version: str, what: str, *, allowance: float = 0.0, warming: bool = False
@@ -819,19 +878,40 @@ class EnvoyAdapter:
             raise _EnvoyRejected(what, version)
 
     async def _restore(self) -> None:
-        """Put the last accepted files back (no confirmation: Envoy held them already)."""
-        rds_version, rds_text, clusters = self._files(self._parts)
-        cds_version, cds_text = _cds_text(clusters)
-        async with _translated("restoring"):
-            await self._io.write(CDS_FILE, cds_text)
-            await self._io.write(RDS_FILE, rds_text)
-        self._rds_version, self._cds_version = rds_version, cds_version
+        """Put the last confirmed files back and wait until Envoy holds them again. Unavailable
+        when there are none, or Envoy does not take them back."""
+        if self._confirmed is None:
+            self._rds_version = self._cds_version = ""
+            raise Unavailable("envoy rejected an update, and no confirmed files are known to restore")
+        cds, rds = self._confirmed
+        cds_version, clusters = await asyncio.to_thread(read_clusters, cds)
+        rds_version, routes = await asyncio.to_thread(read_routes, rds)
+        self._rds_version = self._cds_version = ""
+        try:
+            async with _translated("restoring"):
+                await self._write(CDS_FILE, cds, cds_version, "cds", allowance=self.seconds_per_cluster * len(clusters))
+                await self._write(RDS_FILE, rds, rds_version, "rds", allowance=self.seconds_per_virtual_host * len(routes))
+        except _EnvoyRejected as exc:
+            raise Unavailable(f"envoy: restoring the last confirmed files: {exc}") from exc
+        self._rds_version, self._cds_version, self._held_clusters = rds_version, cds_version, clusters
 
     def hold_off(self) -> float:
         return 0.0
 
+    def unready(self) -> str | None:
+        return None
+
+    async def serve(self) -> None:
+        return None
+
     async def aclose(self) -> None:
         await self._io.aclose()
+
+
+def build_files(options: EnvoyOptions) -> tuple[EnvoyRenderer, EnvoyFileTransport]:
+    """File mode's renderer and transport for the engine."""
+    renderer = EnvoyRenderer(rewrite_host=options.rewrite_host, ca_file=options.envoy_ca_file)
+    return renderer, EnvoyFileTransport(options)
 
 
 # --- A real Envoy, for the tests and `ome-publisher demo` ---------------------------------------------

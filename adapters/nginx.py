@@ -1,10 +1,13 @@
-"""The NGINX OSS adapter: owns one file included inside `http {}`, reloads NGINX, confirms the reload.
+"""The NGINX OSS adapter in reload mode: a pure renderer, and a transport that owns one file.
 
-Owns: rendering Publications into upstream/server blocks (pure `render`), writing that one file
-atomically, validating it (`--nginx-test-cmd`), reloading (SIGHUP through `--nginx-pid-file`, or
-`--nginx-reload-cmd`) at most once per `--nginx-min-reload-interval`, and confirming the reload by
-reading the file's own version from the status listener. It must not touch any other NGINX file.
-Every value from a Publication is checked against a strict pattern before it is written.
+The renderer turns one map's Route into its upstream/server blocks and a read-back line (no
+generation: a generation-only change renders the same text). The transport assembles every part
+into the one file it owns (included inside `http {}`), writes it atomically, validates it
+(`--nginx-test-cmd`), reloads (SIGHUP through `--nginx-pid-file`, or `--nginx-reload-cmd`) at most
+once per `--nginx-min-reload-interval`, confirms by the version the status listener serves, and on
+a refusal puts back the file it last confirmed. It keeps a copy of that file beside it
+(`.NAME.confirmed`), so a restarted sidecar can prove what NGINX serves; it touches no other file.
+Deciding which map goes in, hostname ownership and isolating a refused map are the engine's.
 
 The main nginx.conf must leave room for what this file adds: raise `server_names_hash_max_size`,
 `server_names_hash_bucket_size` (and, with --rewrite-host, `variables_hash_max_size` and
@@ -24,19 +27,24 @@ import shlex
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
 import aiohttp
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from adapters.base import ApplyResult, Rejected, Unavailable, publication_problem, write_atomic
-from publisher.model import Held, MapKey, Publication, Reason, parse_endpoint
+from adapters.base import Rejected, Unavailable, WriteResult, publication_problem, write_atomic
+from adapters.json_file import from_json as route_from_json
+from adapters.json_file import to_json as route_json
+from publisher.model import MapKey, Publication, Route, parse_endpoint
 
 log = logging.getLogger(__name__)
 
 VERSION_PATH = "/.well-known/ome-gateway-publisher/version"
-PUBLICATION_PREFIX = "# ome-publication "
+ROUTE_PREFIX = "# ome-route "
+# Files written before routes left provenance out carry the whole Publication; still read back.
+LEGACY_PREFIX = "# ome-publication "
 VERSION_PREFIX = "# version "
 
 # split_clients takes percentages with two decimals: the whole is 10,000 hundredths of a percent.
@@ -138,13 +146,15 @@ class NginxOptions(BaseModel):
 # --- Pure rendering ------------------------------------------------------------------------------
 
 
-def problem(pub: Publication, *, rewrite_host: bool = False) -> str | None:
-    """Why `pub` cannot be written into an NGINX config, or None. Every written value passes here."""
-    common = publication_problem(pub)
-    if common is not None:
-        return common
+def shared_problem(key: MapKey, route: Route) -> str | None:
+    """The strict checks every adapter shares (adapters.base.publication_problem), for a Route."""
+    return publication_problem(Publication(key.namespace, key.name, route.hostname, 0, 0, route.backends))
+
+
+def nginx_problem(route: Route, *, rewrite_host: bool = False) -> str | None:
+    """What NGINX cannot express about a route that passed the shared checks, or None."""
     schemes: set[str] = set()
-    for backend in pub.backends:
+    for backend in route.backends:
         endpoint = parse_endpoint(backend.endpoint)
         if endpoint.path not in ("", "/"):
             return f"backends[{backend.cluster}].endpoint has path {endpoint.path!r}; NGINX proxies to the root only"
@@ -152,6 +162,11 @@ def problem(pub: Publication, *, rewrite_host: bool = False) -> str | None:
     if len(schemes) > 1 and not rewrite_host:
         return "backends mix http and https endpoints; one NGINX upstream has one scheme (use --rewrite-host)"
     return None
+
+
+def route_problem(key: MapKey, route: Route, *, rewrite_host: bool = False) -> str | None:
+    """Why a route cannot be written into an NGINX config, or None. Every written value passes here."""
+    return shared_problem(key, route) or nginx_problem(route, rewrite_host=rewrite_host)
 
 
 def split_units(weights: Iterable[int]) -> list[int]:
@@ -170,15 +185,15 @@ def split_units(weights: Iterable[int]) -> list[int]:
     return units
 
 
-def _upstream_name(pub: Publication, index: int | None = None) -> str:
+def _upstream_name(key: MapKey, index: int | None = None) -> str:
     # Namespaces and names hold no "_", so "_" separates them unambiguously.
-    base = f"ome_{pub.namespace}_{pub.name}"
+    base = f"ome_{key.namespace}_{key.name}"
     return base if index is None else f"{base}_{index}"
 
 
-def _variable_stem(pub: Publication) -> str:
+def _variable_stem(key: MapKey) -> str:
     # NGINX variable names take no "." or "-": a digest of the key stands in for it.
-    return "ome_" + hashlib.sha256(f"{pub.namespace}/{pub.name}".encode()).hexdigest()[:16]
+    return "ome_" + hashlib.sha256(f"{key.namespace}/{key.name}".encode()).hexdigest()[:16]
 
 
 def _server_line(backend_endpoint: str, weight: int) -> str:
@@ -193,36 +208,44 @@ _PROXY_COMMON = (
 )
 
 
-def render_part(pub: Publication, *, listen: str, rewrite_host: bool = False) -> str:
-    """The config text of one Publication: its read-back line, upstream(s) and server block.
+@dataclass(frozen=True, slots=True)
+class NginxPart:
+    """One map's share of the file: its hostname (one server_name per file) and its text."""
 
-    Raises ValueError for a Publication `problem()` refuses: nothing unchecked reaches the file.
+    hostname: str
+    text: str
+
+
+def render_part(key: MapKey, route: Route, *, listen: str, rewrite_host: bool = False) -> NginxPart:
+    """The config text of one map: its read-back line, upstream(s) and server block.
+
+    Raises ValueError for a route `route_problem()` refuses: nothing unchecked reaches the file.
     """
-    reason = problem(pub, rewrite_host=rewrite_host)
+    reason = route_problem(key, route, rewrite_host=rewrite_host)
     if reason is not None:
-        raise ValueError(f"{pub.key}: {reason}")
-    out = [PUBLICATION_PREFIX, json.dumps(pub.to_json(), separators=(",", ":"), sort_keys=True), "\n"]
-    server_head = f"server {{\n    listen {listen};\n    server_name {pub.hostname};\n    location / {{\n"
-    if pub.all_zero:
+        raise ValueError(f"{key}: {reason}")
+    out = [ROUTE_PREFIX, json.dumps(route_json(key, route), separators=(",", ":"), sort_keys=True), "\n"]
+    server_head = f"server {{\n    listen {listen};\n    server_name {route.hostname};\n    location / {{\n"
+    if route.all_zero:
         out += [server_head, "        return 503;\n    }\n}\n"]
-        return "".join(out)
+        return NginxPart(route.hostname, "".join(out))
     if not rewrite_host:
-        name = _upstream_name(pub)
+        name = _upstream_name(key)
         out.append(f"upstream {name} {{\n")
-        out += [_server_line(b.endpoint, b.weight) for b in pub.backends]
+        out += [_server_line(b.endpoint, b.weight) for b in route.backends]
         out.append("}\n")
-        scheme = parse_endpoint(pub.backends[0].endpoint).scheme
+        scheme = parse_endpoint(route.backends[0].endpoint).scheme
         out += [server_head, f"        proxy_pass {scheme}://{name};\n", "        proxy_set_header Host $host;\n"]
         if scheme == "https":
             out.append("        proxy_ssl_server_name on;\n        proxy_ssl_name $host;\n")
         out += [_PROXY_COMMON, "    }\n}\n"]
-        return "".join(out)
-    stem = _variable_stem(pub)
-    units = split_units(b.weight for b in pub.backends)
+        return NginxPart(route.hostname, "".join(out))
+    stem = _variable_stem(key)
+    units = split_units(b.weight for b in route.backends)
     targets, hosts, splits = [], [], []
-    for index, (backend, unit) in enumerate(zip(pub.backends, units)):
+    for index, (backend, unit) in enumerate(zip(route.backends, units)):
         endpoint = parse_endpoint(backend.endpoint)
-        name = _upstream_name(pub, index)
+        name = _upstream_name(key, index)
         out.append(f"upstream {name} {{\n{_server_line(backend.endpoint, backend.weight)}}}\n")
         targets.append(f"    {index} {endpoint.scheme}://{name};\n")
         hosts.append(f"    {index} {endpoint.host};\n")
@@ -239,19 +262,34 @@ def render_part(pub: Publication, *, listen: str, rewrite_host: bool = False) ->
         _PROXY_COMMON,
         "    }\n}\n",
     ]
-    return "".join(out)
+    return NginxPart(route.hostname, "".join(out))
 
 
-def assemble(parts: Mapping[MapKey, str], *, listen: str, status_listen: str) -> tuple[str, str]:
-    """The whole file from rendered parts, and its version (a digest of the content, so an unchanged
-    file keeps its version across restarts)."""
+def duplicate_hostname(parts: Mapping[MapKey, NginxPart]) -> str | None:
+    """A message naming two maps with one server_name, or None. NGINX only warns ("conflicting
+    server name ... ignored") and serves one of them: a file with such a pair is never written."""
+    owners: dict[str, MapKey] = {}
+    for key in sorted(parts):
+        owner = owners.setdefault(parts[key].hostname, key)
+        if owner != key:
+            return f"maps {owner} and {key} both claim server_name {parts[key].hostname}"
+    return None
+
+
+def assemble(parts: Mapping[MapKey, NginxPart], *, listen: str, status_listen: str) -> tuple[str, str]:
+    """The whole file from rendered parts in key order, and its version (a digest of the content,
+    so an unchanged file keeps its version across restarts). ValueError for two maps with one
+    server_name."""
     _check_listen(listen)
     _check_listen(status_listen)
+    duplicate = duplicate_hostname(parts)
+    if duplicate is not None:
+        raise ValueError(duplicate)
     body = [
         "# Requests for hostnames no map publishes reach no backend.\n",
         f"server {{\n    listen {listen} default_server;\n    server_name _;\n    return 404;\n}}\n",
     ]
-    body += [parts[key] for key in sorted(parts)]
+    body += [parts[key].text for key in sorted(parts)]
     text = "".join(body)
     version = hashlib.sha256(text.encode()).hexdigest()[:16]
     head = (
@@ -265,31 +303,39 @@ def assemble(parts: Mapping[MapKey, str], *, listen: str, status_listen: str) ->
 
 
 def render(
-    pubs: Iterable[Publication], *, listen: str = "8080", status_listen: str = "127.0.0.1:8081", rewrite_host: bool = False
+    routes: Mapping[MapKey, Route],
+    *,
+    listen: str = "8080",
+    status_listen: str = "127.0.0.1:8081",
+    rewrite_host: bool = False,
 ) -> str:
-    """The whole file for `pubs`. Raises ValueError for a Publication `problem()` refuses."""
-    parts = {pub.key: render_part(pub, listen=listen, rewrite_host=rewrite_host) for pub in pubs}
+    """The whole file for `routes`. Raises ValueError for a route `route_problem()` refuses."""
+    parts = {key: render_part(key, route, listen=listen, rewrite_host=rewrite_host) for key, route in routes.items()}
     return assemble(parts, listen=listen, status_listen=status_listen)[0]
 
 
-def read_back(text: str) -> tuple[dict[MapKey, Publication], list[str]]:
-    """The Publications a file holds, and one message per line that is not a valid one."""
-    pubs: dict[MapKey, Publication] = {}
+def read_back(text: str) -> tuple[dict[MapKey, Route], list[str]]:
+    """The routes a file holds, and one message per line that is not a valid one."""
+    routes: dict[MapKey, Route] = {}
     problems: list[str] = []
     for number, line in enumerate(text.splitlines(), start=1):
-        if not line.startswith(PUBLICATION_PREFIX):
-            continue
         try:
-            pub = Publication.from_json(json.loads(line[len(PUBLICATION_PREFIX) :]))
+            if line.startswith(ROUTE_PREFIX):
+                key, route = route_from_json(json.loads(line[len(ROUTE_PREFIX) :]))
+            elif line.startswith(LEGACY_PREFIX):
+                pub = Publication.from_json(json.loads(line[len(LEGACY_PREFIX) :]))
+                key, route = pub.key, pub.route
+            else:
+                continue
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             problems.append(f"line {number}: {exc}")
             continue
-        reason = problem(pub, rewrite_host=True)
+        reason = route_problem(key, route, rewrite_host=True)
         if reason is not None:
             problems.append(f"line {number}: {reason}")
             continue
-        pubs[pub.key] = pub
-    return pubs, problems
+        routes[key] = route
+    return routes, problems
 
 
 def version_of(text: str) -> str | None:
@@ -299,14 +345,28 @@ def version_of(text: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class NginxRenderer:
+    """The `Renderer` of reload mode: one map's text part. Pure."""
+
+    listen: str = "8080"
+    rewrite_host: bool = False
+
+    def problem(self, key: MapKey, route: Route) -> str | None:
+        return nginx_problem(route, rewrite_host=self.rewrite_host)
+
+    def render(self, key: MapKey, route: Route) -> NginxPart:
+        return render_part(key, route, listen=self.listen, rewrite_host=self.rewrite_host)
+
+
 # --- The process side -----------------------------------------------------------------------------
 
 
 class _Gateway(Protocol):
-    """What the adapter asks of the running NGINX; unit tests put a fake in its place."""
+    """What the transport asks of the running NGINX; unit tests put a fake in its place."""
 
     async def test(self) -> str | None:
-        """None when the written config is valid, else NGINX's own error line."""
+        """None when the written config is valid, else NGINX's own error (or conflict) line."""
         ...
 
     async def reload(self) -> str | None:
@@ -314,7 +374,8 @@ class _Gateway(Protocol):
         ...
 
     async def served_version(self) -> str | None:
-        """The version the status listener answers now, or None when it does not answer."""
+        """The version the status listener answers now; None when nothing listens there (NGINX
+        serves none of our file). Raises Unavailable when it cannot tell."""
         ...
 
     async def aclose(self) -> None: ...
@@ -335,6 +396,16 @@ def _error_line(output: bytes) -> str:
         if "[emerg]" in line or "[error]" in line or "[crit]" in line:
             return line[line.index("[") :] if re.match(r"^\d{4}/", line) else line
     return lines[-1] if lines else "no output"
+
+
+def _conflict_line(output: bytes) -> str | None:
+    """NGINX's warning that a server_name is served twice (one block ignored), or None. `nginx -t`
+    passes with it, and `-q` hides it: only a test command without `-q` shows it."""
+    for line in output.decode(errors="replace").splitlines():
+        if "conflicting server name" in line:
+            line = line.strip()
+            return line[line.index("[") :] if re.match(r"^\d{4}/", line) else line
+    return None
 
 
 class _NginxProcess:
@@ -364,7 +435,7 @@ class _NginxProcess:
         if self._options.nginx_test_cmd is None:
             return None
         code, output = await self._run(self._options.nginx_test_cmd)
-        return None if code == 0 else _error_line(output)
+        return _error_line(output) if code != 0 else _conflict_line(output)
 
     async def reload(self) -> str | None:
         if self._options.nginx_reload_cmd is not None:
@@ -383,11 +454,16 @@ class _NginxProcess:
     async def served_version(self) -> str | None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+        url = self._options.status_url
         try:
-            async with self._session.get(self._options.status_url) as response:
-                return (await response.text()).strip() if response.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError):
-            return None
+            async with self._session.get(url) as response:
+                if response.status != 200:
+                    raise Unavailable(f"nginx: status listener {url} answered {response.status}")
+                return (await response.text()).strip()
+        except aiohttp.ClientConnectorError:
+            return None  # nothing listens: NGINX is not running our file
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise Unavailable(f"nginx: status listener {url}: {exc!r}") from exc
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -395,13 +471,16 @@ class _NginxProcess:
             self._session = None
 
 
-# --- The adapter -----------------------------------------------------------------------------------
+# --- The transport ---------------------------------------------------------------------------------
 
 
-class NginxAdapter:
-    """Publishes into NGINX through one owned file; see the module docstring."""
+class NginxFileTransport:
+    """The `Transport` of reload mode: see the module docstring. The engine drives it, one call at a time."""
 
-    name = "nginx"
+    # NGINX's reload time grows with the file: 10,000 maps (40,000 upstream servers) took 18-23 s
+    # per reload on a loaded 2-core machine. Past `confirm_timeout` plus this per map, a reload
+    # that never showed its version counts as refused (NGINX keeps the old config when it fails).
+    seconds_per_map = 0.005
 
     def __init__(
         self,
@@ -414,152 +493,134 @@ class NginxAdapter:
         poll_interval: float = 0.05,
     ) -> None:
         self._options = options
+        assert options.nginx_conf_file is not None, "reload mode's options validate that it is set"
+        self._path = options.nginx_conf_file
+        self._confirmed_path = self._path.with_name(f".{self._path.name}.confirmed")
         self._gateway: _Gateway = gateway if gateway is not None else _NginxProcess(options)
         self._clock = clock
         self._sleep = sleep
         self._confirm_timeout = confirm_timeout
         self._poll_interval = poll_interval
-        self._good: dict[MapKey, Publication] = {}
-        self._good_parts: dict[MapKey, str] = {}
-        self._good_text: str | None = None  # confirmed served (or found on disk at start)
+        # The file NGINX was last seen serving (confirmed by its version): the only one restored.
+        self._confirmed_text: str | None = None
         self._disk_text: str | None = None
         self._last_reload: float | None = None
 
-    def check(self, pub: Publication) -> Held | None:
-        reason = problem(pub, rewrite_host=self._options.rewrite_host)
-        return None if reason is None else Held(Reason.INVALID_PLAN, f"nginx: {reason}")
-
-    def _part(self, pub: Publication) -> str:
-        return render_part(pub, listen=self._options.nginx_listen, rewrite_host=self._options.rewrite_host)
-
-    def _assemble(self, parts: Mapping[MapKey, str]) -> tuple[str, str]:
+    def _assemble(self, parts: Mapping[MapKey, NginxPart]) -> tuple[str, str]:
         return assemble(parts, listen=self._options.nginx_listen, status_listen=self._options.nginx_status_listen)
 
-    async def current(self) -> dict[MapKey, Publication]:
-        path = self._options.nginx_conf_file
-        with _translated(f"read {path}"):
-            try:
-                text: str | None = await asyncio.to_thread(path.read_text)
-            except FileNotFoundError:
-                text = None
-        if text is None:
-            pubs: dict[MapKey, Publication] = {}
-            parts: dict[MapKey, str] = {}
-            text, _ = self._assemble(parts)
-            await self._write(text)
-            log.info("nginx file created", extra={"path": str(path)})
-        else:
-            pubs, problems = await asyncio.to_thread(read_back, text)
-            for message in problems:
-                log.warning("nginx file line ignored", extra={"path": str(path), "problem": message})
-            pubs = {key: pub for key, pub in pubs.items() if self.check(pub) is None}
-            parts = await asyncio.to_thread(lambda: {key: self._part(pub) for key, pub in pubs.items()})
-            self._disk_text = text
-        self._good, self._good_parts, self._good_text = pubs, parts, text
-        return dict(pubs)
+    async def read(self) -> dict[MapKey, Route]:
+        """What NGINX serves: a file's routes only when its version is the one NGINX serves (the
+        file on disk, else the last confirmed one, kept beside it across restarts); nothing when
+        NGINX serves none of our files or a version none holds. A file NGINX refused is never
+        taken for what it serves."""
+        with _translated(f"read {self._path}"):
+            disk = await self._read_text(self._path)
+            served = await self._gateway.served_version()
+            if served is not None:
+                for text in (disk, self._confirmed_text, await self._read_text(self._confirmed_path)):
+                    if text is not None and version_of(text) == served:
+                        if text != disk:
+                            log.warning(
+                                "nginx file on disk is not what nginx serves; the served one is put back",
+                                extra={"path": str(self._path), "served": served, "file": disk and version_of(disk)},
+                            )
+                            await self._put(text)
+                        self._confirmed_text = text
+                        routes, problems = await asyncio.to_thread(read_back, text)
+                        for message in problems:
+                            log.warning("nginx file line ignored", extra={"path": str(self._path), "problem": message})
+                        return routes
+            if disk is None:
+                # NGINX cannot start while its include is missing; an empty file serves nothing.
+                await self._put(self._assemble({})[0])
+                log.info("nginx file created", extra={"path": str(self._path)})
+        self._confirmed_text = None
+        if served is not None:
+            # Nothing proves what NGINX serves, so nothing is claimed: the engine then writes every
+            # map it wants, which replaces the unproven file (Unavailable would block that write).
+            log.warning(
+                "nginx serves a version no file holds; nothing is taken as served",
+                extra={"path": str(self._path), "served": served, "file": disk and version_of(disk)},
+            )
+        return {}
 
-    async def apply(self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey]) -> ApplyResult:
-        if self._good_text is None:
-            await self.current()
-        rejected: dict[MapKey, Held] = {}
-        base_parts = dict(self._good_parts)
-        base_pubs = dict(self._good)
-        attempted: dict[MapKey, tuple[Publication, str]] = {}
-        for key in changed:
-            pub = desired.get(key)
-            if pub is None:
-                base_parts.pop(key, None)
-                base_pubs.pop(key, None)
-                continue
-            held = self.check(pub)
-            if held is not None:
-                rejected[key] = held  # keeps its last good part
-                continue
-            attempted[key] = (pub, self._part(pub))
-        parts = base_parts | {key: part for key, (_, part) in attempted.items()}
-        text, version = self._assemble(parts)
-        if text == self._good_text:
+    async def write(self, parts: Mapping[MapKey, NginxPart], changes: Mapping[MapKey, NginxPart | None]) -> WriteResult:
+        """Assemble `parts`, test, reload and confirm. Rejected: NGINX refused and serves the last
+        confirmed file, which is back on disk. Unavailable: what NGINX serves is unknown."""
+        try:
+            text, version = await asyncio.to_thread(self._assemble, parts)
+        except ValueError as exc:
+            raise Rejected(f"nginx: {exc}") from exc
+        if text == self._confirmed_text:
             if self._disk_text != text:
-                await self._write(text)
-            return ApplyResult(rejected=rejected)
-        if self._options.nginx_test_cmd is not None:
-            error = await self._test(text)
-            if error is not None:
-                bad = await self._isolate(base_parts, attempted, error)
-                rejected |= bad
-                attempted = {key: value for key, value in attempted.items() if key not in bad}
-                parts = base_parts | {key: part for key, (_, part) in attempted.items()}
-                text, version = self._assemble(parts)
-                if text == self._good_text:
-                    await self._write(text)
-                    return ApplyResult(rejected=rejected, wrote=True)
-                await self._write(text)
-        else:
-            await self._write(text)
-        error, reloads = await self._reload_and_confirm(version)
-        if error is not None:
-            reloads += await self._restore(reloaded=reloads > 0)
-            message = f"nginx did not take the new configuration ({error}); restored the last good one"
-            for key in changed:
-                rejected.setdefault(key, Held(Reason.APPLY_FAILED, message))
-            log.warning("nginx reload failed", extra={"version": version, "maps": len(changed), "error": error})
-            return ApplyResult(rejected=rejected, wrote=True, reloads=reloads)
-        self._good = base_pubs | {key: pub for key, (pub, _) in attempted.items()}
-        self._good_parts = parts
-        self._good_text = text
-        log.info("nginx reloaded", extra={"version": version, "maps": len(parts), "changed": len(changed)})
-        return ApplyResult(rejected=rejected, wrote=True, reloads=reloads)
+                await self._put(text)
+            return WriteResult()
+        before = self._disk_text
+        await self._put(text)
+        reloads = 0
+        try:
+            error = None
+            if self._options.nginx_test_cmd is not None:
+                with _translated("test the configuration"):
+                    error = await self._gateway.test()
+            if error is None:
+                error, reloads = await self._reload_and_confirm(version, self.seconds_per_map * len(parts))
+        except Unavailable:
+            # Not reloaded (NGINX down, a command that would not run): the confirmed file goes
+            # back; with none, the new file stays, as it is what NGINX should start from.
+            if reloads == 0 and self._confirmed_text is not None:
+                await self._put(self._confirmed_text)
+            raise
+        if error is None:
+            self._confirmed_text = text
+            await self._keep_confirmed_copy(text)
+            log.info("nginx reloaded", extra={"version": version, "maps": len(parts), "changed": len(changes)})
+            return WriteResult(reloads=reloads)
+        log.warning("nginx refused a configuration", extra={"version": version, "maps": len(changes), "error": error})
+        await self._restore(before, reloaded=reloads > 0)
+        raise Rejected(f"nginx did not take the new configuration ({error}); it still serves the last confirmed one")
+
+    def hold_off(self) -> float:
+        """Seconds until the next reload is allowed, so one reload carries every change made meanwhile."""
+        if self._last_reload is None:
+            return 0.0
+        return max(0.0, self._last_reload + self._options.nginx_min_reload_interval - self._clock())
+
+    def unready(self) -> str | None:
+        return None
+
+    async def serve(self) -> None:
+        return None
 
     async def aclose(self) -> None:
         await self._gateway.aclose()
 
-    async def _write(self, text: str) -> None:
-        with _translated(f"write {self._options.nginx_conf_file}"):
-            await asyncio.to_thread(write_atomic, self._options.nginx_conf_file, text.encode())
+    async def _read_text(self, path: Path) -> str | None:
+        try:
+            return await asyncio.to_thread(path.read_text)
+        except FileNotFoundError:
+            return None
+
+    async def _put(self, text: str) -> None:
+        with _translated(f"write {self._path}"):
+            await asyncio.to_thread(write_atomic, self._path, text.encode())
         self._disk_text = text
 
-    async def _test(self, text: str) -> str | None:
-        if self._disk_text != text:
-            await self._write(text)
-        with _translated("test the configuration"):
-            return await self._gateway.test()
+    async def _put_back(self, before: str | None) -> None:
+        """The file before an attempt that never reached NGINX: the confirmed one when known."""
+        text = self._confirmed_text if self._confirmed_text is not None else before
+        if text is not None:
+            await self._put(text)
 
-    async def _isolate(
-        self, base: dict[MapKey, str], attempted: dict[MapKey, tuple[Publication, str]], error: str
-    ) -> dict[MapKey, Held]:
-        """Find the changed maps NGINX refuses by bisection on top of the last good set (minus removals)."""
-        base_error = await self._test(self._assemble(base)[0])
-        if base_error is not None or not attempted:
-            await self._write(self._good_text or "")
-            raise Rejected(f"nginx refuses the configuration without this change: {base_error or error}")
-        accepted = dict(base)
-        bad: dict[MapKey, Held] = {}
-
-        async def bisect(keys: list[MapKey], known_error: str | None) -> None:
-            error = known_error
-            if error is None:
-                error = await self._test(self._assemble(accepted | {k: attempted[k][1] for k in keys})[0])
-                if error is None:
-                    accepted.update((k, attempted[k][1]) for k in keys)
-                    return
-            if len(keys) == 1:
-                bad[keys[0]] = Held(Reason.APPLY_FAILED, f"nginx refused this map: {error}")
-                return
-            middle = len(keys) // 2
-            await bisect(keys[:middle], None)
-            await bisect(keys[middle:], None)
-
-        await bisect(sorted(attempted), error)
-        for key, held in bad.items():
-            log.warning("nginx refused map", extra={"map": str(key), "error": held.message})
-        return bad
-
-    def hold_off(self) -> float:
-        """Seconds until the next reload is allowed. The loop waits this out before it takes its
-        next batch, so one reload carries every change made while it waited."""
-        if self._last_reload is None:
-            return 0.0
-        return max(0.0, self._last_reload + self._options.nginx_min_reload_interval - self._clock())
+    async def _keep_confirmed_copy(self, text: str) -> None:
+        # A copy, not a hard link: an edit in place of the owned file must not change it too.
+        # NGINX has confirmed already: a copy that cannot be written costs only the proof after a
+        # restart, so it is a warning, not a failed write.
+        try:
+            await asyncio.to_thread(write_atomic, self._confirmed_path, text.encode())
+        except OSError as exc:
+            log.warning("nginx confirmed copy not written", extra={"path": str(self._confirmed_path), "error": repr(exc)})
 
     async def _wait_for_interval(self) -> None:
         # Still enforced here: a caller that ignores hold_off() must not reload more often.
@@ -567,7 +628,7 @@ class NginxAdapter:
         if wait > 0:
             await self._sleep(wait)
 
-    async def _reload_and_confirm(self, version: str) -> tuple[str | None, int]:
+    async def _reload_and_confirm(self, version: str, allowance: float) -> tuple[str | None, int]:
         """Reload (no sooner than the min interval after the last) and wait until NGINX serves
         `version`: (None, reloads) when it does, else (what went wrong, reloads)."""
         await self._wait_for_interval()
@@ -576,36 +637,42 @@ class NginxAdapter:
         if refused is not None:
             return refused, 0
         self._last_reload = self._clock()
-        deadline = self._clock() + self._confirm_timeout
+        timeout = self._confirm_timeout + allowance
+        deadline = self._clock() + timeout
+        served: str | None = None
         while True:
-            with _translated("read the served version"):
+            with contextlib.suppress(Unavailable):  # a slow answer during a reload: ask again
                 served = await self._gateway.served_version()
             if served == version:
                 return None, 1
             if self._clock() >= deadline:
-                return f"still serving version {served} {self._confirm_timeout}s after the reload", 1
+                return f"still serving version {served} {timeout:.1f}s after the reload", 1
             await self._sleep(self._poll_interval)
 
-    async def _restore(self, *, reloaded: bool) -> int:
-        """Put the last good file back, and reload it if NGINX was reloaded; the reloads this took."""
-        assert self._good_text is not None
-        await self._write(self._good_text)
+    async def _restore(self, before: str | None, *, reloaded: bool) -> None:
+        """Put the last confirmed file back, and reload it if NGINX was reloaded. Raises
+        Unavailable when NGINX then serves neither."""
+        await self._put_back(before)
         if not reloaded:
-            return 0
-        good_version = version_of(self._good_text) or ""
-        error, reloads = await self._reload_and_confirm(good_version)
+            return
+        if self._confirmed_text is None:
+            raise Unavailable("nginx did not confirm the new configuration, and no earlier one was confirmed")
+        allowance = self.seconds_per_map * self._confirmed_text.count(ROUTE_PREFIX)
+        error, _ = await self._reload_and_confirm(version_of(self._confirmed_text) or "", allowance)
         if error is not None:
-            raise Unavailable(f"nginx serves neither the new configuration nor the last good one: {error}")
-        return reloads
+            raise Unavailable(f"nginx serves neither the new configuration nor the last confirmed one: {error}")
+
+
+def build_reload(options: NginxOptions) -> tuple[NginxRenderer, NginxFileTransport]:
+    """Reload mode's renderer and transport for the engine."""
+    return NginxRenderer(listen=options.nginx_listen, rewrite_host=options.rewrite_host), NginxFileTransport(options)
 
 
 def build(options: NginxOptions) -> tuple[Any, Any]:
-    """The renderer and transport for options.nginx_mode: Lua mode lives in adapters.nginx_lua;
-    reload mode is this module's NginxAdapter through the engine's bridge for whole adapters."""
+    """The renderer and transport for options.nginx_mode: Lua mode lives in adapters.nginx_lua,
+    reload mode here."""
     if options.nginx_mode == "lua":
         from adapters.nginx_lua import build as build_lua
 
         return build_lua(options)
-    from adapters._legacy import build_legacy
-
-    return build_legacy(NginxAdapter, options)
+    return build_reload(options)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.envoy import EnvoyAdapter, EnvoyOptions, bootstrap, run_envoy  # noqa: E402
+from adapters import ADAPTERS  # noqa: E402
+from adapters.envoy import EnvoyOptions, bootstrap, run_envoy  # noqa: E402
 from publisher.model import Backend, MapKey, Publication  # noqa: E402
 
 BACKENDS = 4
@@ -65,13 +66,13 @@ async def main(maps: int, changes: int, concurrency: int) -> None:
         boot = Path(tmp) / "bootstrap.yaml"
         boot.write_text(bootstrap(envoy_dir=directory, listen_host="127.0.0.1", listen_port=listen,
                                   admin_host="127.0.0.1", admin_port=admin))
-        adapter = EnvoyAdapter(EnvoyOptions(envoy_dir=directory, envoy_admin=admin_url))
-        await adapter.current()  # the empty files Envoy starts from
+        adapter = ADAPTERS["envoy"].engine("envoy", EnvoyOptions(envoy_dir=directory, envoy_admin=admin_url))
+        await adapter.start()  # the empty files Envoy starts from
         desired = {p.key: p for p in (_publication(i, (1, 2, 3, 4)) for i in range(maps))}
         try:
             async with run_envoy(boot, admin_url=admin_url, log_path=Path(tmp) / "envoy.log", concurrency=concurrency) as envoy:
                 started = time.perf_counter()
-                result = await adapter.apply(desired, frozenset(desired))
+                result = await adapter.apply(desired)
                 first = time.perf_counter() - started
                 print(f"maps={maps} backends/map={BACKENDS} envoy concurrency={concurrency}", flush=True)
                 print(f"first apply: {first:.2f} s (rejected {len(result.rejected)}, reloads {result.reloads})", flush=True)
@@ -80,10 +81,11 @@ async def main(maps: int, changes: int, concurrency: int) -> None:
                 keys = sorted(desired)
                 for n in range(changes):
                     key: MapKey = keys[(n * 7919) % len(keys)]
-                    weights = tuple((n + b) % 5 + 1 for b in range(BACKENDS))
+                    # A first weight of 5 or more: never the initial (1, 2, 3, 4), so every change writes.
+                    weights = (5 + n % 7, *((n + b) % 5 + 1 for b in range(1, BACKENDS)))
                     desired[key] = replace(_publication(int(key.name.split("-")[1]), weights), generation=desired[key].generation + 1)
                     started = time.perf_counter()
-                    result = await adapter.apply(desired, frozenset({key}))
+                    result = await adapter.apply({key: desired[key]})
                     latencies.append((time.perf_counter() - started) * 1000)
                     if result.rejected or not result.wrote:
                         raise SystemExit(f"change {n} not applied: {result}")

@@ -2,6 +2,7 @@
 
 `running_nginx(directory)` starts Debian's NGINX as a child on 127.0.0.1 free ports, with every
 path it writes inside `directory`, and stops it by PID (SIGQUIT, then SIGKILL after a bound).
+`extra_server` adds a server block of the operator's own to the main nginx.conf ({listen} is filled in).
 `running_lua_nginx(directory)` does the same for an NGINX serving `ome-publisher nginx-config`'s
 snippet (Lua mode); `restart()` stops it and starts a new master on the same ports.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from adapters.nginx import NginxOptions, render
 from adapters.nginx_lua import LOAD_MODULES, http_snippet
-from publisher.model import Backend, Publication
+from publisher.model import Backend, MapKey, Publication, Route
 from tests.gateways import eventually, free_port
 
 NGINX = "/usr/sbin/nginx"
@@ -36,6 +37,10 @@ def make_pub(name: str = "m", *backends: tuple[str, str, int], **overrides: Any)
     }
     fields.update(overrides)
     return Publication(**fields)
+
+
+def routes(*pubs: Publication) -> dict[MapKey, Route]:
+    return {pub.key: pub.route for pub in pubs}
 
 
 @dataclass
@@ -86,6 +91,7 @@ http {{
     uwsgi_temp_path {dir}/tmp/uwsgi;
     scgi_temp_path {dir}/tmp/scgi;
     server_names_hash_bucket_size 128;
+    {extra}
     include {conf};
 }}
 """
@@ -105,14 +111,15 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running_nginx(directory: Path) -> AsyncIterator[RunningNginx]:
+async def running_nginx(directory: Path, *, extra_server: str = "") -> AsyncIterator[RunningNginx]:
     """NGINX serving an (empty) adapter file; the file is what an adapter's current() reads back."""
     (directory / "tmp").mkdir(parents=True)
     conf_file = directory / "ome-gateway-publisher.conf"
     main_conf = directory / "nginx.conf"
-    main_conf.write_text(_MAIN_CONF.format(dir=directory, conf=conf_file))
     listen_port, status_port = free_port(), free_port()
-    conf_file.write_text(render([], listen=f"127.0.0.1:{listen_port}", status_listen=f"127.0.0.1:{status_port}"))
+    extra = extra_server.replace("{listen}", f"127.0.0.1:{listen_port}")
+    main_conf.write_text(_MAIN_CONF.format(dir=directory, conf=conf_file, extra=extra))
+    conf_file.write_text(render({}, listen=f"127.0.0.1:{listen_port}", status_listen=f"127.0.0.1:{status_port}"))
     with (directory / "stderr.log").open("wb") as stderr:
         process = await asyncio.create_subprocess_exec(
             NGINX, "-p", str(directory), "-c", str(main_conf), "-g", "daemon off;",

@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 
 from adapters import ADAPTERS, Engine
+from adapters.envoy import EnvoyOptions, bootstrap, run_envoy
 from adapters.json_file import JsonOptions
 from publisher.model import MAX_WEIGHT, Backend, MapKey, Publication, Reason
+from tests.adapters.nginx_fixtures import running_nginx
+from tests.gateways import free_port
 
 EngineFactory = Callable[[], Engine[Any]]
 
@@ -29,6 +32,29 @@ async def json_dir(tmp_path: Path) -> AsyncIterator[EngineFactory]:
 
 
 @contextlib.asynccontextmanager
+async def nginx_reload(tmp_path: Path) -> AsyncIterator[EngineFactory]:
+    async with running_nginx(tmp_path / "nginx") as nginx:
+        options = nginx.options(nginx_pid_file=None, nginx_reload_cmd=nginx.command("-s", "reload"),
+                                nginx_test_cmd=nginx.command("-t"), nginx_min_reload_interval=0)
+        yield lambda: ADAPTERS["nginx"].engine("nginx", options)
+
+
+@contextlib.asynccontextmanager
+async def envoy_files(tmp_path: Path) -> AsyncIterator[EngineFactory]:
+    directory, listen, admin = tmp_path / "envoy", free_port(), free_port()
+    directory.mkdir()
+    options = EnvoyOptions(envoy_dir=directory, envoy_admin=f"http://127.0.0.1:{admin}")
+    boot = tmp_path / "bootstrap.yaml"
+    boot.write_text(bootstrap(envoy_dir=directory, listen_host="127.0.0.1", listen_port=listen,
+                              admin_host="127.0.0.1", admin_port=admin))
+    first = ADAPTERS["envoy"].engine("envoy", options)
+    await first.start()  # the empty files Envoy starts from
+    await first.aclose()
+    async with run_envoy(boot, admin_url=f"http://127.0.0.1:{admin}", log_path=tmp_path / "envoy.log"):
+        yield lambda: ADAPTERS["envoy"].engine("envoy", options)
+
+
+@contextlib.asynccontextmanager
 async def nginx_lua(tmp_path: Path) -> AsyncIterator[EngineFactory]:
     from tests.adapters.nginx_fixtures import running_lua_nginx
 
@@ -36,9 +62,12 @@ async def nginx_lua(tmp_path: Path) -> AsyncIterator[EngineFactory]:
         yield lambda: ADAPTERS["nginx"].engine("nginx", nginx.options())
 
 
-GATEWAYS = {"json-file": json_file, "json-dir": json_dir, "nginx-lua": nginx_lua}
+GATEWAYS = {
+    "json-file": json_file, "json-dir": json_dir, "nginx-lua": nginx_lua, "nginx-reload": nginx_reload,
+    "envoy-files": envoy_files,
+}
 # Gateways that start a real process.
-SLOW = {"nginx-lua"}
+SLOW = {"nginx-lua", "nginx-reload", "envoy-files"}
 
 
 @pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else []) for name in sorted(GATEWAYS)])
