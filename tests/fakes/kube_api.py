@@ -222,6 +222,7 @@ class FakeKubeAPI:
         self._failures: list[tuple[int, str | None]] = []
         self._runner: web.AppRunner | None = None
         self.in_flight = 0  # requests being answered (open watches included)
+        self.peak_in_flight = 0  # the most requests answered at once
         self.url = ""
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -333,6 +334,7 @@ class FakeKubeAPI:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
             return await self._answer(request)
         finally:
