@@ -24,9 +24,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adapters.base import ApplyResult, Rejected, Unavailable, WriteResult, publication_problem
+from adapters.base import AdapterError, ApplyResult, Rejected, Unavailable, WriteResult, publication_problem
 from publisher.kube import HTTP_ROUTES, SERVICES, Kube, KubeError
 from publisher.model import (
     Backend,
@@ -459,6 +460,7 @@ class HttpRouteTransport:
         self._limit = asyncio.Semaphore(_CONCURRENCY)
         self._held: dict[MapKey, _Objects] = {}
         self._owners: dict[ObjectName, MapKey] = {}  # our routes (and names being claimed) -> their map
+        self._orphans: set[MapKey] = set()  # maps with Services of ours but no route, as last read
 
     async def _connected(self) -> Kube:
         if self._kube is None:
@@ -471,8 +473,9 @@ class HttpRouteTransport:
         async with self._limit, _translated(what):
             return await call()
 
-    async def _list(self, resource: Any, selector: str | None) -> list[dict[str, Any]]:
-        """Every object of `resource` in our namespace(s) matching `selector`, page by page."""
+    async def _list(self, resource: Any, selector: str | None) -> tuple[list[dict[str, Any]], str]:
+        """Every object of `resource` in our namespace(s) matching `selector`, page by page, and
+        the list's resourceVersion."""
         kube, namespace = await self._connected(), self._options.route_namespace
         items: list[dict[str, Any]] = []
         token: str | None = None
@@ -482,9 +485,10 @@ class HttpRouteTransport:
                 lambda: kube.list(resource, namespace=namespace, label_selector=selector, limit=_PAGE, continue_token=token),
             )
             items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
+            metadata = page.get("metadata") or {}
+            token = metadata.get("continue")
             if not token:
-                return items
+                return items, str(metadata.get("resourceVersion", ""))
 
     @property
     def _selector(self) -> str:
@@ -497,8 +501,8 @@ class HttpRouteTransport:
         at are exactly as we render them (hostname and weights may have been edited: they are read
         as they are). Everything of ours, listed or not, is remembered for the next write."""
         options = self._options
-        routes = await self._list(HTTP_ROUTES, self._selector)
-        services = await self._list(SERVICES, self._selector)
+        routes, _ = await self._list(HTTP_ROUTES, self._selector)
+        services, _ = await self._list(SERVICES, self._selector)
         held: dict[MapKey, _Objects] = {}
         owners: dict[ObjectName, MapKey] = {}
         for route in routes:
@@ -522,6 +526,7 @@ class HttpRouteTransport:
             state = held.setdefault(key, _Objects())
             state.services[(metadata["namespace"], metadata["name"])] = _service_spec(service, state.group, options)
         self._held, self._owners = held, owners
+        self._orphans = {key for key, state in held.items() if state.route is None}
         return {key: state.group.served for key, state in held.items() if _serves(state)}
 
     # --- write ------------------------------------------------------------------------------------
@@ -531,9 +536,10 @@ class HttpRouteTransport:
         then every changed map, a bounded number at a time; then the gateway's verdicts. Services
         of ours whose map has no route and is not in `parts` are collected too."""
         await self._connected()
-        orphans = [k for k, s in self._held.items() if s.route is None and k not in parts and k not in changes]
+        orphans = [k for k in self._orphans if k not in parts and k not in changes]
         withdrawals = sorted([k for k, group in changes.items() if group is None] + orphans)
         await self._each(withdrawals, self._withdraw)
+        self._orphans.clear()
         publish = {k: group for k, group in sorted(changes.items()) if group is not None}
         rejected = await self._claim(publish)
         written = await self._each([k for k in publish if k not in rejected], lambda k: self._publish(publish[k]))
@@ -593,13 +599,13 @@ class HttpRouteTransport:
                 rejected[key] = f"{CLAIM_REJECTED}route {name[0]}/{name[1]} already publishes {owner}"
         if not lookup:
             return rejected
-        existing: dict[ObjectName, dict[str, Any] | None]
+        existing: Mapping[ObjectName, Mapping[str, Any] | None]
         if len(lookup) <= _GET_LIMIT:
             names = [(publish[k].namespace, publish[k].route) for k in lookup]
             found = await _all(self._get_route(name) for name in names)
             existing = dict(zip(names, found, strict=True))
         else:
-            existing = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in await self._list(HTTP_ROUTES, None)}
+            existing = _by_name((await self._list(HTTP_ROUTES, None))[0])
         for key in lookup:
             name = (publish[key].namespace, publish[key].route)
             route = existing.get(name)
@@ -693,30 +699,54 @@ class HttpRouteTransport:
 
     async def _verdicts(self, routes: Mapping[MapKey, Mapping[str, Any]]) -> dict[MapKey, Held | bool | None]:
         """Each written route's verdict; waits up to route_status_timeout for the gateway to report
-        on the rest, reading them one GET each when few, one list of our routes when many."""
+        on the rest: a GET of each now and then when few are left, one list and a watch from it
+        when many are (a poll of thousands of routes would cost a list of them each time)."""
         options = self._options
         verdicts = {key: route_verdict(route, options) for key, route in routes.items()}
-        names = {key: (route["metadata"]["namespace"], route["metadata"]["name"]) for key, route in routes.items()}
+        waiting = {_name(route): key for key, route in routes.items() if verdicts[key] is None}
         deadline = time.monotonic() + options.route_status_timeout
+        if len(waiting) > _GET_LIMIT:
+            # Any failure of the list or the stream leaves the rest unreported; the note says so.
+            with contextlib.suppress(TimeoutError, AdapterError, KubeError, ValueError, aiohttp.ClientError):
+                async with asyncio.timeout(options.route_status_timeout):
+                    await self._watch_verdicts(verdicts, waiting)
+            return verdicts  # what is still unreported after the timeout gets a note
         delay = _STATUS_POLL_SECONDS
-        while True:
-            waiting = [key for key, verdict in verdicts.items() if verdict is None]
-            left = deadline - time.monotonic()
-            if not waiting or left <= 0:
-                return verdicts
+        while waiting and (left := deadline - time.monotonic()) > 0:
             await asyncio.sleep(min(delay, left))
             delay = min(2 * delay, _STATUS_POLL_MAX_SECONDS)
             try:
-                if len(waiting) <= _GET_LIMIT:
-                    found = await _all(self._get_route(names[key]) for key in waiting)
-                    current = {names[key]: route for key, route in zip(waiting, found, strict=True) if route is not None}
-                else:
-                    current = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in await self._list(HTTP_ROUTES, self._selector)}
-            except (Rejected, Unavailable):
+                found = await _all(self._get_route(name) for name in waiting)
+            except AdapterError:
                 continue  # a failed read leaves them unreported; the note says so
-            for key in waiting:
-                if names[key] in current:
-                    verdicts[key] = route_verdict(current[names[key]], options)
+            for route in found:
+                if route is not None:
+                    _take_verdict(verdicts, waiting, route, options)
+        return verdicts
+
+    async def _watch_verdicts(self, verdicts: dict[MapKey, Held | bool | None], waiting: dict[ObjectName, MapKey]) -> None:
+        """Verdicts from one list of our routes, then from a watch of them, until none is waiting."""
+        options, kube = self._options, await self._connected()
+        routes, version = await self._list(HTTP_ROUTES, self._selector)
+        for route in routes:
+            _take_verdict(verdicts, waiting, route, options)
+        if not waiting:
+            return
+        watch = kube.watch(
+            HTTP_ROUTES,
+            namespace=options.route_namespace,
+            resource_version=version,
+            label_selector=self._selector,
+            timeout_seconds=int(options.route_status_timeout) + 1,
+        )
+        async with watch as stream:
+            while waiting:
+                line = await stream.readline()
+                if not line:
+                    return
+                event = json.loads(line)
+                if event.get("type") in ("ADDED", "MODIFIED"):
+                    _take_verdict(verdicts, waiting, event["object"], options)
 
     def hold_off(self) -> float:
         return 0.0  # server-side apply cuts no connections: every batch may be written at once
@@ -741,6 +771,24 @@ async def _all(coros: Iterable[Awaitable[_R]]) -> list[_R]:
     if failures:
         raise next((f for f in failures if not isinstance(f, Rejected)), failures[0])
     return outcomes  # type: ignore[return-value]  # no failures: every outcome is an _R
+
+
+def _name(obj: Mapping[str, Any]) -> ObjectName:
+    return (obj["metadata"]["namespace"], obj["metadata"]["name"])
+
+
+def _by_name(objects: Iterable[Mapping[str, Any]]) -> dict[ObjectName, Mapping[str, Any]]:
+    return {_name(obj): obj for obj in objects}
+
+
+def _take_verdict(
+    verdicts: dict[MapKey, Held | bool | None], waiting: dict[ObjectName, MapKey], route: Mapping[str, Any], options: HttpRouteOptions
+) -> None:
+    """Record the verdict `route` carries, when it is one of those `waiting` and carries one."""
+    key = waiting.get(_name(route))
+    if key is not None and (verdict := route_verdict(route, options)) is not None:
+        verdicts[key] = verdict
+        del waiting[_name(route)]
 
 
 def _service_spec(service: Mapping[str, Any], group: ObjectGroup | None, options: HttpRouteOptions) -> ServiceSpec | None:
