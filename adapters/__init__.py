@@ -1,17 +1,23 @@
-"""Gateway adapters: one module per gateway behind `adapters.base.Adapter`.
+"""Gateway adapters: one module per gateway, a pure renderer plus a transport, run by the engine.
 
-`ADAPTERS` maps an adapter name to where its options model and class live; it is the only list of
-adapters (the CLI's `--adapter` choices and the Helm values schema are checked against it). A
-module is imported only when its adapter is chosen, so importing `adapters.base` stays cheap.
+`ADAPTERS` maps an adapter name to the module holding its options model and its
+`build(options) -> (renderer, transport)`; it is the only list of adapters (the CLI's `--adapter`
+choices, the options the CLI offers and the Helm values schema follow it). A module is imported
+only when its adapter is chosen, so importing `adapters.base` stays cheap.
+
+Adding a gateway: a module with an options model (pydantic, each field prefixed with the
+adapter's name and described), a Renderer, a Transport and `build`; then one line here.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.base import Adapter, AdapterError, ApplyResult, Rejected, Unavailable, write_atomic
+from adapters.base import Adapter, AdapterError, ApplyResult, Rejected, Renderer, Transport, Unavailable, WriteResult, write_atomic
+from adapters.engine import Engine
 
 __all__ = [
     "ADAPTERS",
@@ -19,8 +25,12 @@ __all__ = [
     "AdapterError",
     "AdapterSpec",
     "ApplyResult",
+    "Engine",
     "Rejected",
+    "Renderer",
+    "Transport",
     "Unavailable",
+    "WriteResult",
     "write_atomic",
 ]
 
@@ -28,18 +38,30 @@ __all__ = [
 @dataclass(frozen=True)
 class AdapterSpec:
     module: str
-    adapter_class: str
     options_class: str
+    legacy_class: str | None = None
 
-    def load(self) -> tuple[type[Any], type[Any]]:
-        """(options model, adapter class)."""
-        module = importlib.import_module(self.module)
-        return getattr(module, self.options_class), getattr(module, self.adapter_class)
+    @functools.cached_property
+    def _module(self) -> Any:
+        return importlib.import_module(self.module)
+
+    @property
+    def options(self) -> type[Any]:
+        """The adapter's options model."""
+        return getattr(self._module, self.options_class)  # type: ignore[no-any-return]
+
+    def engine(self, name: str, options: Any) -> Engine[Any]:
+        """The gateway's renderer and transport, put together."""
+        if self.legacy_class is not None:
+            from adapters._legacy import build_legacy
+
+            return Engine(name, *build_legacy(getattr(self._module, self.legacy_class), options))
+        return Engine(name, *self._module.build(options))
 
 
 ADAPTERS: dict[str, AdapterSpec] = {
-    "envoy": AdapterSpec("adapters.envoy", "EnvoyAdapter", "EnvoyOptions"),
-    "httproute": AdapterSpec("adapters.httproute", "HttpRouteAdapter", "HttpRouteOptions"),
-    "json": AdapterSpec("adapters.json_file", "JsonAdapter", "JsonOptions"),
-    "nginx": AdapterSpec("adapters.nginx", "NginxAdapter", "NginxOptions"),
+    "envoy": AdapterSpec("adapters.envoy", "EnvoyOptions", legacy_class="EnvoyAdapter"),
+    "httproute": AdapterSpec("adapters.httproute", "HttpRouteOptions", legacy_class="HttpRouteAdapter"),
+    "json": AdapterSpec("adapters.json_file", "JsonOptions"),
+    "nginx": AdapterSpec("adapters.nginx", "NginxOptions", legacy_class="NginxAdapter"),
 }

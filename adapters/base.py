@@ -59,46 +59,51 @@ class Unavailable(AdapterError):
 class ApplyResult:
     """What one apply did.
 
-    rejected: maps the gateway refused, isolated so the others still publish; the gateway keeps
-        whatever it held for them before. Held.reason is ApplyFailed or ClaimRejected.
+    rejected: maps that were not written, with why: the gateway refused them (ApplyFailed, or the
+        transport's own reason such as ClaimRejected), another map owns their hostname
+        (HostConflict), or rendering raised (InternalError). The gateway keeps what it served
+        for them before.
     notes: maps the gateway took, with something worth a line in their condition message.
+    released: maps waiting for a hostname that this apply freed: decide them again.
     wrote: whether anything was written at all (False when nothing changed).
     reloads: gateway reloads this apply caused.
     """
 
     rejected: Mapping[MapKey, Held] = field(default_factory=dict)
     notes: Mapping[MapKey, str] = field(default_factory=dict)
+    released: frozenset[MapKey] = frozenset()
     wrote: bool = False
     reloads: int = 0
 
 
 @runtime_checkable
 class Adapter(Protocol):
-    """A gateway behind one interface.
+    """What the loop drives: `adapters.engine.Engine`, or a wrapper around one (dry run).
 
-    `apply(desired, changed)`: `desired` is the whole set of Publications the gateway must hold
-    after the call (a key absent from it is withdrawn); `changed` names the keys that differ from
-    the previous call, so an adapter can re-render only those. After `apply` returns, the gateway
-    has confirmed it serves `desired` minus `rejected`.
+    `confirmed` is what the gateway serves; `apply(changes)` makes it serve each changed map's
+    route (None: withdraw); `reconcile()` repairs drift. One caller, one call at a time.
     """
 
     name: str
 
+    @property
+    def confirmed(self) -> Mapping[MapKey, Route]: ...
+
     def check(self, pub: Publication) -> Held | None:
-        """Pure: can this gateway express `pub`? Held(InvalidPlan) when it cannot."""
+        """Pure: may `pub` reach this gateway? Held(InvalidPlan) when not."""
         ...
 
-    async def current(self) -> dict[MapKey, Publication]:
-        """Read back what the gateway holds now (its state survives our restarts)."""
-        ...
+    async def start(self) -> Mapping[MapKey, Route]: ...
 
-    async def apply(self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey]) -> ApplyResult: ...
+    async def apply(self, changes: Mapping[MapKey, Publication | None]) -> ApplyResult: ...
 
-    def hold_off(self) -> float:
-        """Seconds the next apply would have to wait (0: it may write now). The loop waits this
-        out before taking its next batch, so one write carries every change made meanwhile:
-        NGINX reloads cut long-lived streams and are rate-limited this way."""
-        ...
+    async def reconcile(self) -> frozenset[MapKey]: ...
+
+    def hold_off(self) -> float: ...
+
+    def unready(self) -> str | None: ...
+
+    async def serve(self) -> None: ...
 
     async def aclose(self) -> None: ...
 
@@ -108,12 +113,13 @@ class WriteResult:
     """What one confirmed transport write did.
 
     rejected: maps the gateway refused that the transport could pin on them, with the gateway's
-        own words; the gateway keeps whatever it served for them before.
+        own words (ApplyFailed) or a Held of the transport's own reason (ClaimRejected); the
+        gateway keeps whatever it served for them before.
     notes: maps the gateway took, with something worth a line in their condition message.
     reloads: gateway reloads the write caused.
     """
 
-    rejected: Mapping[MapKey, str] = field(default_factory=dict)
+    rejected: Mapping[MapKey, str | Held] = field(default_factory=dict)
     notes: Mapping[MapKey, str] = field(default_factory=dict)
     reloads: int = 0
 

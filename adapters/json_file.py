@@ -1,102 +1,218 @@
-"""Adapter `json`: every Publication in one JSON file, for tests and for gateways that reload a file.
+"""Adapter `json`: routes as JSON, for tests and for gateways that read files.
 
-The file is `{"publications": [...]}`, sorted by namespace and name, written atomically and only
-when its content changes, and read back after each write and at start.
+Two transports share one renderer. `--json-path FILE`: every route in one file
+`{"publications": [...]}`, sorted by namespace and name, rewritten whole on each change (for small
+fleets). `--json-dir DIR`: one file per map, `<namespace>_<name>.json` (neither part may hold `_`),
+written atomically and removed on withdrawal, plus `index.json` with a write counter and the count
+of maps: O(1) per change. Either way a write is confirmed by reading the files back, and what is
+read back at start or resync is what the files hold; a file that does not parse serves nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable, Mapping
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from adapters.base import ApplyResult, Rejected, Unavailable, write_atomic
-from publisher.model import Held, MapKey, Publication
+from adapters.base import Unavailable, WriteResult, write_atomic
+from publisher.model import Backend, MapKey, Route
+
+INDEX_FILE = "index.json"
 
 
 class JsonOptions(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    json_path: Path = Field(description="The file the adapter owns; its directory must exist and be writable.")
+    json_path: Path | None = Field(None, description="json adapter: one file holding every route, rewritten whole on each change (small fleets).")
+    json_dir: Path | None = Field(None, description="json adapter: a directory with one file per map, O(1) per change (large fleets).")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> JsonOptions:
+        if (self.json_path is None) == (self.json_dir is None):
+            raise ValueError("give exactly one of --json-path and --json-dir")
+        return self
 
 
-def render_publication(pub: Publication) -> bytes:
-    return json.dumps(pub.to_json(), separators=(",", ":")).encode()
+def to_json(key: MapKey, route: Route) -> dict[str, Any]:
+    return {
+        "namespace": key.namespace,
+        "name": key.name,
+        "hostname": route.hostname,
+        "backends": [{"cluster": b.cluster, "endpoint": b.endpoint, "weight": b.weight} for b in route.backends],
+    }
 
 
-def render(fragments: Iterable[bytes]) -> bytes:
-    """The whole file from each map's rendered fragment, given in namespace/name order. Fragments
-    stay encoded, so a write of 10,000 maps costs one join, not a re-render."""
-    body = b",\n".join(fragments)
+def from_json(data: Any) -> tuple[MapKey, Route]:
+    """Reads back what the renderer wrote; raises ValueError on anything else."""
+    try:
+        backends = tuple(
+            Backend(cluster=_text(b["cluster"]), endpoint=_text(b["endpoint"]), weight=_whole(b["weight"])) for b in data["backends"]
+        )
+        return MapKey(_text(data["namespace"]), _text(data["name"])), Route(_text(data["hostname"]), backends)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a route: {exc!r}") from exc
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a string")
+    return value
+
+
+def _whole(value: Any) -> int:
+    if type(value) is not int:
+        raise ValueError(f"{value!r} is not an integer")
+    return value
+
+
+class JsonRenderer:
+    """Each map's route as one encoded JSON object."""
+
+    def problem(self, key: MapKey, route: Route) -> str | None:
+        return None
+
+    def render(self, key: MapKey, route: Route) -> bytes:
+        return json.dumps(to_json(key, route), separators=(",", ":")).encode()
+
+
+def assemble(parts: Mapping[MapKey, bytes]) -> bytes:
+    """The single file from each map's part, in namespace/name order."""
+    body = b",\n".join(parts[key] for key in sorted(parts))
     return b'{"publications": [\n' + body + b"\n]}\n" if body else b'{"publications": []}\n'
 
 
-def parse(data: bytes) -> dict[MapKey, Publication]:
+def parse(data: bytes) -> dict[MapKey, Route]:
     document = json.loads(data)
-    pubs = [Publication.from_json(item) for item in document["publications"]]
-    return {pub.key: pub for pub in pubs}
+    return dict(from_json(item) for item in document["publications"])
 
 
-class JsonAdapter:
-    name = "json"
+class _Quiet:
+    """Transport defaults for gateways that never wait, never refuse to be written, serve nothing."""
 
-    def __init__(self, options: JsonOptions) -> None:
-        self._path = options.json_path
-        self._fragments: dict[MapKey, bytes] = {}
-        self._written: bytes | None = None
+    def hold_off(self) -> float:
+        return 0.0
 
-    def check(self, pub: Publication) -> Held | None:
+    def unready(self) -> str | None:
         return None
 
-    async def current(self) -> dict[MapKey, Publication]:
+    async def serve(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+class JsonFileTransport(_Quiet):
+    """Every route in one file, replaced by rename."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+
+    async def read(self) -> dict[MapKey, Route]:
+        return await asyncio.to_thread(self._read)
+
+    def _read(self) -> dict[MapKey, Route]:
         try:
-            data = await asyncio.to_thread(self._path.read_bytes)
+            data = self._path.read_bytes()
         except FileNotFoundError:
             return {}
         except OSError as exc:
             raise Unavailable(f"cannot read {self._path}: {exc}") from exc
         try:
-            held = parse(data)
-        except (ValueError, KeyError, TypeError) as exc:
-            # Not ours to repair silently: a file we cannot read back must be looked at.
-            raise Rejected(f"{self._path} is not a publications file: {exc}") from exc
-        self._written = data
-        self._fragments = {key: render_publication(held[key]) for key in sorted(held)}
-        return held
+            return parse(data)
+        except (ValueError, KeyError, TypeError):
+            # A file that does not parse serves nothing; the engine writes the routes back.
+            return {}
 
-    async def apply(self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey]) -> ApplyResult:
-        # Work on a copy: a failed write must leave the fragments matching the file.
-        # Fragments are kept in key order; an update keeps its place, so only a new key re-sorts.
-        fragments = dict(self._fragments)
-        new_key = False
-        for key in changed:
-            pub = desired.get(key)
-            if pub is None:
-                fragments.pop(key, None)
-            else:
-                new_key = new_key or key not in fragments
-                fragments[key] = render_publication(pub)
-        if new_key:
-            fragments = {key: fragments[key] for key in sorted(fragments)}
-        data = render(fragments.values())
-        if data == self._written:
-            self._fragments = fragments
-            return ApplyResult(wrote=False)
+    async def write(self, parts: Mapping[MapKey, bytes], changes: Mapping[MapKey, bytes | None]) -> WriteResult:
+        data = assemble(parts)
+        await asyncio.to_thread(self._write, data)
+        return WriteResult()
+
+    def _write(self, data: bytes) -> None:
         try:
-            await asyncio.to_thread(write_atomic, self._path, data)
-            confirmed = await asyncio.to_thread(self._path.read_bytes)
+            write_atomic(self._path, data)
+            confirmed = self._path.read_bytes()
         except OSError as exc:
             raise Unavailable(f"cannot write {self._path}: {exc}") from exc
         if confirmed != data:
             raise Unavailable(f"{self._path} changed under us while writing")
-        self._written, self._fragments = data, fragments
-        return ApplyResult(wrote=True)
 
-    def hold_off(self) -> float:
-        return 0.0
 
-    async def aclose(self) -> None:
-        return None
+def map_file(key: MapKey) -> str:
+    return f"{key.namespace}_{key.name}.json"
+
+
+class JsonDirTransport(_Quiet):
+    """One file per map and a small index; a write touches only the changed maps' files."""
+
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+        self._version = 0
+        self._count = 0
+
+    async def read(self) -> dict[MapKey, Route]:
+        return await asyncio.to_thread(self._read)
+
+    def _read(self) -> dict[MapKey, Route]:
+        routes: dict[MapKey, Route] = {}
+        try:
+            names = os.listdir(self._dir)
+            index = self._read_index()
+        except OSError as exc:
+            raise Unavailable(f"cannot read {self._dir}: {exc}") from exc
+        for name in names:
+            if not name.endswith(".json") or name == INDEX_FILE or name.startswith("."):
+                continue
+            try:
+                key, route = from_json(json.loads((self._dir / name).read_bytes()))
+            except (OSError, ValueError):
+                continue
+            if map_file(key) == name:
+                routes[key] = route
+        self._version = index
+        self._count = len(routes)
+        return routes
+
+    def _read_index(self) -> int:
+        try:
+            version = json.loads((self._dir / INDEX_FILE).read_bytes()).get("version", 0)
+        except (FileNotFoundError, ValueError, AttributeError):
+            return 0
+        return version if type(version) is int else 0
+
+    async def write(self, parts: Mapping[MapKey, bytes], changes: Mapping[MapKey, bytes | None]) -> WriteResult:
+        await asyncio.to_thread(self._write, changes)
+        return WriteResult()
+
+    def _write(self, changes: Mapping[MapKey, bytes | None]) -> None:
+        try:
+            for key, part in changes.items():
+                path = self._dir / map_file(key)
+                existed = path.exists()
+                if part is None:
+                    if existed:
+                        path.unlink()
+                        self._count -= 1
+                    continue
+                write_atomic(path, part + b"\n")
+                if path.read_bytes() != part + b"\n":
+                    raise Unavailable(f"{path} changed under us while writing")
+                self._count += 0 if existed else 1
+            self._version += 1
+            index = json.dumps({"version": self._version, "maps": self._count}).encode() + b"\n"
+            write_atomic(self._dir / INDEX_FILE, index)
+        except OSError as exc:
+            raise Unavailable(f"cannot write in {self._dir}: {exc}") from exc
+
+
+def build(options: JsonOptions) -> tuple[JsonRenderer, JsonFileTransport | JsonDirTransport]:
+    if options.json_dir is not None:
+        return JsonRenderer(), JsonDirTransport(options.json_dir)
+    assert options.json_path is not None
+    return JsonRenderer(), JsonFileTransport(options.json_path)

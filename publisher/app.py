@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,15 +22,16 @@ from publisher import gate, loop
 from publisher.config import ConfigError, RunConfig, flag
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
-from publisher.model import Held, MapKey, Publication
+from publisher.model import Held, MapKey, Publication, Route
 from publisher.source import DirectorySource, KubeSource, Stores, WatchOptions
 
 log = logging.getLogger(__name__)
 
 
 def build_adapter(config: RunConfig) -> Adapter:
-    """The chosen adapter with its options taken from the config; errors name the flags."""
-    options_model, adapter_class = ADAPTERS[config.adapter].load()
+    """The chosen gateway's engine with its options taken from the config; errors name the flags."""
+    spec = ADAPTERS[config.adapter]
+    options_model = spec.options
     values: dict[str, Any] = {}
     for name in options_model.model_fields:
         value = getattr(config, name, None)
@@ -40,30 +42,49 @@ def build_adapter(config: RunConfig) -> Adapter:
     except ValidationError as exc:
         problems = [f"{flag(str(e['loc'][0]))}: {e['msg']}" if e["loc"] else e["msg"] for e in exc.errors()]
         raise ConfigError(f"--adapter {config.adapter}: " + "; ".join(problems)) from exc
-    adapter: Adapter = adapter_class(options)
-    return adapter
+    return spec.engine(config.adapter, options)
 
 
 class DryRunAdapter:
-    """Wraps an adapter so nothing is written: records what would have been applied."""
+    """Wraps an engine so nothing is written: records what would have been applied."""
 
     def __init__(self, inner: Adapter) -> None:
         self._inner = inner
         self.name = inner.name
         self.desired: dict[MapKey, Publication] = {}
+        self._routes: dict[MapKey, Route] = {}
+
+    @property
+    def confirmed(self) -> Mapping[MapKey, Route]:
+        return self._routes
 
     def check(self, pub: Publication) -> Held | None:
         return self._inner.check(pub)
 
-    async def current(self) -> dict[MapKey, Publication]:
+    async def start(self) -> Mapping[MapKey, Route]:
         return {}
 
-    async def apply(self, desired, changed) -> ApplyResult:  # type: ignore[no-untyped-def]
-        self.desired = dict(desired)
+    async def apply(self, changes: Mapping[MapKey, Publication | None]) -> ApplyResult:
+        for key, pub in changes.items():
+            if pub is None:
+                self.desired.pop(key, None)
+                self._routes.pop(key, None)
+            else:
+                self.desired[key] = pub
+                self._routes[key] = pub.route
         return ApplyResult(wrote=False)
+
+    async def reconcile(self) -> frozenset[MapKey]:
+        return frozenset()
 
     def hold_off(self) -> float:
         return 0.0
+
+    def unready(self) -> str | None:
+        return None
+
+    async def serve(self) -> None:
+        return None
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -149,8 +170,9 @@ async def _close(adapter: Adapter, kube: Kube | None) -> None:
 
 
 def _summary(publisher: Publisher, adapter: Adapter) -> Summary:
-    published = adapter.desired if isinstance(adapter, DryRunAdapter) else publisher.published
-    summary = Summary(publications=[published[k] for k in sorted(published)])
+    published = adapter.desired if isinstance(adapter, DryRunAdapter) else publisher.provenance
+    served = publisher.published
+    summary = Summary(publications=[published[k] for k in sorted(published) if k in served])
     for key, state in sorted(publisher.states.items()):
         if state.state in ("held", "failed"):
             summary.held.append({"namespace": key.namespace, "name": key.name, "reason": state.reason, "message": state.message})

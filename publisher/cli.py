@@ -18,13 +18,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from adapters.base import AdapterError
+from adapters.base import AdapterError, publication_problem
 from publisher import app, config, logs
 from publisher.gate import GateOptions, PublishedGate, decide
 from publisher.manifests import ManifestError, parse_manifests, read_manifests
 from publisher.model import (
     INFERENCE_SERVICE_KIND,
     TRAFFIC_MAP_KIND,
+    Held,
     InferenceService,
     InvalidObject,
     MapKey,
@@ -36,6 +37,7 @@ from publisher.model import (
     validate,
 )
 from publisher.kube import KubeError
+from publisher.plan import DEFAULT_HOST_TEMPLATE, publication_for
 from publisher.verify import compare
 
 __all__ = ["main"]
@@ -146,6 +148,10 @@ def _verify(args: argparse.Namespace) -> int:
         isvc = isvcs.get(item.key)
         options = GateOptions(published_gate=gate, source_known=isvc is not None)
         held = decide(item, isvc, options)
+        if held is None and isinstance(item, TrafficMap):
+            # What the sidecar's engine refuses for every gateway (a hostname annotation included).
+            problem = publication_problem(publication_for(item, isvc, DEFAULT_HOST_TEMPLATE))
+            held = Held(Reason.INVALID_PLAN, problem) if problem is not None else None
         reports.append(
             _Report(
                 key=item.key,

@@ -27,7 +27,8 @@ import yaml
 from aiohttp import web
 
 from adapters.base import write_atomic
-from adapters.envoy import EnvoyAdapter, EnvoyOptions, bootstrap, envoy_binary, run_envoy
+from adapters import ADAPTERS
+from adapters.envoy import EnvoyOptions, bootstrap, envoy_binary, run_envoy
 from publisher import loop, weights
 from publisher.loop import LoopOptions, Publisher
 from publisher.manifests import parse_manifests
@@ -209,8 +210,8 @@ async def _published(publisher: Publisher, key: MapKey, generation: int) -> Publ
     loop_time = asyncio.get_running_loop().time
     deadline = loop_time() + PUBLISH_TIMEOUT
     while loop_time() < deadline:
-        pub = publisher.published.get(key)
-        if pub is not None and pub.generation == generation:
+        pub = publisher.provenance.get(key)
+        if pub is not None and pub.generation == generation and key in publisher.published:
             return pub
         await asyncio.sleep(0.05)
     return None
@@ -259,7 +260,7 @@ async def _run(
     listen, admin = _free_port(), _free_port()
     manifest, envoy_dir, boot = await asyncio.to_thread(_prepare, workdir, objects, listen=listen, admin=admin)
     admin_url = f"http://127.0.0.1:{admin}"
-    adapter = EnvoyAdapter(EnvoyOptions(envoy_dir=envoy_dir, envoy_admin=admin_url))
+    adapter = ADAPTERS["envoy"].engine("envoy", EnvoyOptions(envoy_dir=envoy_dir, envoy_admin=admin_url))
     url = f"http://127.0.0.1:{listen}/"
     write(
         f"Demo: the publisher reads {CHAT} from {source_name}, copied to a temporary directory with each "
@@ -269,7 +270,7 @@ async def _run(
     )
     log.debug("demo started", extra={"workdir": str(workdir), "envoy_admin": admin_url})
     try:
-        await adapter.current()  # writes the empty files Envoy starts from
+        await adapter.start()  # writes the empty files Envoy starts from
         async with run_envoy(boot, admin_url=admin_url, log_path=workdir / "envoy.log"):
             publisher = Publisher(Stores.empty(), adapter, LoopOptions(adapter_name=adapter.name, report_status=False))
             source = DirectorySource(manifest.parent, publisher.stores, publisher, clock=publisher.clock, poll_interval=0.1)

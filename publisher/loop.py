@@ -14,7 +14,7 @@ import gc
 import heapq
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -24,7 +24,7 @@ from aiohttp import web
 from adapters.base import Adapter, AdapterError, ApplyResult
 from publisher import gate, metrics, plan, status
 from publisher.kube import Kube, KubeError
-from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, TrafficMap
+from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
 from publisher.plan import Hold, Outcome, Publish, Withdraw
 from publisher.source import Stores
 
@@ -136,7 +136,11 @@ class MapState:
 
 
 class Publisher:
-    """Decides maps, applies them through one adapter, and queues reports."""
+    """Decides maps, applies them through the gateway engine, and queues reports.
+
+    The applier task is the only caller of the engine: resync is a request it serves between
+    batches, so a read-back never runs beside a write. The engine's confirmed routes are what the
+    gateway serves; `provenance` records which Publication (generation) each came from."""
 
     def __init__(
         self,
@@ -158,7 +162,7 @@ class Publisher:
         self.backoff = Backoff(options.backoff_base, options.backoff_cap)
         self.status_queue = KeyQueue(clock)
         self.status_backoff = Backoff(options.backoff_base, options.backoff_cap)
-        self.published: dict[MapKey, Publication] = {}
+        self.provenance: dict[MapKey, Publication] = {}
         self.states: dict[MapKey, MapState] = {}
         self.reports: dict[MapKey, status.Report] = {}
         self.is_synced = False
@@ -167,6 +171,12 @@ class Publisher:
         self.leading = kube is not None and options.report_status
         self.last_success: float | None = None
         self._state_counts: dict[str, int] = {}
+        self._reconcile_due = False
+
+    @property
+    def published(self) -> Mapping[MapKey, Route]:
+        """What the gateway serves, as the engine last confirmed it."""
+        return self.adapter.confirmed
 
     # --- ChangeSink ---------------------------------------------------------------------------
 
@@ -189,6 +199,9 @@ class Publisher:
         service = item.spec.service if isinstance(item, TrafficMap) else key.name
         isvc = self.stores.isvcs.get(MapKey(key.namespace, service))
         if isinstance(item, InvalidObject):
+            if item.deletion_timestamp is not None:
+                # Invalid or not, a map being deleted leaves the gateway.
+                return Withdraw(f"the TrafficMap is being deleted (since {item.deletion_timestamp})")
             held = gate.decide(item, isvc, self.options.gate)
             assert held is not None
             return Hold(held)
@@ -203,82 +216,105 @@ class Publisher:
         held = self.adapter.check(publication)
         return Hold(held) if held is not None else Publish(publication)
 
+    def _decide_guarded(self, key: MapKey) -> Outcome:
+        """One map's decision; an unexpected error holds that map alone (InternalError)."""
+        try:
+            return self.decide(key)
+        except Exception as exc:  # noqa: BLE001 - the boundary: one map must not stop the others
+            return self._internal_error(key, "deciding", exc)
+
+    def _internal_error(self, key: MapKey, doing: str, exc: Exception) -> Hold:
+        if self._state(key).reason != Reason.INTERNAL_ERROR:
+            log.exception("map internal error", extra={"map": str(key), "doing": doing})
+        metrics.INTERNAL_ERRORS.inc()
+        return Hold(Held(Reason.INTERNAL_ERROR, f"{doing} this map raised {exc!r}"))
+
     # --- one pass ------------------------------------------------------------------------------
 
     async def sync_once(self, pending: Mapping[MapKey, float | None]) -> None:
-        """Decide `pending`, make one gateway write for all that changed, and queue reports."""
+        """Decide `pending`, make one gateway write for every route that changed, queue reports."""
         if not pending:
             return
-        outcomes = {key: self.decide(key) for key in pending}
-        desired_entries: dict[MapKey, Publication | None] = {
-            key: plan.desired_for(outcome, self.published.get(key)) for key, outcome in outcomes.items()
-        }
-        changed = frozenset(key for key, pub in desired_entries.items() if pub != self.published.get(key))
+        outcomes = {key: self._decide_guarded(key) for key in pending}
+        confirmed = self.adapter.confirmed
+        changes: dict[MapKey, Publication | None] = {}
+        for key, outcome in outcomes.items():
+            if isinstance(outcome, Publish):
+                if outcome.publication.route != confirmed.get(key):
+                    changes[key] = outcome.publication
+            elif isinstance(outcome, Withdraw) and key in confirmed:
+                changes[key] = None
+        before = {key: confirmed.get(key) for key in changes}
         result = ApplyResult()
         failure: AdapterError | None = None
-        if changed:
-            desired = _Overlay(self.published, {key: desired_entries[key] for key in changed})
+        if changes:
             started = self.clock()
             try:
-                result = await self.adapter.apply(desired, changed)
+                result = await self.adapter.apply(changes)
             except AdapterError as exc:
                 failure = exc
-                log.warning("apply failed", extra={"adapter": self.adapter.name, "maps": len(changed), "error": str(exc)})
+                log.warning("apply failed", extra={"adapter": self.adapter.name, "maps": len(changes), "error": str(exc)})
             finally:
                 metrics.APPLY_DURATION.labels(adapter=self.adapter.name).observe(self.clock() - started)
             if failure is None:
-                self._record_apply(desired, changed, result, pending)
+                self._record_apply(before, result, pending)
         if failure is None:
             self.last_success = self.clock()
             metrics.LAST_SUCCESS.labels(adapter=self.adapter.name).set(time.time())
+        for key in result.released:
+            self.queue.add(key)
+        failed_keys = frozenset(changes) if failure is not None else frozenset()
         for key, outcome in outcomes.items():
-            self._settle(key, outcome, changed, result, failure)
+            try:
+                self._settle(key, outcome, failed_keys, failure, result)
+            except Exception as exc:  # noqa: BLE001 - the boundary, as in deciding
+                self._settle(key, self._internal_error(key, "reporting on", exc), failed_keys, failure, result)
 
-    def _record_apply(
-        self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey], result: ApplyResult, pending: Mapping[MapKey, float | None]
-    ) -> None:
+    def _record_apply(self, before: Mapping[MapKey, Route | None], result: ApplyResult, pending: Mapping[MapKey, float | None]) -> None:
         if result.reloads:
-            # Reloads of an apply that had to isolate or roll back maps count as "rejected".
+            # Reloads of an apply that had to isolate maps count as "rejected".
             outcome = "rejected" if result.rejected else "success"
             metrics.RELOADS.labels(adapter=self.adapter.name, result=outcome).inc(result.reloads)
         now = self.clock()
-        for key in changed:
+        confirmed = self.adapter.confirmed
+        for key, old in before.items():
             if key in result.rejected:
                 continue
-            pub = desired.get(key)
-            old = self.published.get(key)
-            if pub is None:
-                self.published.pop(key, None)
-                metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="withdrawn").inc()
-            else:
-                self.published[key] = pub
-                metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="published").inc()
-            self._set_weight_metrics(key, old, pub)
+            new = confirmed.get(key)
+            if new == old:
+                continue
+            metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="withdrawn" if new is None else "published").inc()
+            self._set_weight_metrics(key, old, new)
             seen_at = pending.get(key)
             if seen_at is not None:
                 metrics.EVENT_TO_APPLY.labels(adapter=self.adapter.name).observe(now - seen_at)
 
     def _settle(
-        self, key: MapKey, outcome: Outcome, changed: frozenset[MapKey], result: ApplyResult, failure: AdapterError | None
+        self, key: MapKey, outcome: Outcome, failed_keys: frozenset[MapKey], failure: AdapterError | None, result: ApplyResult
     ) -> None:
         """Record the map's state, back off what failed, and queue its report."""
         item = self.stores.maps.get(key)
         generation = item.metadata.generation if isinstance(item, TrafficMap) else item.generation if item else 0
-        last = self.published.get(key)
         failed: Held | None = None
-        if key in changed and failure is not None:
+        if key in failed_keys:
             failed = Held(Reason.APPLY_FAILED, f"gateway write failed, retrying: {failure}")
         elif key in result.rejected:
-            failed = result.rejected[key]
+            rejected = result.rejected[key]
+            if rejected.reason in (Reason.HOST_CONFLICT, Reason.INTERNAL_ERROR):
+                # Not the gateway's doing: held until the owner lets go, or the map changes.
+                outcome = Hold(rejected)
+            else:
+                failed = rejected
         if failed is not None:
             metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="failed").inc()
             self.queue.add_after(key, self.backoff.delay(key))
             self._set_state(key, MapState("failed", str(failed.reason), failed.message))
-            report = status.Report(False, failed.reason, _keeping(failed.message, last), generation)
+            report = status.Report(False, failed.reason, self._keeping(key, failed.message), generation)
         else:
             self.backoff.forget(key)
             if isinstance(outcome, Publish):
                 pub = outcome.publication
+                self.provenance[key] = pub
                 message = _published_message(self.adapter.name, pub, result.notes.get(key), self._stale_probes(item))
                 self._set_state(key, MapState("published"))
                 report = status.Report(True, Reason.PUBLISHED, message, pub.generation)
@@ -287,8 +323,9 @@ class Publisher:
                 if held.reason == Reason.VERIFICATION_FAILED and self._state(key).reason != held.reason:
                     metrics.VERIFICATION_FAILURES.inc()
                 self._set_state(key, MapState("held", str(held.reason), held.message))
-                report = status.Report(False, held.reason, _keeping(held.message, last), generation)
+                report = status.Report(False, held.reason, self._keeping(key, held.message), generation)
             else:
+                self.provenance.pop(key, None)
                 self._set_state(key, MapState("withdrawn", str(Reason.WITHDRAWN), outcome.message))
                 report = status.Report(False, Reason.WITHDRAWN, f"withdrawn from the {self.adapter.name} gateway: {outcome.message}", generation)
         if item is None:
@@ -298,12 +335,23 @@ class Publisher:
             self.reports[key] = report
             self.status_queue.add(key)
 
+    def _keeping(self, key: MapKey, message: str) -> str:
+        if key not in self.adapter.confirmed:
+            return f"{message}; nothing is published for this map"
+        last = self.provenance.get(key)
+        if last is None:
+            return f"{message}; the gateway keeps the weights it served before this sidecar started"
+        return f"{message}; the gateway keeps generation {last.generation}"
+
     def _forget(self, key: MapKey) -> None:
         """A map that is gone from the source and from the gateway leaves every record."""
         state = self.states.pop(key, None)
         if state is not None:
             self._count(state.state, -1)
+            if state.state == "held":
+                metrics.MAP_HELD.remove(key.namespace, key.name, state.reason)
         self.reports.pop(key, None)
+        self.provenance.pop(key, None)
         self.backoff.forget(key)
 
     def _stale_probes(self, item: TrafficMap | InvalidObject | None) -> str | None:
@@ -343,7 +391,7 @@ class Publisher:
         metrics.MAPS.labels(state=state).set(self._state_counts[state])
 
     @staticmethod
-    def _set_weight_metrics(key: MapKey, old: Publication | None, new: Publication | None) -> None:
+    def _set_weight_metrics(key: MapKey, old: Route | None, new: Route | None) -> None:
         clusters = {b.cluster for b in new.backends} if new else set()
         for backend in old.backends if old else ():
             if backend.cluster not in clusters:
@@ -389,17 +437,17 @@ class Publisher:
     # --- scheduling ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Read back what the gateway holds: the starting state after a restart."""
-        self.published = dict(await self.adapter.current())
-        for key, pub in self.published.items():
-            self._set_weight_metrics(key, None, pub)
+        """Read back what the gateway serves: the starting state after a restart."""
+        for key, route in (await self.adapter.start()).items():
+            self._set_weight_metrics(key, None, route)
         self.started = True
 
     def all_keys(self) -> set[MapKey]:
         return set(self.stores.maps.keys()) | set(self.published)
 
     async def run_applier(self) -> None:
-        """Forever: take every dirty key, sync them in one pass. Nothing before the first sync."""
+        """Forever: take every dirty key, sync them in one pass. Nothing before the first sync.
+        A resync that fell due is served here, between two passes, never beside one."""
         await self.synced_event.wait()
         await self.sync_once(self.queue.take_ready())
         # The first full view is long-lived: freezing it keeps every later full collection from
@@ -411,7 +459,20 @@ class Publisher:
             hold_off = self.adapter.hold_off()
             if hold_off > 0:
                 await asyncio.sleep(hold_off)
+            if self._reconcile_due:
+                self._reconcile_due = False
+                await self.reconcile()
             await self.sync_once(self.queue.take_ready())
+
+    async def reconcile(self) -> None:
+        """Read the gateway back and write back whatever drifted from what it confirmed."""
+        try:
+            drift = await self.adapter.reconcile()
+        except AdapterError as exc:
+            log.warning("resync read failed", extra={"adapter": self.adapter.name, "error": str(exc)})
+            return
+        if drift:
+            log.warning("gateway drift repaired", extra={"adapter": self.adapter.name, "maps": len(drift)})
 
     async def run_status_writer(self) -> None:
         while True:
@@ -419,21 +480,12 @@ class Publisher:
             await self.write_reports(keys)
 
     async def run_resync(self) -> None:
-        """Periodically re-decide every map and repair drift between the gateway and our record."""
+        """Periodically ask the applier to repair drift and re-decide every map."""
         while True:
             await asyncio.sleep(self.options.resync)
             if not self.is_synced:
                 continue
-            try:
-                held_now = await self.adapter.current()
-            except AdapterError as exc:
-                log.warning("resync read failed", extra={"adapter": self.adapter.name, "error": str(exc)})
-                continue
-            drift = {k for k in set(held_now) | set(self.published) if held_now.get(k) != self.published.get(k)}
-            if drift:
-                log.warning("gateway drift repaired", extra={"adapter": self.adapter.name, "maps": len(drift)})
-                # What the gateway holds is the truth now; re-deciding these keys writes them back.
-                self.published = dict(held_now)
+            self._reconcile_due = True
             for key in self.all_keys():
                 self.queue.add(key)
 
@@ -449,6 +501,9 @@ class Publisher:
             return False, "waiting for the first sync"
         if self.last_success is None:
             return False, "no successful sync yet"
+        unready = self.adapter.unready()
+        if unready is not None:
+            return False, unready
         age = self.clock() - self.last_success
         if age > 3 * self.options.resync:
             return False, f"last successful sync {age:.0f}s ago"
@@ -458,7 +513,8 @@ class Publisher:
         maps = []
         for key in sorted(self.all_keys() | set(self.states)):
             state = self._state(key)
-            pub = self.published.get(key)
+            route = self.published.get(key)
+            provenance = self.provenance.get(key) if route is not None else None
             maps.append(
                 {
                     "namespace": key.namespace,
@@ -466,39 +522,12 @@ class Publisher:
                     "decision": state.state,
                     "reason": state.reason,
                     "message": state.message,
-                    "publishedGeneration": pub.generation if pub else None,
-                    "weights": {b.cluster: b.weight for b in pub.backends} if pub else None,
+                    "publishedGeneration": provenance.generation if provenance else None,
+                    "hostname": route.hostname if route else None,
+                    "weights": {b.cluster: b.weight for b in route.backends} if route else None,
                 }
             )
         return maps
-
-
-class _Overlay(Mapping[MapKey, Publication]):
-    """What the gateway should hold: `base` (what it holds) with `changes` on top, None meaning
-    withdrawn. A view, so an apply of one map never copies 10,000."""
-
-    def __init__(self, base: Mapping[MapKey, Publication], changes: Mapping[MapKey, Publication | None]) -> None:
-        self._base = base
-        self._changes = changes
-
-    def __getitem__(self, key: MapKey) -> Publication:
-        if key in self._changes:
-            pub = self._changes[key]
-            if pub is None:
-                raise KeyError(key)
-            return pub
-        return self._base[key]
-
-    def __iter__(self) -> Iterator[MapKey]:
-        for key in self._base:
-            if key not in self._changes or self._changes[key] is not None:
-                yield key
-        for key, pub in self._changes.items():
-            if key not in self._base and pub is not None:
-                yield key
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
 
 
 def _published_message(adapter: str, pub: Publication, adapter_note: str | None, probe_note: str | None) -> str:
@@ -508,12 +537,6 @@ def _published_message(adapter: str, pub: Publication, adapter_note: str | None,
         parts.append("every weight is 0, so the gateway answers 503")
     parts.extend(note for note in (adapter_note, probe_note) if note)
     return "; ".join(parts)
-
-
-def _keeping(message: str, last: Publication | None) -> str:
-    if last is None:
-        return f"{message}; nothing is published for this map"
-    return f"{message}; the gateway keeps generation {last.generation}"
 
 
 # --- running it -------------------------------------------------------------------------------
@@ -583,6 +606,7 @@ async def run(
     async with asyncio.TaskGroup() as group:
         if listen is not None:
             group.create_task(serve(metrics.make_app(publisher), *listen))
+        group.create_task(publisher.adapter.serve())
         await publisher.start()
         group.create_task(source.run())
         group.create_task(publisher.run_applier())

@@ -55,6 +55,9 @@ LAST_SUCCESS = Gauge(
 )
 BUILD_INFO = Gauge(PREFIX + "build_info", "Always 1; the version label says which build runs.", ["version"], registry=REGISTRY)
 SOURCE_ERRORS = Counter(PREFIX + "source_errors", "Source inputs that could not be read (a bad manifest file).", ["source"], registry=REGISTRY)
+INTERNAL_ERRORS = Counter(
+    PREFIX + "internal_errors", "Maps held because deciding or rendering them raised unexpectedly.", registry=REGISTRY,
+)
 STATUS_WRITES = Counter(PREFIX + "status_writes", "TrafficMap status condition writes by outcome.", ["result"], registry=REGISTRY)
 
 BUILD_INFO.labels(version=__version__).set(1)

@@ -9,6 +9,7 @@ Imports nothing of ours but `quantity`; no I/O.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -177,15 +178,53 @@ class Endpoint:
 
 
 def parse_endpoint(url: str) -> Endpoint:
-    """Splits a validated endpoint URL; the port defaults to the scheme's. Raises ValueError."""
+    """Splits a validated endpoint URL; the port defaults to the scheme's. Raises ValueError.
+
+    The host is an IP literal that `ipaddress` reads (IPv6 in brackets) or a DNS name of at most
+    253 characters, labels of at most 63, whose last label is not all digits: `4294967295` or
+    `010.0.0.1` would reach a resolver that may read them as other addresses."""
     match = _ENDPOINT.fullmatch(url)
     if match is None:
         raise ValueError(f"{url!r} is not an http(s) URL with a plain host")
+    host_problem = _endpoint_host_problem(match["host"])
+    if host_problem is not None:
+        raise ValueError(f"{url!r}: {host_problem}")
     scheme = match["scheme"]
     port = int(match["port"]) if match["port"] else (443 if scheme == "https" else 80)
     if not 0 < port < 65536:
         raise ValueError(f"{url!r} has port {port}, outside 1..65535")
     return Endpoint(scheme=scheme, host=match["host"], port=port, path=match["path"] or "")
+
+
+def _endpoint_host_problem(host: str) -> str | None:
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return f"{host} is not an IPv6 address"
+        return None
+    if _all_digit_label(host.rsplit(".", 1)[-1]):
+        try:
+            address = ipaddress.IPv4Address(host)
+        except ValueError:
+            return f"{host} looks numeric but is not a dotted-quad IPv4 address"
+        if str(address) != host:
+            return f"{host} is not in canonical dotted-quad form"
+        return None
+    return _dns_name_problem(host.lower())
+
+
+def _all_digit_label(label: str) -> bool:
+    return label.isdigit() or (label.lower().startswith("0x") and all(c in "0123456789abcdef" for c in label[2:].lower()))
+
+
+def _dns_name_problem(name: str) -> str | None:
+    if len(name) > 253:
+        return f"a DNS name has at most 253 characters ({len(name)})"
+    for label in name.split("."):
+        if len(label) > 63:
+            return f"DNS label {label[:20]}... has {len(label)} characters, at most 63"
+    return None
 
 
 def is_dns_label(value: str) -> bool:
@@ -197,7 +236,11 @@ def is_dns_subdomain(value: str) -> bool:
 
 
 def is_hostname(value: str) -> bool:
-    return len(value) <= 253 and bool(_HOSTNAME.fullmatch(value))
+    """A lower-case DNS name a gateway can route on (optionally `*.`); never all-numeric, so it
+    cannot be read as an address."""
+    if len(value) > 253 or not _HOSTNAME.fullmatch(value):
+        return False
+    return not _all_digit_label(value.rsplit(".", 1)[-1])
 
 
 # --- The TrafficMap and InferenceService as pydantic models ----------------------------------------
@@ -398,6 +441,12 @@ class InvalidObject:
     generation: int
     message: str
     raw: dict[str, Any]
+
+    @property
+    def deletion_timestamp(self) -> str | None:
+        metadata = self.raw.get("metadata")
+        value = metadata.get("deletionTimestamp") if isinstance(metadata, dict) else None
+        return str(value) if value else None
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -172,14 +172,17 @@ def make_isvc(
     *,
     uid: str = CHAT_UID,
     generation: int = 6,
-    host: str | None = CHAT_HOST,
+    host: str | None = "",
     capacity_factors: dict[str, str] | None = None,
     enabled: bool | None = None,
     deletion_timestamp: str | None = None,
     resource_version: str = "1",
     **overrides: Any,
 ) -> dict[str, Any]:
-    """The InferenceService fields the publisher reads; `host` is the ome.io/global-host annotation."""
+    """The InferenceService fields the publisher reads; `host` is the ome.io/global-host annotation
+    (by default chat's CHAT_HOST, else `<name>.example.com`: two maps never share one by accident)."""
+    if host == "":
+        host = CHAT_HOST if name == "chat" else f"{name}.example.com"
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": namespace,

@@ -209,3 +209,13 @@ def test_installed_console_script(tmp_path) -> None:
     ok = subprocess.run(["ome-publisher", "verify", str(CHAT)], capture_output=True, text=True, timeout=60)
     assert held.returncode == 1 and json.loads(held.stdout)["maps"][0]["reason"] == "VerificationFailed"
     assert ok.returncode == 0 and "verdict: ok" in ok.stdout
+
+
+def test_a_hostname_annotation_that_could_change_gateway_config_is_held(tmp_path, capsys) -> None:
+    """Issue 11, finding 6: verify called such a map ok because it never checked the hostname."""
+    isvc = make_isvc(host="chat.example.com\n location /x { return 200 pwned; }")
+    code, report = run_json(capsys, write(tmp_path, isvc, make_map()))
+    assert code == 1
+    (entry,) = report["maps"]
+    assert entry["verdict"] == "held" and entry["reason"] == "InvalidPlan"
+    assert "hostname" in entry["message"]

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from adapters.envoy import EnvoyAdapter, EnvoyOptions, bootstrap, run_envoy
+from adapters import ADAPTERS
+from adapters.envoy import EnvoyOptions, bootstrap, run_envoy
 from publisher import loop
 from publisher.kube import Kube
 from publisher.loop import LoopOptions, Publisher
@@ -38,12 +39,12 @@ async def test_a_trafficmap_change_is_live_in_envoy_within_a_second(kube_api, ku
         boot = tmp_path / "bootstrap.yaml"
         boot.write_text(bootstrap(envoy_dir=directory, listen_host="127.0.0.1", listen_port=listen,
                                   admin_host="127.0.0.1", admin_port=admin))
-        adapter = EnvoyAdapter(EnvoyOptions(envoy_dir=directory, envoy_admin=f"http://127.0.0.1:{admin}"))
+        adapter = ADAPTERS["envoy"].engine("envoy", EnvoyOptions(envoy_dir=directory, envoy_admin=f"http://127.0.0.1:{admin}"))
         kube = await Kube.connect(kubeconfig)
         stores = Stores.empty()
         publisher = Publisher(stores, adapter, LoopOptions(adapter_name="envoy", instance="e2e"), kube=kube)
         source = KubeSource(kube, stores, publisher, WatchOptions(), clock=publisher.clock)
-        await adapter.current()  # the empty files Envoy starts from
+        await adapter.start()  # the empty files Envoy starts from
         url = f"http://127.0.0.1:{listen}/"
         try:
             async with run_envoy(boot, admin_url=f"http://127.0.0.1:{admin}", log_path=tmp_path / "envoy.log"):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from adapters.json_file import JsonAdapter, JsonOptions
+from adapters import ADAPTERS
+from adapters.json_file import JsonOptions
 from publisher import loop
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
@@ -77,7 +78,7 @@ async def running(kubeconfig: Path, out: Path, *, instance: str = "eu", leader: 
                   report_status: bool = True, watch: WatchOptions | None = None) -> AsyncIterator[Publisher]:
     kube = await Kube.connect(kubeconfig)
     stores = Stores.empty()
-    publisher = Publisher(stores, JsonAdapter(JsonOptions(json_path=out)),
+    publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)),
                           LoopOptions(instance=instance, report_status=report_status, resync=3600), kube=kube)
     # Short backoff: the fake answers at once, and tests wait on reconnects.
     watch = watch or WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5)

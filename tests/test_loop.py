@@ -10,7 +10,7 @@ from publisher.loop import Backoff, KeyQueue, LoopOptions, Publisher
 from publisher.model import MapKey, Reason, parse_traffic_map
 from publisher.source import Stores, parse_isvc
 from tests.builders import make_entry, make_isvc, make_map
-from tests.fakes.memory_adapter import MemoryAdapter
+from tests.fakes.memory_adapter import MemoryGateway, memory_engine
 
 CHAT = MapKey("prod", "chat")
 
@@ -31,13 +31,13 @@ def put_map(stores: Stores, raw: dict, *, isvc: dict | None = None) -> MapKey:
     return tm.key
 
 
-def make_publisher(adapter: MemoryAdapter | None = None) -> tuple[Publisher, Stores, MemoryAdapter]:
+def make_publisher(gateway: MemoryGateway | None = None, **options) -> tuple[Publisher, Stores, MemoryGateway]:
     stores = Stores.empty()
-    adapter = adapter or MemoryAdapter()
-    return Publisher(stores, adapter, LoopOptions(adapter_name=adapter.name)), stores, adapter
+    engine, gateway = memory_engine(gateway)
+    return Publisher(stores, engine, LoopOptions(adapter_name=engine.name, **options)), stores, gateway
 
 
-def weights(adapter: MemoryAdapter, key: MapKey) -> list[int]:
+def weights(adapter: MemoryGateway, key: MapKey) -> list[int]:
     return [b.weight for b in adapter.held[key].backends]
 
 
@@ -128,7 +128,7 @@ async def test_held_map_keeps_its_publication_while_others_move():
 
 
 async def test_nothing_is_withdrawn_before_the_first_sync():
-    adapter = MemoryAdapter()
+    adapter = MemoryGateway()
     publisher, stores, _ = make_publisher(adapter)
     put_map(stores, make_map())
     await publisher.start()
@@ -170,9 +170,9 @@ async def test_deleted_map_and_opted_out_isvc_are_withdrawn():
 
 async def test_failed_apply_backs_off_and_retries():
     clock = FakeClock()
-    adapter = MemoryAdapter(fail_with=[Unavailable("gateway down")])
+    adapter = MemoryGateway(fail_with=[Unavailable("gateway down")])
     stores = Stores.empty()
-    publisher = Publisher(stores, adapter, LoopOptions(backoff_base=1.0), clock=clock)
+    publisher = Publisher(stores, memory_engine(adapter)[0], LoopOptions(backoff_base=1.0), clock=clock)
     put_map(stores, make_map())
     await publisher.start()
     publisher.synced()
@@ -187,7 +187,7 @@ async def test_failed_apply_backs_off_and_retries():
 
 
 async def test_rejected_map_is_isolated():
-    adapter = MemoryAdapter(reject={CHAT: "gateway refused it"})
+    adapter = MemoryGateway(reject={CHAT: "gateway refused it"})
     publisher, stores, _ = make_publisher(adapter)
     put_map(stores, make_map())
     embed = put_map(stores, make_map("embed"), isvc=make_isvc("embed"))
@@ -200,7 +200,7 @@ async def test_rejected_map_is_isolated():
 
 
 async def test_map_the_adapter_cannot_express_is_held_as_invalid_plan():
-    adapter = MemoryAdapter(cannot_express={CHAT: "too many backends"})
+    adapter = MemoryGateway(cannot_express={CHAT: "too many backends"})
     publisher, stores, _ = make_publisher(adapter)
     put_map(stores, make_map())
     await publisher.start()
@@ -211,7 +211,7 @@ async def test_map_the_adapter_cannot_express_is_held_as_invalid_plan():
 
 
 async def test_burst_on_one_map_costs_one_write_per_apply_and_ends_in_the_last_state():
-    adapter = MemoryAdapter(apply_delay=0.01)
+    adapter = MemoryGateway(apply_delay=0.01)
     publisher, stores, _ = make_publisher(adapter)
     put_map(stores, make_map())
     await publisher.start()
@@ -241,9 +241,9 @@ async def loop_idle(publisher: Publisher) -> None:
 
 
 async def test_resync_repairs_drift():
-    adapter = MemoryAdapter()
+    adapter = MemoryGateway()
     stores = Stores.empty()
-    publisher = Publisher(stores, adapter, LoopOptions(resync=0.05))
+    publisher = Publisher(stores, memory_engine(adapter)[0], LoopOptions(resync=0.05))
     put_map(stores, make_map())
     await publisher.start()
     publisher.synced()
@@ -263,7 +263,7 @@ async def test_resync_repairs_drift():
 
 def test_ready_needs_start_sync_and_a_recent_success():
     clock = FakeClock()
-    publisher = Publisher(Stores.empty(), MemoryAdapter(), LoopOptions(resync=10), clock=clock)
+    publisher = Publisher(Stores.empty(), memory_engine()[0], LoopOptions(resync=10), clock=clock)
     assert publisher.ready()[0] is False
     publisher.started = True
     publisher.is_synced = True
@@ -315,3 +315,136 @@ def test_published_message_names_the_weights_and_what_an_all_zero_map_gets():
         "the envoy gateway serves generation 4 for chat.example.com: worker-a=0; every weight is 0, so the gateway answers 503"
     )
     assert "503" not in _published_message("httproute", zero, "Gateway API answers it with HTTP 500", None)
+
+
+# --- issue 11: regressions ------------------------------------------------------------------------
+
+
+async def test_resync_runs_between_writes_and_never_adopts_a_stale_read(caplog):
+    """Finding 1: resync read the gateway during an apply and adopted the stale read, taking a held
+    map's live weights back and warning of drift that was not there."""
+    gateway = MemoryGateway(apply_delay=0.03)
+    publisher, stores, _ = make_publisher(gateway, resync=0.01)
+    put_map(stores, make_map())
+    embed = put_map(stores, make_map("embed"), isvc=make_isvc("embed"))
+    await publisher.start()
+    publisher.synced()
+    tasks = [asyncio.create_task(publisher.run_applier()), asyncio.create_task(publisher.run_resync())]
+    with caplog.at_level("WARNING", logger="publisher.loop"):
+        for ready in range(2, 12):
+            put_map(stores, make_map("embed", resource_version=str(ready), generation=3,
+                                     entries=[make_entry("worker-a", allocated=ready, ready=ready, weight=1, service="embed")]),
+                    isvc=make_isvc("embed"))
+            publisher.changed([embed], at=0.0)
+            await asyncio.sleep(0.02)
+        await loop_idle(publisher)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert gateway.reads >= 3, "resync never ran"
+    assert not [r for r in caplog.records if r.getMessage() == "gateway drift repaired"]
+    assert weights(gateway, CHAT) == [2, 3]
+
+
+async def test_a_generation_only_change_writes_nothing_and_reports_the_new_generation():
+    """Finding 3: a spec change that leaves the weights alone rewrote the gateway."""
+    publisher, stores, gateway = make_publisher()
+    put_map(stores, make_map(generation=3))
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert len(gateway.applies) == 1
+    put_map(stores, make_map(generation=4, resource_version="2"))
+    publisher.changed([CHAT], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert len(gateway.applies) == 1
+    assert publisher.provenance[CHAT].generation == 4
+    assert publisher.debug_maps()[0]["publishedGeneration"] == 4
+
+
+async def test_two_maps_with_one_hostname_hold_the_younger_with_host_conflict():
+    """Finding 4: both maps reported Published and one was never served."""
+    publisher, stores, gateway = make_publisher()
+    put_map(stores, make_map(metadata={"creationTimestamp": "2026-01-01T00:00:00Z"}))
+    copy = put_map(stores, make_map("chat-copy", metadata={"creationTimestamp": "2026-05-01T00:00:00Z"}),
+                   isvc=make_isvc("chat-copy", host="chat.example.com"))
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert set(gateway.held) == {CHAT}
+    assert publisher.states[copy].state == "held" and publisher.states[copy].reason == Reason.HOST_CONFLICT
+    # The owner is deleted: the waiting map is released and published in the next pass.
+    stores.maps.delete(CHAT)
+    publisher.changed([CHAT], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert set(gateway.held) == {copy}
+    assert publisher.states[copy].state == "published"
+
+
+async def test_an_error_deciding_one_map_holds_it_and_the_others_publish():
+    """Finding 9: a probe time without a zone plus --probe-max-age raised out of sync_once."""
+    publisher, stores, gateway = make_publisher(probe_max_age=60.0)
+    naive = make_entry("worker-a", allocated=1, ready=1, weight=1,
+                       probe={"result": "Passing", "gated": False, "lastProbeTime": "2026-01-01T00:00:00"})
+    put_map(stores, make_map(entries=[naive]))
+    embed = put_map(stores, make_map("embed"), isvc=make_isvc("embed"))
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert embed in gateway.held
+    assert publisher.states[embed].state == "published"
+    assert publisher.states[CHAT].reason == Reason.INTERNAL_ERROR
+
+
+async def test_a_map_read_back_that_todays_check_refuses_is_kept():
+    """Finding 10: after a restart with other options, an unrelated write withdrew such a map."""
+    gateway = MemoryGateway()
+    first, stores, _ = make_publisher(gateway)
+    put_map(stores, make_map())
+    await first.start()
+    first.synced()
+    await first.sync_once(first.queue.take_ready())
+    gateway.cannot_express[CHAT] = "this gateway no longer takes it"
+    restarted, stores2, _ = make_publisher(gateway)
+    put_map(stores2, make_map())
+    embed = put_map(stores2, make_map("embed"), isvc=make_isvc("embed"))
+    await restarted.start()
+    restarted.synced()
+    await restarted.sync_once(restarted.queue.take_ready())
+    assert restarted.states[CHAT].reason == Reason.INVALID_PLAN
+    assert set(gateway.held) == {CHAT, embed}
+
+
+async def test_a_held_map_deleted_during_an_apply_leaves_no_held_series():
+    """Finding 10: the map_held gauge leaked when a held map was deleted during an apply."""
+    from publisher import metrics
+
+    publisher, stores, gateway = make_publisher()
+    put_map(stores, make_map(entries=[make_entry("worker-a", allocated=4, ready=4, weight=7)]))
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    held = metrics.REGISTRY.get_sample_value(metrics.PREFIX + "map_held", {"namespace": "prod", "name": "chat", "reason": "VerificationFailed"})
+    assert held == 1
+    stores.maps.delete(CHAT)
+    publisher.changed([CHAT], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert metrics.REGISTRY.get_sample_value(metrics.PREFIX + "map_held", {"namespace": "prod", "name": "chat", "reason": "VerificationFailed"}) is None
+
+
+async def test_an_invalid_map_being_deleted_is_withdrawn_not_held():
+    """Finding 10: an invalid map being deleted was held, so its route stayed."""
+    publisher, stores, gateway = make_publisher()
+    put_map(stores, make_map())
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    bad = make_map(resource_version="2", metadata={"deletionTimestamp": "2026-12-01T00:00:00Z"},
+                   entries=[make_entry("worker-a", weight=-1)])
+    tm = parse_traffic_map(bad)
+    stores.maps.upsert(CHAT, tm, "2")
+    publisher.changed([CHAT], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert gateway.held == {}
+    assert publisher.states[CHAT].state == "withdrawn"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from publisher.gate import GateOptions, decide
-from publisher.model import Reason, TrafficMap, parse_traffic_map
+from publisher.model import Reason, TrafficMap, is_hostname, parse_endpoint, parse_traffic_map
 from tests.builders import make_entry, make_map
 
 A = "worker-a"
@@ -108,3 +108,32 @@ def test_a_trailing_newline_is_invalid_map(entry: dict[str, Any], field: str) ->
     item = parse_traffic_map(make_map(entries=[make_entry(A, weight=1), entry]))
     held = decide(item, None, GateOptions())
     assert held is not None and held.reason is Reason.INVALID_MAP and field in held.message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[1]:8080",  # any bracketed hex used to pass as IPv6
+        "http://[1:2:3]:8080",
+        "http://4294967295",  # a resolver may read these as 255.255.255.255 ...
+        "http://010.0.0.1",  # ... and 8.0.0.1
+        "http://0x7f.1",
+        "http://" + "a" * 70 + ".example.com",  # a label of 70 characters
+        "http://" + ".".join(["abcdefghi"] * 250),  # a host of 2,499 characters
+    ],
+)
+def test_endpoint_hosts_that_could_be_read_two_ways_are_refused(url):
+    """Issue 11, finding 7: these passed the endpoint check before."""
+    with pytest.raises(ValueError):
+        parse_endpoint(url)
+
+
+@pytest.mark.parametrize("url", ["http://[::1]:8080", "http://10.0.0.1:80", "https://chat.worker-a.example.com:8443/v1"])
+def test_plain_endpoint_hosts_still_pass(url):
+    assert parse_endpoint(url).host
+
+
+@pytest.mark.parametrize("host, ok", [("chat.example.com", True), ("*.example.com", True), ("10.1.2.3", False),
+                                      ("a" * 64 + ".example.com", False), ("x." * 130 + "com", False)])
+def test_hostnames_are_dns_names_within_limits(host, ok):
+    assert is_hostname(host) is ok

@@ -4,59 +4,113 @@ import json
 
 import pytest
 
-from adapters.base import Rejected
-from adapters.json_file import JsonAdapter, JsonOptions
-from publisher.model import Backend, MapKey, Publication
+from adapters import ADAPTERS
+from adapters.json_file import INDEX_FILE, JsonOptions, map_file
+from publisher.model import Backend, MapKey, Publication, Reason
 
 
-def pub(name: str, *weights: int) -> Publication:
-    return Publication("prod", name, f"{name}.example.com", 2, 6,
+def pub(name: str, *weights: int, generation: int = 2, host: str | None = None) -> Publication:
+    return Publication("prod", name, host or f"{name}.example.com", generation, 6,
                        tuple(Backend(f"worker-{i}", f"http://{name}.worker-{i}.example.com", w) for i, w in enumerate(weights)))
 
 
-async def test_writes_sorted_publications_and_reads_them_back(tmp_path):
-    path = tmp_path / "out.json"
-    adapter = JsonAdapter(JsonOptions(json_path=path))
-    assert await adapter.current() == {}
-    desired = {p.key: p for p in (pub("zeta", 1), pub("alpha", 2, 3))}
-    result = await adapter.apply(desired, frozenset(desired))
-    assert result.wrote
-    document = json.loads(path.read_text())
-    assert [p["name"] for p in document["publications"]] == ["alpha", "zeta"]
-    assert document["publications"][0] == {
-        "namespace": "prod", "name": "alpha", "hostname": "alpha.example.com", "generation": 2, "observedISVCGeneration": 6,
+def engine(tmp_path, mode: str):
+    options = JsonOptions(json_path=tmp_path / "out.json") if mode == "file" else JsonOptions(json_dir=tmp_path)
+    return ADAPTERS["json"].engine("json", options)
+
+
+def served_names(tmp_path, mode: str) -> list[str]:
+    if mode == "file":
+        return [p["name"] for p in json.loads((tmp_path / "out.json").read_text())["publications"]]
+    return sorted(json.loads(p.read_text())["name"] for p in tmp_path.glob("prod_*.json"))
+
+
+MODES = ["file", "dir"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_writes_routes_and_reads_them_back(tmp_path, mode):
+    adapter = engine(tmp_path, mode)
+    assert await adapter.start() == {}
+    pubs = [pub("zeta", 1), pub("alpha", 2, 3)]
+    result = await adapter.apply({p.key: p for p in pubs})
+    assert result.wrote and not result.rejected
+    assert served_names(tmp_path, mode) == ["alpha", "zeta"]
+    restarted = engine(tmp_path, mode)
+    assert dict(await restarted.start()) == {p.key: p.route for p in pubs}
+
+
+def test_file_holds_routes_without_generations(tmp_path):
+    document_entry = json.loads(ADAPTERS["json"].engine("json", JsonOptions(json_path=tmp_path / "x"))._renderer.render(
+        MapKey("prod", "alpha"), pub("alpha", 2, 3).route))
+    assert document_entry == {
+        "namespace": "prod", "name": "alpha", "hostname": "alpha.example.com",
         "backends": [{"cluster": "worker-0", "endpoint": "http://alpha.worker-0.example.com", "weight": 2},
                      {"cluster": "worker-1", "endpoint": "http://alpha.worker-1.example.com", "weight": 3}],
     }
-    restarted = JsonAdapter(JsonOptions(json_path=path))
-    assert await restarted.current() == desired
 
 
-async def test_unchanged_content_is_not_rewritten(tmp_path):
-    path = tmp_path / "out.json"
-    adapter = JsonAdapter(JsonOptions(json_path=path))
-    await adapter.current()
-    desired = {pub("a", 1).key: pub("a", 1)}
-    await adapter.apply(desired, frozenset(desired))
-    inode = path.stat().st_ino
-    restarted = JsonAdapter(JsonOptions(json_path=path))
-    await restarted.current()
-    assert not (await restarted.apply(desired, frozenset(desired))).wrote
-    assert path.stat().st_ino == inode
+@pytest.mark.parametrize("mode", MODES)
+async def test_withdrawn_key_leaves_the_gateway(tmp_path, mode):
+    adapter = engine(tmp_path, mode)
+    await adapter.start()
+    await adapter.apply({p.key: p for p in (pub("a", 1), pub("b", 1))})
+    await adapter.apply({MapKey("prod", "b"): None})
+    assert served_names(tmp_path, mode) == ["a"]
 
 
-async def test_withdrawn_key_leaves_the_file(tmp_path):
-    path = tmp_path / "out.json"
-    adapter = JsonAdapter(JsonOptions(json_path=path))
-    await adapter.current()
-    desired = {p.key: p for p in (pub("a", 1), pub("b", 1))}
-    await adapter.apply(desired, frozenset(desired))
-    await adapter.apply({pub("a", 1).key: pub("a", 1)}, frozenset({MapKey("prod", "b")}))
-    assert [p["name"] for p in json.loads(path.read_text())["publications"]] == ["a"]
+def test_options_need_exactly_one_target(tmp_path):
+    with pytest.raises(ValueError, match="exactly one"):
+        JsonOptions()
+    with pytest.raises(ValueError, match="exactly one"):
+        JsonOptions(json_path=tmp_path / "a", json_dir=tmp_path)
 
 
-async def test_a_file_that_is_not_ours_is_refused(tmp_path):
-    path = tmp_path / "out.json"
-    path.write_text('{"something": "else"}')
-    with pytest.raises(Rejected):
-        await JsonAdapter(JsonOptions(json_path=path)).current()
+async def test_directory_mode_touches_only_the_changed_map(tmp_path):
+    """Finding 12: one change among many writes one map's file and the small index, nothing else."""
+    adapter = engine(tmp_path, "dir")
+    await adapter.start()
+    await adapter.apply({p.key: p for p in (pub(f"m{i}", 1, 2) for i in range(50))})
+    before = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("prod_*.json")}
+    inodes = {p.name: p.stat().st_ino for p in tmp_path.glob("prod_*.json")}
+    await adapter.apply({MapKey("prod", "m7"): pub("m7", 3, 1)})
+    after_inodes = {p.name: p.stat().st_ino for p in tmp_path.glob("prod_*.json")}
+    assert {name for name in inodes if inodes[name] != after_inodes[name]} == {map_file(MapKey("prod", "m7"))}
+    assert len(before) == 50
+    index = json.loads((tmp_path / INDEX_FILE).read_text())
+    assert index == {"version": 2, "maps": 50}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_hostname_that_could_change_config_structure_is_refused(tmp_path, mode):
+    """Finding 6: the JSON adapter used to publish any hostname as it was."""
+    adapter = engine(tmp_path, mode)
+    bad = pub("chat", 1, host="chat.example.com\n location /x { return 200 pwned; }")
+    held = adapter.check(bad)
+    assert held is not None and held.reason == Reason.INVALID_PLAN
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_deleted_output_is_written_back_on_reconcile(tmp_path, mode):
+    """Finding 8: with the output deleted, resync used to find no drift to repair."""
+    adapter = engine(tmp_path, mode)
+    await adapter.start()
+    await adapter.apply({p.key: p for p in (pub("a", 1), pub("b", 2))})
+    for path in [tmp_path / "out.json"] if mode == "file" else list(tmp_path.glob("prod_*.json")):
+        path.unlink()
+    assert await adapter.reconcile() == {MapKey("prod", "a"), MapKey("prod", "b")}
+    assert served_names(tmp_path, mode) == ["a", "b"]
+    assert await adapter.reconcile() == frozenset()
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_corrupted_output_serves_nothing_and_heals(tmp_path, mode):
+    """Finding 8: a corrupted file used to fail every read-back until some map changed."""
+    adapter = engine(tmp_path, mode)
+    await adapter.start()
+    await adapter.apply({pub("a", 1).key: pub("a", 1)})
+    target = tmp_path / ("out.json" if mode == "file" else map_file(MapKey("prod", "a")))
+    target.write_text("{not json")
+    assert await engine(tmp_path, mode).start() == {}
+    assert await adapter.reconcile() == {MapKey("prod", "a")}
+    assert served_names(tmp_path, mode) == ["a"]

@@ -1,8 +1,10 @@
-"""A strict in-memory adapter: the loop's tests see every apply, and impossible calls fail loudly.
+"""A strict in-memory gateway for the loop's tests: a renderer and a transport run by the real
+engine, so the loop's tests see every write, and impossible calls fail loudly.
 
-Like external-dns's in-memory provider it refuses what a real gateway could not mean: `changed`
-must name exactly the keys whose Publication differs from what it holds, and two applies may
-never overlap. Knobs: `fail_with` (raise on the next applies), `reject` (refuse single maps).
+Like external-dns's in-memory provider it refuses what a real gateway could not mean: a write's
+`changes` must name exactly the maps whose part differs from what it serves, and two writes may
+never overlap. Knobs: `fail_with` (raise on the next writes), `reject` (refuse single maps),
+`cannot_express` (the renderer's problem for a map), `apply_delay`.
 """
 
 from __future__ import annotations
@@ -11,15 +13,16 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from adapters.base import AdapterError, ApplyResult
-from publisher.model import Held, MapKey, Publication, Reason
+from adapters.base import AdapterError, WriteResult
+from adapters.engine import Engine
+from publisher.model import MapKey, Route
 
 
 @dataclass
-class MemoryAdapter:
-    name: str = "memory"
-    held: dict[MapKey, Publication] = field(default_factory=dict)
+class MemoryGateway:
+    held: dict[MapKey, Route] = field(default_factory=dict)
     applies: list[frozenset[MapKey]] = field(default_factory=list)
+    reads: int = 0
     fail_with: list[AdapterError] = field(default_factory=list)
     reject: dict[MapKey, str] = field(default_factory=dict)
     cannot_express: dict[MapKey, str] = field(default_factory=dict)
@@ -27,37 +30,55 @@ class MemoryAdapter:
     closed: bool = False
     _in_flight: bool = False
 
-    def check(self, pub: Publication) -> Held | None:
-        message = self.cannot_express.get(pub.key)
-        return Held(Reason.INVALID_PLAN, message) if message else None
+    # Renderer
+    def problem(self, key: MapKey, route: Route) -> str | None:
+        return self.cannot_express.get(key)
 
-    async def current(self) -> dict[MapKey, Publication]:
+    def render(self, key: MapKey, route: Route) -> Route:
+        return route
+
+    # Transport
+    async def read(self) -> dict[MapKey, Route]:
+        assert not self._in_flight, "a read overlapped a write"
+        self.reads += 1
         return dict(self.held)
 
-    async def apply(self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey]) -> ApplyResult:
-        assert not self._in_flight, "two applies overlapped"
-        differing = {k for k in set(desired) | set(self.held) if desired.get(k) != self.held.get(k)}
-        unrejected = differing - set(self.reject)
-        assert unrejected <= changed, f"changed {sorted(changed)} misses {sorted(unrejected - changed)}"
+    async def write(self, parts: Mapping[MapKey, Route], changes: Mapping[MapKey, Route | None]) -> WriteResult:
+        assert not self._in_flight, "two writes overlapped"
+        differing = {k for k in set(parts) | set(self.held) if parts.get(k) != self.held.get(k)}
+        assert differing <= set(changes), f"changes {sorted(changes)} miss {sorted(differing - set(changes))}"
         self._in_flight = True
         try:
             if self.apply_delay:
                 await asyncio.sleep(self.apply_delay)
-            self.applies.append(changed)
+            self.applies.append(frozenset(changes))
             if self.fail_with:
                 raise self.fail_with.pop(0)
-            rejected = {k: Held(Reason.APPLY_FAILED, msg) for k, msg in self.reject.items() if k in changed}
-            for key in changed - set(rejected):
-                if key in desired:
-                    self.held[key] = desired[key]
-                else:
+            rejected = {k: msg for k, msg in self.reject.items() if k in changes}
+            for key, part in changes.items():
+                if key in rejected:
+                    continue
+                if part is None:
                     self.held.pop(key, None)
-            return ApplyResult(rejected=rejected, wrote=bool(changed - set(rejected)))
+                else:
+                    self.held[key] = part
+            return WriteResult(rejected=rejected)
         finally:
             self._in_flight = False
 
     def hold_off(self) -> float:
         return 0.0
 
+    def unready(self) -> str | None:
+        return None
+
+    async def serve(self) -> None:
+        return None
+
     async def aclose(self) -> None:
         self.closed = True
+
+
+def memory_engine(gateway: MemoryGateway | None = None, name: str = "memory") -> tuple[Engine[Route], MemoryGateway]:
+    gateway = gateway if gateway is not None else MemoryGateway()
+    return Engine(name, gateway, gateway), gateway

@@ -1,0 +1,104 @@
+"""The adapter contract: every gateway, run by the engine against its real gateway (or the fake
+API server), keeps the same promises. A gateway joins by adding a factory to GATEWAYS that yields
+a fresh engine on the same gateway each time it is called (a restart)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapters import ADAPTERS, Engine
+from adapters.json_file import JsonOptions
+from publisher.model import MAX_WEIGHT, Backend, MapKey, Publication, Reason
+
+EngineFactory = Callable[[], Engine[Any]]
+
+
+@contextlib.asynccontextmanager
+async def json_file(tmp_path: Path) -> AsyncIterator[EngineFactory]:
+    yield lambda: ADAPTERS["json"].engine("json", JsonOptions(json_path=tmp_path / "out.json"))
+
+
+@contextlib.asynccontextmanager
+async def json_dir(tmp_path: Path) -> AsyncIterator[EngineFactory]:
+    yield lambda: ADAPTERS["json"].engine("json", JsonOptions(json_dir=tmp_path))
+
+
+GATEWAYS = {"json-file": json_file, "json-dir": json_dir}
+
+
+@pytest.fixture(params=sorted(GATEWAYS))
+async def gateway(request, tmp_path) -> AsyncIterator[EngineFactory]:
+    async with GATEWAYS[request.param](tmp_path) as factory:
+        yield factory
+
+
+def pub(name: str, *weights: int, host: str | None = None, generation: int = 1, created: str = "2026-01-01T00:00:00Z") -> Publication:
+    backends = tuple(Backend(f"worker-{i}", f"http://127.0.0.1:{18000 + i}", w) for i, w in enumerate(weights))
+    return Publication("prod", name, host or f"{name}.example.com", generation, 1, backends, created)
+
+
+async def started(factory: EngineFactory) -> Engine[Any]:
+    engine = factory()
+    await engine.start()
+    return engine
+
+
+async def served(factory: EngineFactory) -> dict[MapKey, Any]:
+    engine = factory()
+    try:
+        return dict(await engine.start())
+    finally:
+        await engine.aclose()
+
+
+@pytest.mark.parametrize("weights", [(3, 1), (1, 0), (0, 0), (5,), (MAX_WEIGHT, 1, 0)], ids=["split", "weight-0", "all-zero", "single", "largest"])
+async def test_what_is_written_is_served_and_read_back(gateway, weights):
+    engine = await started(gateway)
+    chat = pub("chat", *weights)
+    result = await engine.apply({chat.key: chat})
+    assert not result.rejected
+    assert (await served(gateway))[chat.key] == chat.route
+    await engine.aclose()
+
+
+async def test_read_back_after_a_restart_writes_nothing(gateway):
+    engine = await started(gateway)
+    pubs = {p.key: p for p in (pub("a", 1, 2), pub("b", 0, 3))}
+    await engine.apply(pubs)
+    await engine.aclose()
+    restarted = await started(gateway)
+    assert dict(restarted.confirmed) == {key: p.route for key, p in pubs.items()}
+    result = await restarted.apply(pubs)
+    assert not result.wrote
+    await restarted.aclose()
+
+
+async def test_a_generation_only_change_writes_nothing(gateway):
+    engine = await started(gateway)
+    await engine.apply({pub("a", 1, 2).key: pub("a", 1, 2)})
+    result = await engine.apply({pub("a", 1, 2).key: pub("a", 1, 2, generation=9)})
+    assert not result.wrote
+    await engine.aclose()
+
+
+async def test_two_maps_with_one_hostname(gateway):
+    engine = await started(gateway)
+    owner = pub("a", 1, host="shared.example.com", created="2026-01-01T00:00:00Z")
+    other = pub("b", 1, host="shared.example.com", created="2026-02-01T00:00:00Z")
+    result = await engine.apply({other.key: other, owner.key: owner})
+    assert result.rejected[other.key].reason == Reason.HOST_CONFLICT
+    assert set(await served(gateway)) == {owner.key}
+    await engine.aclose()
+
+
+async def test_withdrawal_leaves_the_others(gateway):
+    engine = await started(gateway)
+    await engine.apply({p.key: p for p in (pub("a", 1), pub("b", 2))})
+    await engine.apply({MapKey("prod", "a"): None})
+    assert set(await served(gateway)) == {MapKey("prod", "b")}
+    await engine.aclose()

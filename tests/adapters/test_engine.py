@@ -1,0 +1,139 @@
+"""The engine on its own, over the strict in-memory gateway: hostname ownership, isolation by
+bisection, the confirmed snapshot, read-back and drift repair."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from adapters.base import Rejected, Unavailable, WriteResult
+from adapters.engine import Engine
+from publisher.model import Backend, MapKey, Publication, Reason, Route
+from tests.fakes.memory_adapter import MemoryGateway, memory_engine
+
+
+def pub(name: str, *weights: int, host: str | None = None, created: str = "2026-01-01T00:00:00Z", generation: int = 1) -> Publication:
+    return Publication("prod", name, host or f"{name}.example.com", generation, 1,
+                       tuple(Backend(f"w{i}", f"http://{name}.w{i}.example.com", w) for i, w in enumerate(weights)), created)
+
+
+def changes(*pubs: Publication) -> dict[MapKey, Publication | None]:
+    return {p.key: p for p in pubs}
+
+
+class RefusingGateway(MemoryGateway):
+    """Refuses any whole write holding a map in `bad`, as a gateway that cannot say which map it was."""
+
+    bad: set[MapKey] = set()
+
+    async def write(self, parts: Mapping[MapKey, Route], changes: Mapping[MapKey, Route | None]) -> WriteResult:
+        if self.bad & set(changes):
+            self.applies.append(frozenset(changes))
+            raise Rejected("invalid configuration")
+        return await super().write(parts, changes)
+
+
+async def test_one_refused_map_among_many_is_isolated_and_the_rest_publish():
+    """Issue 11, finding 5: 1 bad map among 5 good ones used to fail all 6."""
+    gateway = RefusingGateway()
+    gateway.bad = {MapKey("prod", "bad")}
+    engine = Engine("memory", gateway, gateway)
+    await engine.start()
+    good = [pub(f"good{i}", 1, 2) for i in range(5)]
+    result = await engine.apply(changes(*good, pub("bad", 1)))
+    assert set(result.rejected) == {MapKey("prod", "bad")}
+    assert result.rejected[MapKey("prod", "bad")].reason == Reason.APPLY_FAILED
+    assert "invalid configuration" in result.rejected[MapKey("prod", "bad")].message
+    assert set(gateway.held) == {p.key for p in good}
+    assert set(engine.confirmed) == {p.key for p in good}
+
+
+async def test_second_claim_on_a_hostname_is_held_until_the_owner_lets_go():
+    """Issue 11, finding 4: two maps with one hostname both used to report Published."""
+    engine, gateway = memory_engine()
+    await engine.start()
+    older = pub("chat", 1, host="chat.example.com", created="2026-01-01T00:00:00Z")
+    newer = pub("chat-copy", 2, host="chat.example.com", created="2026-02-01T00:00:00Z")
+    result = await engine.apply(changes(newer, older))
+    assert set(gateway.held) == {older.key}
+    held = result.rejected[newer.key]
+    assert held.reason == Reason.HOST_CONFLICT and "prod/chat" in held.message
+    # The owner moves to another hostname: the waiting map is released and then publishes.
+    moved = pub("chat", 1, host="chat-v2.example.com")
+    result = await engine.apply(changes(moved))
+    assert result.released == {newer.key}
+    assert not (await engine.apply(changes(newer))).rejected
+    assert gateway.held[newer.key].hostname == "chat.example.com"
+
+
+async def test_the_older_claim_wins_whatever_the_order_of_arrival():
+    for order in ((0, 1), (1, 0)):
+        engine, gateway = memory_engine()
+        await engine.start()
+        pubs = [pub("b", 1, host="x.example.com", created="2026-01-01T00:00:00Z"),
+                pub("a", 1, host="x.example.com", created="2026-03-01T00:00:00Z")]
+        await engine.apply(changes(*(pubs[i] for i in order)))
+        assert set(gateway.held) == {MapKey("prod", "b")}
+
+
+async def test_the_serving_map_keeps_its_hostname_after_a_restart():
+    gateway = MemoryGateway(held={MapKey("prod", "young"): pub("young", 1, host="x.example.com").route})
+    engine, _ = memory_engine(gateway)
+    await engine.start()
+    result = await engine.apply(changes(pub("old", 1, host="x.example.com", created="2020-01-01T00:00:00Z")))
+    assert result.rejected[MapKey("prod", "old")].reason == Reason.HOST_CONFLICT
+
+
+async def test_a_renderer_error_holds_only_that_map():
+    class Exploding(MemoryGateway):
+        def render(self, key: MapKey, route: Route) -> Route:
+            if key.name == "boom":
+                raise RuntimeError("renderer bug")
+            return route
+
+    gateway = Exploding()
+    engine = Engine("memory", gateway, gateway)
+    await engine.start()
+    result = await engine.apply(changes(pub("boom", 1), pub("fine", 1)))
+    assert result.rejected[MapKey("prod", "boom")].reason == Reason.INTERNAL_ERROR
+    assert set(gateway.held) == {MapKey("prod", "fine")}
+
+
+async def test_an_unconfirmed_write_is_read_back_before_the_next_one():
+    gateway = MemoryGateway(fail_with=[Unavailable("timed out confirming")])
+    engine, _ = memory_engine(gateway)
+    await engine.start()
+    with pytest.raises(Unavailable):
+        await engine.apply(changes(pub("a", 1)))
+    reads = gateway.reads
+    await engine.apply(changes(pub("a", 1)))
+    assert gateway.reads == reads + 1
+    assert MapKey("prod", "a") in engine.confirmed
+
+
+async def test_reconcile_writes_back_what_drifted_and_never_adopts_it():
+    engine, gateway = memory_engine()
+    await engine.start()
+    await engine.apply(changes(pub("a", 1), pub("b", 2)))
+    gateway.held[MapKey("prod", "a")] = pub("a", 9).route
+    gateway.held[MapKey("prod", "stray")] = pub("stray", 1).route
+    del gateway.held[MapKey("prod", "b")]
+    drift = await engine.reconcile()
+    assert drift == {MapKey("prod", "a"), MapKey("prod", "b"), MapKey("prod", "stray")}
+    assert gateway.held == {MapKey("prod", "a"): pub("a", 1).route, MapKey("prod", "b"): pub("b", 2).route}
+    assert await engine.reconcile() == frozenset()
+
+
+async def test_an_unchanged_route_writes_nothing():
+    engine, gateway = memory_engine()
+    await engine.start()
+    await engine.apply(changes(pub("a", 1, generation=1)))
+    result = await engine.apply(changes(pub("a", 1, generation=2)))
+    assert not result.wrote and len(gateway.applies) == 1
+
+
+def test_check_runs_the_shared_strict_checks_for_every_gateway():
+    engine, _ = memory_engine()
+    assert engine.check(pub("a", 1, host="a.example.com\n location /x { return 200; }")).reason == Reason.INVALID_PLAN
+    assert engine.check(pub("a", 1)) is None
