@@ -61,7 +61,7 @@ class AdapterSpec:
 
 ADAPTERS: dict[str, AdapterSpec] = {
     "envoy": AdapterSpec("adapters.envoy", "EnvoyOptions", legacy_class="EnvoyAdapter"),
-    "httproute": AdapterSpec("adapters.httproute", "HttpRouteOptions", legacy_class="HttpRouteAdapter"),
+    "httproute": AdapterSpec("adapters.httproute", "HttpRouteOptions"),
     "json": AdapterSpec("adapters.json_file", "JsonOptions"),
     "nginx": AdapterSpec("adapters.nginx", "NginxOptions", legacy_class="NginxAdapter"),
 }

@@ -27,13 +27,12 @@ from typing import Any, TypeVar
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adapters.base import AdapterError, ApplyResult, Rejected, Unavailable, WriteResult, publication_problem
+from adapters.base import AdapterError, Rejected, Unavailable, WriteResult
 from publisher.kube import HTTP_ROUTES, SERVICES, Kube, KubeError
 from publisher.model import (
     Backend,
     Held,
     MapKey,
-    Publication,
     Reason,
     Route,
     is_dns_label,
@@ -44,9 +43,7 @@ from publisher.model import (
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "CLAIM_REJECTED",
     "BackendRef",
-    "HttpRouteAdapter",
     "HttpRouteOptions",
     "HttpRouteRenderer",
     "HttpRouteTransport",
@@ -73,9 +70,6 @@ CLUSTER_ANNOTATION = "gateway-publisher.ome.io/cluster"
 ENDPOINTS_ANNOTATION = "gateway-publisher.ome.io/endpoints"
 ALL_ZERO_NOTE = "every weight is 0: Gateway API answers this host with HTTP 500, not 503"
 NOT_REPORTED_NOTE = "the gateway has not reported on the route yet"
-# How a refusal in WriteResult.rejected says it is a claim (Reason.CLAIM_REJECTED), not a failed
-# apply: the message starts with it.
-CLAIM_REJECTED = f"{Reason.CLAIM_REJECTED}: "
 # Requests in flight at once: enough to hide the API server's latency at start (10,000 maps), few
 # enough to stay well inside API Priority and Fairness' default share for one client.
 _CONCURRENCY = 32
@@ -552,7 +546,7 @@ class HttpRouteTransport:
         notes: dict[MapKey, str] = {}
         for key, verdict in (await self._verdicts(routes)).items():
             if isinstance(verdict, Held):
-                rejected[key] = verdict.message
+                rejected[key] = verdict
             elif verdict is None:
                 notes[key] = NOT_REPORTED_NOTE
         for key, group in publish.items():
@@ -583,11 +577,11 @@ class HttpRouteTransport:
             raise failures[0]
         return outcomes
 
-    async def _claim(self, publish: Mapping[MapKey, ObjectGroup]) -> dict[MapKey, str]:
+    async def _claim(self, publish: Mapping[MapKey, ObjectGroup]) -> dict[MapKey, str | Held]:
         """Refusals of maps whose route name is taken: by another map of ours (the first key in
         order keeps a name two maps ask for at once), or by a route without our labels. A name we
         hold no route of ours under is looked up: one GET each for a few, one list for many."""
-        rejected: dict[MapKey, str] = {}
+        rejected: dict[MapKey, str | Held] = {}
         lookup: list[MapKey] = []
         for key, group in publish.items():
             name = (group.namespace, group.route)
@@ -596,7 +590,7 @@ class HttpRouteTransport:
                 self._owners[name] = key
                 lookup.append(key)
             elif owner != key:
-                rejected[key] = f"{CLAIM_REJECTED}route {name[0]}/{name[1]} already publishes {owner}"
+                rejected[key] = Held(Reason.CLAIM_REJECTED, f"route {name[0]}/{name[1]} already publishes {owner}")
         if not lookup:
             return rejected
         existing: Mapping[ObjectName, Mapping[str, Any] | None]
@@ -619,7 +613,7 @@ class HttpRouteTransport:
             else:
                 continue  # ours for this map, written since we last read: the apply takes it as it is
             del self._owners[name]
-            rejected[key] = CLAIM_REJECTED + problem
+            rejected[key] = Held(Reason.CLAIM_REJECTED, problem)
         return rejected
 
     async def _get_route(self, name: ObjectName) -> dict[str, Any] | None:
@@ -815,54 +809,5 @@ def _serves(state: _Objects) -> bool:
 
 
 def build(options: HttpRouteOptions) -> tuple[HttpRouteRenderer, HttpRouteTransport]:
+    """The gateway as the engine drives it."""
     return HttpRouteRenderer(options), HttpRouteTransport(options)
-
-
-class HttpRouteAdapter:
-    """The renderer and transport behind the loop's Adapter interface, until adapters.engine
-    drives them (without the engine's hostname ownership or isolation beyond one map)."""
-
-    name = "httproute"
-
-    def __init__(self, options: HttpRouteOptions, kube: Kube | None = None) -> None:
-        self._renderer = HttpRouteRenderer(options)
-        self._transport = HttpRouteTransport(options, kube)
-        self._parts: dict[MapKey, ObjectGroup] = {}
-        self._published: dict[MapKey, Publication] = {}
-
-    def check(self, pub: Publication) -> Held | None:
-        problem = publication_problem(pub) or self._renderer.problem(pub.key, pub.route)
-        return Held(Reason.INVALID_PLAN, problem) if problem is not None else None
-
-    async def current(self) -> dict[MapKey, Publication]:
-        served = await self._transport.read()
-        self._parts = {key: self._renderer.render(key, route) for key, route in served.items()}
-        return {
-            key: known
-            if (known := self._published.get(key)) is not None and known.route == route
-            else Publication(key.namespace, key.name, route.hostname, 0, 0, route.backends)
-            for key, route in served.items()
-        }
-
-    async def apply(self, desired: Mapping[MapKey, Publication], changed: frozenset[MapKey]) -> ApplyResult:
-        changes = {key: self._renderer.render(key, desired[key].route) if key in desired else None for key in changed}
-        for key, group in changes.items():
-            if group is None:
-                self._parts.pop(key, None)
-            else:
-                self._parts[key] = group
-        result = await self._transport.write(self._parts, changes)
-        rejected = {
-            key: Held(Reason.CLAIM_REJECTED, message.removeprefix(CLAIM_REJECTED))
-            if message.startswith(CLAIM_REJECTED)
-            else Held(Reason.APPLY_FAILED, message)
-            for key, message in result.rejected.items()
-        }
-        self._published = {key: pub for key, pub in desired.items() if key not in rejected}
-        return ApplyResult(rejected=rejected, notes=result.notes, wrote=bool(changes), reloads=result.reloads)
-
-    def hold_off(self) -> float:
-        return self._transport.hold_off()
-
-    async def aclose(self) -> None:
-        await self._transport.aclose()

@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 
+from adapters import ADAPTERS, Engine
 from adapters.base import Adapter, Unavailable, publication_problem
 from adapters.httproute import (
     ALL_ZERO_NOTE,
-    CLAIM_REJECTED,
     NOT_REPORTED_NOTE,
-    HttpRouteAdapter,
     HttpRouteOptions,
     HttpRouteRenderer,
     HttpRouteTransport,
@@ -114,6 +113,11 @@ async def transport(kube: Kube) -> AsyncIterator[HttpRouteTransport]:
     await started.aclose()
 
 
+def engine(kube: Kube, **overrides: Any) -> Engine[ObjectGroup]:
+    """The gateway as the loop drives it, on our connection to the fake."""
+    return Engine("httproute", HttpRouteRenderer(options(**overrides)), HttpRouteTransport(options(**overrides), kube))
+
+
 async def restarted(kube: Kube, **overrides: Any) -> HttpRouteTransport:
     """A transport as a restarted sidecar starts one: read() first."""
     fresh = HttpRouteTransport(options(**overrides), kube)
@@ -143,15 +147,19 @@ def test_a_generation_is_not_part_of_what_is_written() -> None:
 
 
 async def test_a_generation_only_change_writes_nothing(kube_api: FakeKubeAPI, kube: Kube) -> None:
-    # Finding 3, through the loop-facing adapter: only the generation moves, nothing is applied.
-    adapter = HttpRouteAdapter(options(route_status_timeout=0.05), kube)
-    await adapter.current()
-    await adapter.apply(by_key(pub("chat", 3, 1, generation=2)), frozenset({pub("chat").key}))
+    # Finding 3, through the engine, and after a restart too: only the generation moves.
+    gateway = engine(kube, route_status_timeout=0.05)
+    await gateway.start()
+    await gateway.apply(by_key(pub("chat", 3, 1, generation=2)))
     before = len(kube_api.requests)
-    result = await adapter.apply(by_key(pub("chat", 3, 1, generation=3)), frozenset({pub("chat").key}))
-    assert not result.rejected
+    result = await gateway.apply(by_key(pub("chat", 3, 1, generation=3)))
+    assert not result.rejected and not result.wrote
+    fresh = engine(kube, route_status_timeout=0.05)
+    await fresh.start()
+    result = await fresh.apply(by_key(pub("chat", 3, 1, generation=4)))
+    assert not result.rejected and not result.wrote
     assert writes(kube_api, before) == []
-    await adapter.aclose()
+    await gateway.aclose()
 
 
 # --- creating and changing a route -------------------------------------------------------------
@@ -234,9 +242,9 @@ async def test_a_first_publish_sends_five_writes_a_map_and_no_read_per_map(kube_
     many = [pub(f"m{i:03d}", 1, 2, 3, 4) for i in range(130)]
     kube_api.set_latency(0.002)  # so requests overlap, as they do against a real server
     async with gateway_controller(kube_api):
-        adapter = HttpRouteAdapter(options(), kube)
-        assert await adapter.current() == {}
-        result = await adapter.apply(by_key(*many), frozenset(p.key for p in many))
+        gateway = engine(kube)
+        assert await gateway.start() == {}
+        result = await gateway.apply(by_key(*many))
     assert not result.rejected and not result.notes  # every verdict came, through one list and a watch
     assert kube_api.count("patch") == 5 * 130
     assert kube_api.count("get") == 0
@@ -244,7 +252,7 @@ async def test_a_first_publish_sends_five_writes_a_map_and_no_read_per_map(kube_
     assert 1 < kube_api.peak_in_flight <= 32
     fresh = await restarted(kube)
     assert len(await fresh.read()) == 130  # the Services take two pages
-    await adapter.aclose()
+    await gateway.aclose()
 
 
 async def test_one_change_among_many_costs_one_write_and_no_list(kube_api: FakeKubeAPI, kube: Kube) -> None:
@@ -309,8 +317,8 @@ def test_sixteen_backends_and_wildcard_hosts_pass() -> None:
     assert refused(_with(pub("chat", 1), hostname="*.chat.example.com")) is None
 
 
-def test_the_adapter_holds_a_problem_as_invalid_plan() -> None:
-    held = HttpRouteAdapter(options()).check(pub("many", *([1] * 17)))
+def test_the_engine_holds_a_problem_as_invalid_plan() -> None:
+    held = ADAPTERS["httproute"].engine("httproute", options()).check(pub("many", *([1] * 17)))
     assert held is not None and held.reason == Reason.INVALID_PLAN and "at most 16" in held.message
 
 
@@ -358,7 +366,7 @@ async def test_a_foreign_route_of_our_name_is_a_claim_rejected_and_left_untouche
     async with gateway_controller(kube_api):
         result = await publish(transport, chat, *others)
     assert set(result.rejected) == {chat.key}
-    assert result.rejected[chat.key].startswith(CLAIM_REJECTED) and "prod/chat-eu" in result.rejected[chat.key]
+    assert result.rejected[chat.key].reason == Reason.CLAIM_REJECTED and "prod/chat-eu" in result.rejected[chat.key].message
     after = kube_api.get(ROUTES, "prod", "chat-eu")
     assert after is not None and after["metadata"]["resourceVersion"] == foreign["metadata"]["resourceVersion"]
     assert not [r for r in kube_api.requests if r.path.endswith("/chat-eu") and r.verb != "get"]
@@ -366,15 +374,17 @@ async def test_a_foreign_route_of_our_name_is_a_claim_rejected_and_left_untouche
     assert all(kube_api.get(ROUTES, "prod", f"{o.name}-eu") is not None for o in others)
 
 
-async def test_the_adapter_reports_a_claim_as_claim_rejected(kube_api: FakeKubeAPI, kube: Kube) -> None:
+async def test_the_engine_reports_a_claim_as_claim_rejected(kube_api: FakeKubeAPI, kube: Kube) -> None:
     kube_api.create({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
                      "metadata": {"name": "chat-eu", "namespace": "prod"}, "spec": {"hostnames": ["web.example.com"]}})
-    adapter = HttpRouteAdapter(options(route_status_timeout=0.05), kube)
-    await adapter.current()
-    result = await adapter.apply(by_key(pub("chat", 1)), frozenset({pub("chat").key}))
-    held = result.rejected[pub("chat").key]
-    assert held.reason == Reason.CLAIM_REJECTED and held.message.startswith("route prod/chat-eu exists without")
-    await adapter.aclose()
+    gateway = engine(kube, route_status_timeout=0.05)
+    await gateway.start()
+    result = await gateway.apply(by_key(pub("chat", 1)))
+    assert result.rejected[pub("chat").key] == Held(
+        Reason.CLAIM_REJECTED, "route prod/chat-eu exists without this publisher's labels; it is left untouched"
+    )
+    assert pub("chat").key not in gateway.confirmed
+    await gateway.aclose()
 
 
 async def test_two_maps_of_one_name_in_a_shared_route_namespace_do_not_take_each_other(kube_api: FakeKubeAPI, kube: Kube) -> None:
@@ -383,7 +393,7 @@ async def test_two_maps_of_one_name_in_a_shared_route_namespace_do_not_take_each
     prod, dev = pub("chat", 1), pub("chat", 2, namespace="dev")
     await transport.write(parts(prod, renderer=shared), parts(prod, renderer=shared))
     result = await transport.write(parts(prod, dev, renderer=shared), parts(dev, renderer=shared))
-    assert result.rejected[dev.key].startswith(CLAIM_REJECTED) and "prod/chat" in result.rejected[dev.key]
+    assert result.rejected[dev.key] == Held(Reason.CLAIM_REJECTED, "route gateways/chat-eu already publishes prod/chat")
     route = kube_api.get(ROUTES, "gateways", "chat-eu")
     assert route is not None and [r["weight"] for r in route["spec"]["rules"][0]["backendRefs"]] == [1]
     # Asked for at once by a fresh sidecar, the name goes to the first map in key order, every time.
@@ -455,10 +465,10 @@ async def test_route_status_is_read_back_and_a_refusal_reported(kube_api: FakeKu
     chat = pub("chat", 1, 2)
     async with gateway_controller(kube_api, refs_not_permitted):
         result = await publish(transport, chat)
-    message = result.rejected[chat.key]
-    assert not message.startswith(CLAIM_REJECTED)
-    assert "RefNotPermitted: backendRef chat-x in namespace prod is not permitted" in message
-    assert "ReferenceGrant" in message
+    held = result.rejected[chat.key]
+    assert held.reason == Reason.APPLY_FAILED
+    assert "RefNotPermitted: backendRef chat-x in namespace prod is not permitted" in held.message
+    assert "ReferenceGrant" in held.message
 
 
 async def test_a_gateway_that_has_not_reported_yet_is_noted_not_failed(kube_api: FakeKubeAPI, kube: Kube) -> None:
@@ -552,7 +562,7 @@ async def test_a_missing_namespace_fails_that_map_only(kube_api: FakeKubeAPI, tr
         result = await publish(transport, chat, other)
     # Which map's write meets the failure depends on scheduling; exactly one fails, the other publishes.
     [(failed, message)] = result.rejected.items()
-    assert "injected failure 404" in message and not message.startswith(CLAIM_REJECTED)
+    assert isinstance(message, str) and "injected failure 404" in message
     survivor = other if failed == chat.key else chat
     assert kube_api.get(ROUTES, "prod", f"{survivor.name}-eu") is not None
 
@@ -563,8 +573,8 @@ def test_build_gives_a_renderer_and_a_transport() -> None:
     assert transport.hold_off() == 0 and transport.unready() is None
 
 
-def test_the_adapter_fits_the_protocol() -> None:
-    assert isinstance(HttpRouteAdapter(options()), Adapter)
+def test_the_registry_builds_an_engine_that_fits_the_protocol() -> None:
+    assert isinstance(ADAPTERS["httproute"].engine("httproute", options()), Adapter)
 
 
 async def test_without_a_kube_the_transport_connects_from_its_kubeconfig_and_closes_it(kube_api: FakeKubeAPI, kubeconfig) -> None:
