@@ -440,6 +440,7 @@ class _Objects:
     route: ObjectName | None = None  # our route for this map, None when there is none
     group: ObjectGroup | None = None  # what the route holds; None when it is unreadable
     exact: bool = False  # whether the route is exactly as `group` renders
+    refused: bool = False  # whether the gateway's last verdict on the route was a refusal
     services: dict[ObjectName, ServiceSpec | None] = field(default_factory=dict)  # None: differs
 
 
@@ -510,7 +511,8 @@ class HttpRouteTransport:
                 group, exact = parse_route(route, options)
             except (KeyError, ValueError, TypeError):
                 group, exact = None, False
-            held[key], owners[name] = _Objects(name, group, exact), key
+            refused = isinstance(route_verdict(route, options), Held)
+            held[key], owners[name] = _Objects(name, group, exact, refused), key
         for service in services:
             metadata = service["metadata"]
             key = _map_of(service, options.name)
@@ -532,10 +534,11 @@ class HttpRouteTransport:
         await self._connected()
         orphans = [k for k in self._orphans if k not in parts and k not in changes]
         withdrawals = sorted([k for k, group in changes.items() if group is None] + orphans)
-        await self._each(withdrawals, self._withdraw)
+        withdrawn = await self._each(withdrawals, self._withdraw)
         self._orphans.clear()
+        rejected: dict[MapKey, str | Held] = {k: str(o) for k, o in withdrawn.items() if isinstance(o, Rejected)}
         publish = {k: group for k, group in sorted(changes.items()) if group is not None}
-        rejected = await self._claim(publish)
+        rejected.update(await self._claim(publish))
         written = await self._each([k for k in publish if k not in rejected], lambda k: self._publish(publish[k]))
         routes: dict[MapKey, Mapping[str, Any]] = {}
         for key, outcome in written.items():
@@ -545,6 +548,7 @@ class HttpRouteTransport:
                 routes[key] = outcome
         notes: dict[MapKey, str] = {}
         for key, verdict in (await self._verdicts(routes)).items():
+            self._held[key].refused = isinstance(verdict, Held)
             if isinstance(verdict, Held):
                 rejected[key] = verdict
             elif verdict is None:
@@ -629,7 +633,7 @@ class HttpRouteTransport:
         """Services first (so the route's refs resolve), then the route, then what it no longer
         uses: a route of ours under another name (other options since we last ran; no weights to 0
         first, as the new route already serves the host) and Services it dropped. Returns the route
-        as the server answered, when it was written."""
+        as the server answered, when it was written or its last verdict was a refusal."""
         kube, options = await self._connected(), self._options
         state = self._held.setdefault(group.key, _Objects())
         wanted = {(group.namespace, ref.service): ref for ref in group.refs}
@@ -655,6 +659,8 @@ class HttpRouteTransport:
                 self._owners.pop(state.route, None)
             state.route, state.group, state.exact = target, group, True
             self._owners[target] = group.key
+        elif state.refused:
+            route = await self._get_route(target)  # unchanged, but refused last time: ask again
         await _all(self._delete_service(state, name) for name in list(state.services) if name not in wanted)
         return route
 
@@ -798,11 +804,13 @@ def _service_spec(service: Mapping[str, Any], group: ObjectGroup | None, options
 
 
 def _serves(state: _Objects) -> bool:
-    """Whether a map's objects serve what its route says: route and Services as we render them."""
+    """Whether a map's objects serve what its route says: route and Services as we render them,
+    and a route the gateway has not refused."""
     group = state.group
     return (
         state.route is not None
         and state.exact
+        and not state.refused
         and group is not None
         and all(state.services.get((group.namespace, r.service)) == (r.cluster, r.external_name) for r in group.refs)
     )

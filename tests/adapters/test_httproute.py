@@ -471,6 +471,24 @@ async def test_route_status_is_read_back_and_a_refusal_reported(kube_api: FakeKu
     assert "ReferenceGrant" in held.message
 
 
+async def test_a_refused_route_stays_refused_until_the_gateway_takes_it_and_is_not_read_as_served(kube_api: FakeKubeAPI, kube: Kube, transport: HttpRouteTransport) -> None:
+    chat = pub("chat", 1, 2)
+    async with gateway_controller(kube_api, refs_not_permitted):
+        assert chat.key in (await publish(transport, chat)).rejected
+        before = len(kube_api.requests)
+        again = await publish(transport, chat)  # the engine retries the same route
+    assert again.rejected[chat.key].reason == Reason.APPLY_FAILED
+    assert writes(kube_api, before) == []
+    assert await (await restarted(kube)).read() == {}
+    route = kube_api.get(ROUTES, "prod", "chat-eu")
+    assert route is not None
+    route["status"]["parents"][0]["conditions"][1]["status"] = "True"  # a ReferenceGrant appeared
+    kube_api.update(route)
+    result = await publish(transport, chat)
+    assert not result.rejected and writes(kube_api, before) == []
+    assert await (await restarted(kube)).read() == {chat.key: chat.route}
+
+
 async def test_a_gateway_that_has_not_reported_yet_is_noted_not_failed(kube_api: FakeKubeAPI, kube: Kube) -> None:
     transport = await restarted(kube, route_status_timeout=0.2)
     chat = pub("chat", 1, 0)
