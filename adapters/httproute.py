@@ -1,12 +1,10 @@
-"""The Gateway API gateway: each map as an HTTPRoute plus one ExternalName Service per backend.
+"""The Gateway API gateway: per map, an HTTPRoute `<map>-<instance>` and an ExternalName Service per backend.
 
-`HttpRouteRenderer` (pure) turns one map's Route into its `ObjectGroup`: a route `<map>-<instance>`
-(one parentRef, the map's hostname, one `PathPrefix /` rule with a weighted backendRef per backend)
-and its Services, all with our labels and no generation in them. `HttpRouteTransport` writes groups
-by server-side apply with field manager `ome-gateway-publisher-<instance>`, a bounded number at a
-time, reads the routes' status for the gateway's verdict, collects what maps left (weights to 0,
-route, Services), and reads back what our objects serve. It never touches an object without our
-labels (OME's own `<isvc>-global` route included) and does all Kubernetes I/O through publisher.kube.
+`HttpRouteRenderer` (pure) renders a map's Route as an `ObjectGroup`, with our labels and no
+generation. `HttpRouteTransport` server-side applies groups a bounded number at a time, reads the
+gateway's verdict from route status, collects what maps left (weights to 0, route, Services) and
+reads back what our objects serve. It never touches an object without our labels (OME's own
+`<isvc>-global` route included), and does all Kubernetes I/O through publisher.kube.
 """
 
 from __future__ import annotations
@@ -77,7 +75,7 @@ _CONCURRENCY = 32
 _GET_LIMIT = 32
 # How often a route's status is read while waiting for the gateway controller to report on it:
 # the first look soon (a healthy controller reconciles in well under a second), then less often.
-_STATUS_POLL_SECONDS = 0.1
+_STATUS_POLL_SECONDS = 0.05
 _STATUS_POLL_MAX_SECONDS = 1.0
 _PAGE = 500  # list page size, as kubectl's
 

@@ -573,6 +573,14 @@ async def test_an_unreachable_api_server_is_unavailable_and_the_next_write_catch
     assert await transport.read() == {chat.key: chat.route}
 
 
+async def test_an_api_server_that_fails_stops_the_write_early(kube_api: FakeKubeAPI, transport: HttpRouteTransport) -> None:
+    many = [pub(f"m{i:03d}", 1, 2) for i in range(200)]
+    kube_api.fail_next(1000, 503, verb="patch")
+    with pytest.raises(Unavailable, match="503"):
+        await publish(transport, *many)
+    assert kube_api.count("patch") < 200  # not one failed request for every object
+
+
 async def test_a_missing_namespace_fails_that_map_only(kube_api: FakeKubeAPI, transport: HttpRouteTransport) -> None:
     chat, other = pub("chat", 1), pub("other", 1)
     kube_api.fail_next(1, 404, verb="patch")
