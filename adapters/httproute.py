@@ -192,10 +192,11 @@ class BackendRef:
     endpoint: str
     weight: int
     service: str
+    external_name: str  # the endpoint's host, which the Service points at
 
-    @property
-    def external_name(self) -> str:
-        return parse_endpoint(self.endpoint).host.lower()
+
+def _ref(key: MapKey, cluster: str, endpoint: str, weight: int, instance: str) -> BackendRef:
+    return BackendRef(cluster, endpoint, weight, service_name(key, cluster, instance), parse_endpoint(endpoint).host.lower())
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,9 +247,7 @@ class HttpRouteRenderer:
 
     def render(self, key: MapKey, route: Route) -> ObjectGroup:
         instance = self._options.name
-        refs = tuple(
-            BackendRef(b.cluster, b.endpoint, b.weight, service_name(key, b.cluster, instance)) for b in route.backends
-        )
+        refs = tuple(_ref(key, b.cluster, b.endpoint, b.weight, instance) for b in route.backends)
         return ObjectGroup(key, self._options.namespace_for(key), route_name(key, instance), route.hostname, refs)
 
 
@@ -364,7 +363,7 @@ def parse_route(obj: Mapping[str, Any], options: HttpRouteOptions) -> tuple[Obje
     for cluster, endpoint in endpoints:
         service = service_name(key, str(cluster), options.name)
         if service in refs_by_name:
-            refs.append(BackendRef(str(cluster), str(endpoint), int(refs_by_name[service].get("weight", 1)), service))
+            refs.append(_ref(key, str(cluster), str(endpoint), int(refs_by_name[service].get("weight", 1)), options.name))
     hostname = str(hostnames[0]) if len(hostnames) == 1 else ""
     group = ObjectGroup(key, str(metadata["namespace"]), str(metadata["name"]), hostname, tuple(refs))
     return group, _contains(obj, render_route(group, options))

@@ -4,7 +4,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
