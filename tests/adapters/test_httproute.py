@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 
 from adapters import ADAPTERS, Engine
+from publisher import loop
+from publisher.loop import LoopOptions, Publisher
+from publisher.source import KubeSource, Stores, WatchOptions
 from adapters.base import Adapter, Unavailable, publication_problem
 from adapters.httproute import (
     ALL_ZERO_NOTE,
@@ -28,6 +31,8 @@ from adapters.httproute import (
 from publisher.kube import HTTP_ROUTES, Kube
 from publisher.model import Backend, Held, MapKey, Publication, Reason
 from tests.fakes.kube_api import FakeKubeAPI
+from tests.gateways import eventually
+from tests.test_kube_integration import ours, rescale, seed
 
 ROUTES = "gateway.networking.k8s.io/v1/httproutes"
 SERVICES = "v1/services"
@@ -610,3 +615,32 @@ async def test_without_a_kube_the_transport_connects_from_its_kubeconfig_and_clo
     await transport.serve()
     await transport.aclose()
     assert kube_api.get(ROUTES, "prod", "chat-eu") is not None
+
+
+# --- through the loop -------------------------------------------------------------------------------
+
+
+def weights(api: FakeKubeAPI, name: str) -> list[int] | None:
+    route = api.get(ROUTES, "prod", f"{name}-eu")
+    return None if route is None else [r["weight"] for r in route["spec"]["rules"][0].get("backendRefs", [])]
+
+
+async def test_a_traffic_map_reaches_its_route_through_the_loop(kube_api: FakeKubeAPI, kube: Kube, kubeconfig) -> None:
+    # The sidecar as it runs: kube source, the registry's engine for httproute, status reports.
+    seed(kube_api)
+    stores = Stores.empty()
+    gateway = ADAPTERS["httproute"].engine("httproute", options(gateway_kubeconfig=kubeconfig, route_status_timeout=0.5))
+    publisher = Publisher(stores, gateway, LoopOptions(instance="eu", resync=3600), kube=kube)
+    source = KubeSource(kube, stores, publisher, WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5), clock=publisher.clock)
+    async with gateway_controller(kube_api):
+        task = asyncio.create_task(loop.run(publisher, source))
+        try:
+            await eventually(lambda: weights(kube_api, "chat") == [2, 3] or task.done())
+            await eventually(lambda: ours(kube_api).get("reason") == "Published")
+            rescale(kube_api, "chat", 4)
+            await eventually(lambda: weights(kube_api, "chat") == [1, 3] or task.done())
+            await eventually(lambda: ours(kube_api).get("observedGeneration") == 2)
+            assert ours(kube_api)["reason"] == "Published"
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
