@@ -42,7 +42,8 @@ Promises, each tested in tests/fakes/test_kube_api.py:
    `bookmark_interval` set, BOOKMARK events carry only kind, apiVersion and metadata.resourceVersion.
 8. Fault knobs: `expire_history()`, `drop_watches()`, `change_silently(obj)`, `set_latency(s)`,
    `fail_next(n, status=500, verb=None)`; `requests` records every call (verb, path, content type,
-   fieldManager) and `count(...)` filters them.
+   fieldManager) and `count(...)` filters them; `in_flight` and `peak_in_flight` count requests
+   being answered, now and at most.
 9. Leases with optimistic concurrency, enough for kubernetes_asyncio.leaderelection's LeaseLock
    (read_namespaced_lease, create_namespaced_lease, replace_namespaced_lease).
 10. `/version`, `/api` and `/apis` answer minimal documents.
