@@ -115,6 +115,19 @@ async def counts(fake: Any) -> dict[str, Any]:
     return found
 
 
+STALL = [0.0]  # the longest gap between two turns of longest_stall(), in seconds
+
+
+async def longest_stall() -> None:
+    """Measures how long the event loop is held between two of its turns, until cancelled."""
+    last = time.monotonic()
+    while True:
+        await asyncio.sleep(0.001)
+        now = time.monotonic()
+        STALL[0] = max(STALL[0], now - last - 0.001)
+        last = now
+
+
 async def main(maps: int, changes: int, controller: bool, status_timeout: float) -> None:
     fake = await asyncio.create_subprocess_exec(
         sys.executable, "-c", FAKE_SERVER.format(root=str(ROOT), controller=controller),
@@ -154,10 +167,14 @@ async def main(maps: int, changes: int, controller: bool, status_timeout: float)
         await transport.aclose()
         _, restarted = build(options(kubeconfig, status_timeout))
         started = time.monotonic()
+        stalls = asyncio.create_task(longest_stall())
         served = await restarted.read()
         took = time.monotonic() - started
+        stalls.cancel()
+        await asyncio.gather(stalls, return_exceptions=True)
         nothing = await restarted.write(parts, {key: parts[key] for key in keys[:100]})
-        print(f"restart: read {len(served)} maps in {took:.1f} s, requests {await counts(fake)}; "
+        print(f"restart: read {len(served)} maps in {took:.1f} s (longest event-loop stall {STALL[0] * 1000:.0f} ms), "
+              f"requests {await counts(fake)}; "
               f"100 unchanged maps written again: {nothing.rejected or 'no refusals'}, requests {await counts(fake)}")
         await restarted.aclose()
     finally:
