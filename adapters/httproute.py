@@ -81,6 +81,8 @@ _PAGE = 500  # list page size, as kubectl's
 _PARSE_BATCH = 100  # objects read back between two yields to the event loop (about 15 ms of parsing)
 
 _R = TypeVar("_R")
+
+
 class HttpRouteOptions(BaseModel):
     """Where the routes go and how they point at the workload clusters."""
 
