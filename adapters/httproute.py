@@ -469,8 +469,8 @@ class HttpRouteTransport:
             return await call()
 
     async def _pages(self, resource: Any, selector: str | None) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
-        """Every object of `resource` in our namespace(s) matching `selector`, a page at a time,
-        each with the list's resourceVersion."""
+        """Every object of `resource` in our namespace(s) matching `selector`, a page at a time
+        (never all of them in memory at once), each with the list's resourceVersion."""
         kube, namespace = await self._connected(), self._options.route_namespace
         token: str | None = None
         while True:
@@ -483,15 +483,6 @@ class HttpRouteTransport:
             token = metadata.get("continue")
             if not token:
                 return
-
-    async def _list(self, resource: Any, selector: str | None) -> tuple[list[dict[str, Any]], str]:
-        """Every object of `resource` in our namespace(s) matching `selector`, and the list's
-        resourceVersion."""
-        items: list[dict[str, Any]] = []
-        version = ""
-        async for page, version in self._pages(resource, selector):
-            items.extend(page)
-        return items, version
 
     @property
     def _selector(self) -> str:
@@ -609,13 +600,14 @@ class HttpRouteTransport:
                 rejected[key] = Held(Reason.CLAIM_REJECTED, f"route {name[0]}/{name[1]} already publishes {owner}")
         if not lookup:
             return rejected
-        existing: Mapping[ObjectName, Mapping[str, Any] | None]
+        names = {(publish[k].namespace, publish[k].route) for k in lookup}
+        existing: dict[ObjectName, Mapping[str, Any]] = {}
         if len(lookup) <= _GET_LIMIT:
-            names = [(publish[k].namespace, publish[k].route) for k in lookup]
             found = await _all(self._get_route(name) for name in names)
-            existing = dict(zip(names, found, strict=True))
+            existing = {_name(route): route for route in found if route is not None}
         else:
-            existing = _by_name((await self._list(HTTP_ROUTES, None))[0])
+            async for routes, _ in self._pages(HTTP_ROUTES, None):
+                existing.update((_name(route), route) for route in routes if _name(route) in names)
         for key in lookup:
             name = (publish[key].namespace, publish[key].route)
             route = existing.get(name)
@@ -739,9 +731,10 @@ class HttpRouteTransport:
     async def _watch_verdicts(self, verdicts: dict[MapKey, Held | bool | None], waiting: dict[ObjectName, MapKey]) -> None:
         """Verdicts from one list of our routes, then from a watch of them, until none is waiting."""
         options, kube = self._options, await self._connected()
-        routes, version = await self._list(HTTP_ROUTES, self._selector)
-        for route in routes:
-            _take_verdict(verdicts, waiting, route, options)
+        version = ""
+        async for routes, version in self._pages(HTTP_ROUTES, self._selector):
+            for route in routes:
+                _take_verdict(verdicts, waiting, route, options)
         if not waiting:
             return
         watch = kube.watch(
@@ -787,10 +780,6 @@ async def _all(coros: Iterable[Awaitable[_R]]) -> list[_R]:
 
 def _name(obj: Mapping[str, Any]) -> ObjectName:
     return (obj["metadata"]["namespace"], obj["metadata"]["name"])
-
-
-def _by_name(objects: Iterable[Mapping[str, Any]]) -> dict[ObjectName, Mapping[str, Any]]:
-    return {_name(obj): obj for obj in objects}
 
 
 def _take_verdict(
