@@ -63,5 +63,5 @@ ADAPTERS: dict[str, AdapterSpec] = {
     "envoy": AdapterSpec("adapters.envoy", "EnvoyOptions", legacy_class="EnvoyAdapter"),
     "httproute": AdapterSpec("adapters.httproute", "HttpRouteOptions"),
     "json": AdapterSpec("adapters.json_file", "JsonOptions"),
-    "nginx": AdapterSpec("adapters.nginx", "NginxOptions", legacy_class="NginxAdapter"),
+    "nginx": AdapterSpec("adapters.nginx", "NginxOptions"),
 }

@@ -25,7 +25,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import aiohttp
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -59,12 +59,27 @@ _ListenAddress = Annotated[str, AfterValidator(_check_listen)]
 
 
 class NginxOptions(BaseModel):
-    """How the NGINX adapter reaches its NGINX. Set exactly one of nginx_pid_file, nginx_reload_cmd."""
+    """How the NGINX adapter reaches its NGINX. Lua mode: nginx_secret_file (and nginx_control_url).
+    Reload mode: nginx_conf_file and exactly one of nginx_pid_file, nginx_reload_cmd."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    nginx_conf_file: Path = Field(
-        description="The one file the adapter owns, included inside http {}; no default: it is deployment-specific."
+    nginx_mode: Literal["lua", "reload"] = Field(
+        default="lua",
+        description="lua: weights pushed into the running NGINX, no reloads; reload: rewrite a file and reload. "
+        "Unset, it is reload when --nginx-conf-file is given (the sidecar cannot see NGINX's modules), else lua.",
+    )
+    nginx_control_url: str = Field(
+        default="http://127.0.0.1:8082",
+        pattern=r"^https?://[A-Za-z0-9.:\[\]-]+(:[0-9]{1,5})?/?$",
+        description="Lua mode: the control listener `ome-publisher nginx-config` declares; loopback, inside the pod.",
+    )
+    nginx_secret_file: Path | None = Field(
+        default=None, description="Lua mode: the shared secret the control listener requires, read by both sides."
+    )
+    nginx_conf_file: Path | None = Field(
+        default=None,
+        description="Reload mode: the one file the adapter owns, included inside http {}; no default: it is deployment-specific.",
     )
     nginx_listen: _ListenAddress = Field(
         default="8080", description="Where published hostnames are served; 8080 needs no root, like OME's examples."
@@ -90,8 +105,21 @@ class NginxOptions(BaseModel):
         default=False, description="Off: the client's Host passes through, as OME's own publisher does."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_from_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("nginx_mode") is None:
+            data = {**data, "nginx_mode": "reload" if data.get("nginx_conf_file") is not None else "lua"}
+        return data
+
     @model_validator(mode="after")
     def _one_reload_way(self) -> NginxOptions:
+        if self.nginx_mode == "lua":
+            if self.nginx_secret_file is None:
+                raise ValueError("nginx_mode lua needs nginx_secret_file")
+            return self
+        if self.nginx_conf_file is None:
+            raise ValueError("nginx_mode reload needs nginx_conf_file")
         if (self.nginx_pid_file is None) == (self.nginx_reload_cmd is None):
             raise ValueError("set exactly one of nginx_pid_file and nginx_reload_cmd")
         if self.nginx_listen == self.nginx_status_listen:
@@ -569,3 +597,15 @@ class NginxAdapter:
         if error is not None:
             raise Unavailable(f"nginx serves neither the new configuration nor the last good one: {error}")
         return reloads
+
+
+def build(options: NginxOptions) -> tuple[Any, Any]:
+    """The renderer and transport for options.nginx_mode: Lua mode lives in adapters.nginx_lua;
+    reload mode is this module's NginxAdapter through the engine's bridge for whole adapters."""
+    if options.nginx_mode == "lua":
+        from adapters.nginx_lua import build as build_lua
+
+        return build_lua(options)
+    from adapters._legacy import build_legacy
+
+    return build_legacy(NginxAdapter, options)

@@ -1,6 +1,8 @@
 """Assembles a running publisher from a RunConfig: the adapter, the source, the loop.
 
 The only module that turns configuration into objects; cli.py calls it and prints what it returns.
+`verify_cluster` assembles the same loop as `run --dry-run` does, so the verify command's verdict
+is the sidecar's own decision, not a second implementation of it.
 """
 
 from __future__ import annotations
@@ -12,17 +14,17 @@ import signal
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from adapters import ADAPTERS
-from adapters.base import Adapter, ApplyResult
-from publisher import gate, loop
+from adapters.base import Adapter, ApplyResult, publication_problem
+from publisher import gate, loop, metrics
 from publisher.config import ConfigError, RunConfig, flag
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
-from publisher.model import Held, MapKey, Publication, Route
+from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
 from publisher.source import DirectorySource, KubeSource, Stores, WatchOptions
 
 log = logging.getLogger(__name__)
@@ -45,10 +47,20 @@ def build_adapter(config: RunConfig) -> Adapter:
     return spec.engine(config.adapter, options)
 
 
+class Checker(Protocol):
+    """What a dry run uses of the engine it wraps."""
+
+    name: str
+
+    def check(self, pub: Publication) -> Held | None: ...
+
+    async def aclose(self) -> None: ...
+
+
 class DryRunAdapter:
     """Wraps an engine so nothing is written: records what would have been applied."""
 
-    def __init__(self, inner: Adapter) -> None:
+    def __init__(self, inner: Checker) -> None:
         self._inner = inner
         self.name = inner.name
         self.desired: dict[MapKey, Publication] = {}
@@ -90,6 +102,20 @@ class DryRunAdapter:
         await self._inner.aclose()
 
 
+class CommonChecks:
+    """The strict checks every adapter applies, without a gateway: what `verify` holds a map for
+    when it is not told which adapter the sidecar runs."""
+
+    name = "verify"
+
+    def check(self, pub: Publication) -> Held | None:
+        problem = publication_problem(pub)
+        return Held(Reason.INVALID_PLAN, problem) if problem is not None else None
+
+    async def aclose(self) -> None:
+        return None
+
+
 @dataclass
 class Summary:
     """What one pass did, for --once and --dry-run output and exit codes."""
@@ -129,7 +155,57 @@ async def run(config: RunConfig) -> Summary | None:
     adapter: Adapter = build_adapter(config)
     if config.dry_run:
         adapter = DryRunAdapter(adapter)
+    metrics.start(config.adapter)
+    metrics.per_map(config.metrics_per_map)
     kube = await Kube.connect(config.kubeconfig) if config.source == "kube" else None
+    try:
+        publisher, source = _assemble(config, adapter, kube)
+        if config.once or config.dry_run:
+            await loop.once(publisher, source, read_gateway=not config.dry_run)
+            return _summary(publisher, adapter)
+        leader = LeaderOptions(config.effective_lease_namespace(), _identity(config)) if config.leader_elect else None
+        await loop.run(publisher, source, listen=config.listen_address, leader=leader)
+        return None
+    finally:
+        await asyncio.shield(_close(adapter, kube))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the sidecar would decide for one map: `published`, `held` or `withdrawn`."""
+
+    item: TrafficMap | InvalidObject
+    state: str
+    reason: str | None
+    message: str | None
+
+
+async def verify_cluster(config: RunConfig, names: frozenset[str] = frozenset(), timeout: float = 30.0) -> list[Verdict]:
+    """One dry pass of the sidecar's own loop over the maps and InferenceServices on the API server
+    (`config.kubeconfig`, `config.namespace`), with the checks every adapter makes. Returns a Verdict
+    per map, in key order, only for maps named in `names` when it is not empty."""
+    adapter = DryRunAdapter(CommonChecks())
+    kube = await Kube.connect(config.kubeconfig)
+    try:
+        publisher, source = _assemble(config.model_copy(update={"dry_run": True, "source": "kube"}), adapter, kube)
+        try:
+            await asyncio.wait_for(loop.once(publisher, source, read_gateway=False), timeout)
+        except TimeoutError:
+            raise ConfigError(f"--kubeconfig: no full list of TrafficMaps and InferenceServices within {timeout:g}s") from None
+        verdicts = []
+        for key in sorted(publisher.states):
+            item = publisher.stores.maps.get(key)
+            if item is None or (names and key.name not in names):
+                continue
+            state = publisher.states[key]
+            verdicts.append(Verdict(item, state.state, state.reason, state.message))
+        return verdicts
+    finally:
+        await asyncio.shield(_close(adapter, kube))
+
+
+def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[Publisher, loop.Source]:
+    """The loop and the source of `run`, wired as `config` says."""
     report_status = config.report_status and not config.dry_run and kube is not None
     options = LoopOptions(
         instance=config.name,
@@ -152,15 +228,7 @@ async def run(config: RunConfig) -> Summary | None:
         assert kube is not None
         watch = WatchOptions(namespaces=config.namespace, label_selector=config.label_selector)
         source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
-    try:
-        if config.once or config.dry_run:
-            await loop.once(publisher, source, read_gateway=not config.dry_run)
-            return _summary(publisher, adapter)
-        leader = LeaderOptions(config.effective_lease_namespace(), _identity(config)) if config.leader_elect else None
-        await loop.run(publisher, source, listen=config.listen_address, leader=leader)
-        return None
-    finally:
-        await asyncio.shield(_close(adapter, kube))
+    return publisher, source
 
 
 async def _close(adapter: Adapter, kube: Kube | None) -> None:

@@ -10,16 +10,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from adapters.base import AdapterError, publication_problem
-from publisher import app, config, logs
+from publisher import __version__, app, config, logs
 from publisher.gate import GateOptions, PublishedGate, decide
 from publisher.manifests import ManifestError, parse_manifests, read_manifests
 from publisher.model import (
@@ -62,10 +64,22 @@ def _parser() -> argparse.ArgumentParser:
         prog="ome-publisher",
         description="Publishes OME TrafficMap weights into a global gateway.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
     for add in _SUBCOMMANDS:
         add(subparsers)
     return parser
+
+
+OUTPUTS = ("text", "json", "yaml")
+
+
+def _print_document(document: dict[str, Any], output: str) -> None:
+    """`document` as indented JSON or as YAML (key order kept)."""
+    if output == "yaml":
+        print(yaml.safe_dump(document, sort_keys=False), end="")
+    else:
+        print(json.dumps(document, indent=2))
 
 
 # --- verify ------------------------------------------------------------------------------------------
@@ -74,22 +88,40 @@ def _parser() -> argparse.ArgumentParser:
 def _add_verify(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "verify",
-        help="check TrafficMaps in files: gates and recomputed weights",
+        help="check TrafficMaps in files, or on a cluster as the running sidecar does",
         description=(
             "Checks each TrafficMap in PATH (YAML or JSON; several documents or a `kind: List`) as the "
-            "publisher would before publishing it. Its InferenceService, when in the input, is checked "
-            "too. Exit 0 when every map is ok, 1 when any is held, 2 when an input cannot be read."
+            "publisher would before publishing it; its InferenceService, when in the input, is checked "
+            "too. With --kubeconfig, reads the maps (only those NAMEd, when given) and their "
+            "InferenceServices from the API server and decides them with the sidecar's own loop: "
+            "every gate, the plan, and the checks every adapter makes. Exit 0 when every map is ok "
+            "(or withdrawn), 1 when any is held, 2 when an input cannot be read."
         ),
     )
-    parser.add_argument("--output", choices=("text", "json"), default="text", help="text tables, or one JSON document (default: text)")
+    parser.add_argument("-o", "--output", choices=OUTPUTS, default="text", help="text tables, or one JSON or YAML document (default: text)")
     parser.add_argument(
         "--ome-published-gate",
         choices=[mode.value for mode in PublishedGate],
         default=PublishedGate.AUTO.value,
         help="how to honour OME's own Published condition (default: auto)",
     )
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="a manifest file, or - for stdin")
-    parser.set_defaults(run=_verify)
+    parser.add_argument("--kubeconfig", metavar="KUBECONFIG", help="read the maps from this cluster instead of files")
+    parser.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
+                        help="with --kubeconfig: only this namespace; repeat for several (default: all namespaces)")
+    parser.add_argument("--host-template", default=config.RunConfig.model_fields["host_template"].default, metavar="TEMPLATE",
+                        help="with --kubeconfig: the sidecar's --host-template (default: {name}.{namespace})")
+    parser.add_argument("--timeout", type=_duration, default=30.0, metavar="DURATION",
+                        help=f"with --kubeconfig: give up reading the cluster after this ({config.DURATION_UNITS}; default: 30s)")
+    parser.add_argument("items", nargs="*", metavar="PATH|NAME",
+                        help="a manifest file, or - for stdin; with --kubeconfig, a TrafficMap name (default: every map)")
+    parser.set_defaults(run=_verify, usage=parser.format_usage)
+
+
+def _duration(value: str) -> float:
+    try:
+        return config.parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +139,8 @@ class _Row:
 @dataclass(frozen=True, slots=True)
 class _Report:
     key: MapKey
-    reason: Reason | None
+    verdict: str  # ok | held | withdrawn
+    reason: str | None
     message: str | None
     rows: tuple[_Row, ...]
     source_known: bool
@@ -116,8 +149,8 @@ class _Report:
         return {
             "namespace": self.key.namespace,
             "name": self.key.name,
-            "verdict": "ok" if self.reason is None else "held",
-            "reason": None if self.reason is None else str(self.reason),
+            "verdict": self.verdict,
+            "reason": self.reason,
             "message": self.message,
             "entries": [
                 {
@@ -137,11 +170,23 @@ class _InputError(Exception):
 
 
 def _verify(args: argparse.Namespace) -> int:
+    if not args.items and not args.kubeconfig:
+        print(args.usage() + "ome-publisher verify: give a PATH (- for stdin), or --kubeconfig to read a cluster", file=sys.stderr)
+        return EXIT_INPUT
     try:
-        maps, isvcs = _load(args.paths)
-    except (ManifestError, _InputError) as exc:
+        reports = _cluster_reports(args) if args.kubeconfig else _file_reports(args)
+    except (ManifestError, _InputError, config.ConfigError, KubeError) as exc:
         print(f"ome-publisher verify: {exc}", file=sys.stderr)
         return EXIT_INPUT
+    if args.output == "text":
+        print("\n\n".join(_text(report) for report in reports))
+    else:
+        _print_document({"maps": [report.to_json() for report in reports]}, args.output)
+    return EXIT_HELD if any(report.verdict == "held" for report in reports) else EXIT_OK
+
+
+def _file_reports(args: argparse.Namespace) -> list[_Report]:
+    maps, isvcs = _load(args.items)
     gate = PublishedGate(args.ome_published_gate)
     reports = []
     for item in maps:
@@ -155,17 +200,50 @@ def _verify(args: argparse.Namespace) -> int:
         reports.append(
             _Report(
                 key=item.key,
-                reason=None if held is None else held.reason,
+                verdict="ok" if held is None else "held",
+                reason=None if held is None else str(held.reason),
                 message=None if held is None else held.message,
                 rows=_rows(item),
                 source_known=isvc is not None,
             )
         )
-    if args.output == "json":
-        print(json.dumps({"maps": [report.to_json() for report in reports]}, indent=2))
-    else:
-        print("\n\n".join(_text(report) for report in reports))
-    return EXIT_HELD if any(report.reason is not None for report in reports) else EXIT_OK
+    return reports
+
+
+def _cluster_reports(args: argparse.Namespace) -> list[_Report]:
+    """The sidecar's own decision for each map on the cluster (app.verify_cluster)."""
+    try:
+        run_config = config.RunConfig(
+            kubeconfig=args.kubeconfig,
+            namespace=tuple(args.namespace),
+            ome_published_gate=args.ome_published_gate,
+            host_template=args.host_template,
+        )
+    except ValidationError as exc:
+        raise _InputError(describe_validation_error(exc)) from exc
+    logs.configure("text", "warning")  # why a read is slow (watch restarts) shows as it happens
+    # The verdicts below say what the loop's "map held" warnings would, once per map.
+    logging.getLogger("publisher.loop").setLevel(logging.ERROR)
+    names = frozenset(args.items)
+    verdicts = asyncio.run(app.verify_cluster(run_config, names, timeout=args.timeout))
+    missing = sorted(names - {verdict.item.key.name for verdict in verdicts})
+    if missing:
+        where = ", ".join(args.namespace) if args.namespace else "any namespace"
+        raise _InputError(f"no {TRAFFIC_MAP_KIND} {', '.join(missing)} in {where}")
+    if not verdicts:
+        raise _InputError(f"no {TRAFFIC_MAP_KIND} on the cluster")
+    verdict_names = {"published": "ok"}
+    return [
+        _Report(
+            key=verdict.item.key,
+            verdict=verdict_names.get(verdict.state, verdict.state),
+            reason=None if verdict.state == "published" else verdict.reason,
+            message=None if verdict.state == "published" else verdict.message,
+            rows=_rows(verdict.item),
+            source_known=True,
+        )
+        for verdict in verdicts
+    ]
 
 
 def _load(paths: Sequence[str]) -> tuple[list[TrafficMap | InvalidObject], dict[MapKey, InferenceService]]:
@@ -259,9 +337,9 @@ def _text(report: _Report) -> str:
             f"{Reason.SOURCE_UID_MISMATCH} and {Reason.ISVC_GENERATION_MISMATCH} not checked"
         )
     if report.reason is None:
-        lines.append("  verdict: ok")
+        lines.append(f"  verdict: {report.verdict}")
     else:
-        lines.append(f"  verdict: held, {report.reason}: {report.message}")
+        lines.append(f"  verdict: {report.verdict}, {report.reason}: {report.message}")
     return "\n".join(lines)
 
 
@@ -317,14 +395,14 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if summary is None:
         return EXIT_OK
-    if run_config.output == "json":
+    if run_config.output == "text":
+        print(_run_text(summary, dry_run=run_config.dry_run))
+    else:
         document: dict[str, Any] = {
             "publications": [pub.to_json() for pub in summary.publications],
             "held": summary.held,
         }
-        print(json.dumps(document, indent=2))
-    else:
-        print(_run_text(summary, dry_run=run_config.dry_run))
+        _print_document(document, run_config.output)
     return EXIT_OK if summary.all_published else EXIT_HELD
 
 
@@ -379,6 +457,48 @@ def _envoy_bootstrap(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- nginx-config -------------------------------------------------------------------------------------
+
+
+def _add_nginx_config(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "nginx-config",
+        help="print the NGINX http {} snippet that serves what the nginx adapter pushes in Lua mode",
+        description="Prints the text to include inside http {}: the Lua modules shipped with this package, the "
+        "routing table, the catch-all server on --listen and the control listener `run --adapter nginx "
+        "--nginx-mode lua` pushes to. The main nginx.conf must load ndk_http_module and ngx_http_lua_module "
+        "(see --load-modules); Debian's libnginx-mod-http-lua, lua-resty-core and lua-cjson provide them.",
+    )
+    parser.add_argument("--listen", required=True, metavar="ADDR", help="where published hostnames are served (PORT or HOST:PORT)")
+    parser.add_argument("--control-listen", required=True, metavar="HOST:PORT", help="the control listener; keep it on 127.0.0.1")
+    parser.add_argument("--secret-file", required=True, metavar="PATH", help="the shared secret, the same file as --nginx-secret-file")
+    parser.add_argument("--shared-dict-size", default="32m", metavar="SIZE", help="routing table size, ~600 B per map (default: 32m)")
+    parser.add_argument("--ca-file", metavar="PATH", help="CA bundle for https backends (default: the system bundle)")
+    parser.add_argument("--load-modules", action="store_true", help="print the load_module lines for the main nginx.conf instead")
+    parser.set_defaults(run=_nginx_config)
+
+
+def _nginx_config(args: argparse.Namespace) -> int:
+    from adapters.nginx_lua import LOAD_MODULES, http_snippet
+
+    if args.load_modules:
+        print("".join(f"load_module {module};\n" for module in LOAD_MODULES), end="")
+        return EXIT_OK
+    try:
+        snippet = http_snippet(
+            listen=args.listen,
+            control_listen=args.control_listen,
+            secret_file=Path(args.secret_file),
+            shared_dict_size=args.shared_dict_size,
+            ca_file=Path(args.ca_file) if args.ca_file else None,
+        )
+    except ValueError as exc:
+        print(f"ome-publisher nginx-config: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    print(snippet, end="")
+    return EXIT_OK
+
+
 # --- demo ----------------------------------------------------------------------------------------------
 
 
@@ -412,7 +532,7 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_HELD
 
 
-_SUBCOMMANDS = (_add_verify, _add_run, _add_envoy_bootstrap, _add_demo)
+_SUBCOMMANDS = (_add_verify, _add_run, _add_envoy_bootstrap, _add_nginx_config, _add_demo)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,14 @@ import argparse
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from enum import Enum
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from publisher.gate import PublishedGate
+from publisher.metrics import PerMap
 from publisher.model import is_dns_label
 
 ENV_PREFIX = "OME_PUBLISHER_"
@@ -53,7 +55,8 @@ def _split_list(value: Any) -> Any:
 
 
 class RunConfig(BaseModel):
-    """Every option of `ome-publisher run`."""
+    """Every option of `ome-publisher run`. A field's annotation is its flag's choices (Literal,
+    enum) or units (Duration); its description is the help."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -66,14 +69,15 @@ class RunConfig(BaseModel):
     adapter: Literal["envoy", "httproute", "json", "nginx"] = Field("json", description="The gateway to publish into.")
     once: bool = Field(False, description="One full sync, then exit: 0 when every map is published, 1 when any is held or failed.")
     dry_run: bool = Field(False, description="Decide and plan one pass, print the plan, write nothing (no gateway, no status).")
-    output: Literal["text", "json"] = Field("text", description="Output format of --once and --dry-run.")
+    output: Literal["text", "json", "yaml"] = Field("text", description="Output format of --once and --dry-run.")
     ome_published_gate: PublishedGate = Field(PublishedGate.AUTO, description="Honour OME's Published condition: auto, require or ignore.")
     host_template: str = Field("{name}.{namespace}", description="Hostname of a map whose InferenceService has no ome.io/global-host annotation.")
     resync: Duration = Field(60.0, description="Re-read the gateway and re-decide every map this often, repairing drift (a minute bounds how long drift lasts).")
-    report_status: bool = Field(True, description="Write this instance's condition on each TrafficMap (turn off with --no-report-status).")
+    report_status: bool = Field(True, description="Write this instance's condition on each TrafficMap.")
     leader_elect: bool = Field(False, description="Only the holder of a Lease writes status; every replica still writes its own gateway.")
     lease_namespace: str | None = Field(None, description="Namespace of the Lease (default: $POD_NAMESPACE, else `default`).")
-    listen: str = Field("0.0.0.0:8080", description="HOST:PORT for /metrics, /healthz, /readyz and /debug/maps.")
+    listen: str = Field("0.0.0.0:9180", description="HOST:PORT for /metrics, /healthz, /readyz and /debug/maps (no gateway uses 9180).")
+    metrics_per_map: PerMap = Field("problems", description="Which maps get per-map series (weight, map_held, map_failed): `problems` only held or failed maps, so healthy maps cost none.")
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Least severe level logged.")
     probe_max_age: Duration | None = Field(None, description="Report (not hold) a map whose probe.lastProbeTime is older than this.")
@@ -84,6 +88,9 @@ class RunConfig(BaseModel):
     envoy_admin: str | None = Field(None, description="envoy adapter: admin URL, to confirm Envoy took each version.")
     envoy_ca_file: Path | None = Field(None, description="envoy adapter: CA bundle for https endpoints (default: the system trust store).")
     rewrite_host: bool = Field(False, description="envoy and nginx adapters: send each backend its endpoint's host as the Host header.")
+    nginx_mode: Literal["lua", "reload"] | None = Field(None, description="nginx adapter: lua (pushes into the running NGINX, no reloads) or reload; unset: reload when --nginx-conf-file is given, else lua.")
+    nginx_control_url: str | None = Field(None, description="nginx adapter, Lua mode: the control listener (default http://127.0.0.1:8082).")
+    nginx_secret_file: Path | None = Field(None, description="nginx adapter, Lua mode: the shared secret file the control listener requires.")
     nginx_conf_file: Path | None = Field(None, description="nginx adapter: the file it owns, included inside http {}.")
     nginx_listen: str = Field("8080", description="nginx adapter: listen address of the published servers.")
     nginx_pid_file: Path | None = Field(None, description="nginx adapter: master PID file; reload by SIGHUP.")
@@ -153,21 +160,67 @@ def env_var(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
 
+# Short spellings kubectl users expect.
+_SHORT_FLAGS = {"output": "-o", "namespace": "-n"}
+DURATION_UNITS = "a duration: 500ms, 60s, 2m, 1h"
+
+
+def _choices(annotation: Any) -> tuple[str, ...] | None:
+    """The values a Literal or enum annotation allows (through Optional), else None."""
+    if get_origin(annotation) is Union:
+        inner = [arg for arg in get_args(annotation) if arg is not type(None)]
+        return _choices(inner[0]) if len(inner) == 1 else None
+    if get_origin(annotation) is Literal:
+        return tuple(str(value) for value in get_args(annotation))
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return tuple(str(member.value) for member in annotation)
+    return None
+
+
+def _is_duration(annotation: Any, metadata: list[Any]) -> bool:
+    validators = list(metadata)
+    for arg in get_args(annotation):
+        validators.extend(getattr(arg, "__metadata__", ()))
+    return any(isinstance(v, BeforeValidator) and v.func is parse_duration for v in validators)
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    for unit, size in (("h", 3600.0), ("m", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One argparse option per RunConfig field; absent options stay absent (SUPPRESS), so the
-    merge can tell a flag from a default."""
+    merge can tell a flag from a default. Help shows choices, units and the default."""
     for name, info in RunConfig.model_fields.items():
         default = info.default
         help_text = info.description or ""
+        flags = ([_SHORT_FLAGS[name]] if name in _SHORT_FLAGS else []) + [flag(name)]
         if info.annotation is bool and default is True:
-            parser.add_argument(f"--no-{name.replace('_', '-')}", dest=name, action="store_false", default=argparse.SUPPRESS, help=help_text)
-        elif info.annotation is bool:
+            parser.add_argument(flag(name), dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                help=help_text + " (default: on)")
+            continue
+        if info.annotation is bool:
             parser.add_argument(flag(name), dest=name, action="store_true", default=argparse.SUPPRESS, help=help_text)
-        elif name == "namespace":
-            parser.add_argument(flag(name), dest=name, action="append", default=argparse.SUPPRESS, metavar="NS", help=help_text)
-        else:
-            shown = f" (default: {default})" if default not in (None, ()) else ""
-            parser.add_argument(flag(name), dest=name, default=argparse.SUPPRESS, metavar=name.split("_")[-1].upper(), help=help_text + shown)
+            continue
+        if name == "namespace":
+            parser.add_argument(*flags, dest=name, action="append", default=argparse.SUPPRESS, metavar="NS", help=help_text)
+            continue
+        choices = _choices(info.annotation)
+        duration = _is_duration(info.annotation, info.metadata)
+        if isinstance(default, Enum):
+            default = default.value
+        notes = [DURATION_UNITS] if duration else []
+        if default not in (None, ()):
+            notes.append(f"default: {format_duration(default) if duration else default}")
+        if notes:
+            help_text += f" ({'; '.join(notes)})"
+        metavar = "DURATION" if duration else "{" + ",".join(choices) + "}" if choices else name.split("_")[-1].upper()
+        parser.add_argument(*flags, dest=name, default=argparse.SUPPRESS, choices=choices, metavar=metavar, help=help_text)
 
 
 def _from_environment(environ: dict[str, str]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Structured logging: a short fixed message plus fields, printed as text or one JSON object.
 
 Modules log with `log.info("map held", extra={"map": ..., "reason": ...})`; both formats show the
-same fields, so text is readable and JSON is greppable by field.
+same fields, so text is readable and JSON is greppable by field. A field whose value is None is
+left out of both.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskN
 
 
 def _fields(record: logging.LogRecord) -> dict[str, object]:
-    return {k: v for k, v in vars(record).items() if k not in _STANDARD}
+    # A field that is None says nothing (`namespace=None` for all namespaces reads as a value).
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD and v is not None}
 
 
 def _timestamp(record: logging.LogRecord) -> str:

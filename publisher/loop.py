@@ -291,7 +291,7 @@ class Publisher:
             if new == old:
                 continue
             metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="withdrawn" if new is None else "published").inc()
-            self._set_weight_metrics(key, old, new)
+            metrics.map_weights(key, new)
             seen_at = pending.get(key)
             if seen_at is not None:
                 metrics.EVENT_TO_APPLY.labels(adapter=self.adapter.name).observe(now - seen_at)
@@ -355,11 +355,10 @@ class Publisher:
         state = self.states.pop(key, None)
         if state is not None:
             self._count(state.state, -1)
-            if state.state == "held":
-                metrics.MAP_HELD.remove(key.namespace, key.name, state.reason)
         self.reports.pop(key, None)
         self.provenance.pop(key, None)
         self.backoff.forget(key)
+        metrics.forget_map(key)
 
     def _stale_probes(self, item: TrafficMap | InvalidObject | None) -> str | None:
         if self.options.probe_max_age is None or not isinstance(item, TrafficMap):
@@ -380,11 +379,9 @@ class Publisher:
         self.states[key] = new
         if old is not None:
             self._count(old.state, -1)
-            if old.state == "held":
-                metrics.MAP_HELD.remove(key.namespace, key.name, old.reason)
         self._count(new.state, +1)
+        metrics.map_state(key, new.state, new.reason)
         if new.state == "held":
-            metrics.MAP_HELD.labels(namespace=key.namespace, name=key.name, reason=new.reason).set(1)
             log.warning("map held", extra={"map": str(key), "reason": new.reason, "detail": new.message})
         elif new.state == "failed":
             log.warning("map apply failed", extra={"map": str(key), "reason": new.reason, "detail": new.message})
@@ -396,15 +393,6 @@ class Publisher:
     def _count(self, state: str, delta: int) -> None:
         self._state_counts[state] = self._state_counts.get(state, 0) + delta
         metrics.MAPS.labels(state=state).set(self._state_counts[state])
-
-    @staticmethod
-    def _set_weight_metrics(key: MapKey, old: Route | None, new: Route | None) -> None:
-        clusters = {b.cluster for b in new.backends} if new else set()
-        for backend in old.backends if old else ():
-            if backend.cluster not in clusters:
-                metrics.WEIGHT.remove(key.namespace, key.name, backend.cluster)
-        for backend in new.backends if new else ():
-            metrics.WEIGHT.labels(namespace=key.namespace, name=key.name, cluster=backend.cluster).set(backend.weight)
 
     # --- status ---------------------------------------------------------------------------------
 
@@ -446,7 +434,7 @@ class Publisher:
     async def start(self) -> None:
         """Read back what the gateway serves: the starting state after a restart."""
         for key, route in (await self.adapter.start()).items():
-            self._set_weight_metrics(key, None, route)
+            metrics.map_weights(key, route)
         self.started = True
 
     def all_keys(self) -> set[MapKey]:

@@ -1,18 +1,24 @@
-"""Every metric, defined once, and the HTTP app for /metrics, /healthz, /readyz and /debug/maps.
+"""Every metric, defined once, the per-map series policy, and the HTTP app for /metrics, /healthz,
+/readyz and /debug/maps.
 
-Metrics live in one registry owned by this module; other modules import the objects and update
-them. The app asks the loop for health and map state through the small `Health` protocol, so
-this module knows nothing of the loop's internals.
+Metrics live in one registry owned by this module. Other modules update the aggregate ones directly,
+but per-map series only through `map_weights`, `map_state` and `forget_map`, so `--metrics-per-map`
+decides here alone which maps have series. The app asks the loop for health and map state through
+the small `Health` protocol, so this module knows nothing of the loop's internals.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import asyncio
+from collections.abc import Iterable
+from typing import Any, Literal, Protocol, get_args
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 from publisher import __version__
+from publisher.model import MapKey
 
 PREFIX = "ome_gateway_publisher_"
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -37,8 +43,12 @@ MAP_HELD = Gauge(
     PREFIX + "map_held", "1 while a map is held, labelled with the gate's reason.",
     ["namespace", "name", "reason"], registry=REGISTRY,
 )
+MAP_FAILED = Gauge(
+    PREFIX + "map_failed", "1 while a map's gateway write failed or was rejected, labelled with the reason.",
+    ["namespace", "name", "reason"], registry=REGISTRY,
+)
 WEIGHT = Gauge(
-    PREFIX + "weight", "The weight the gateway holds for a map's cluster.",
+    PREFIX + "weight", "The weight the gateway holds for a map's cluster (which maps: --metrics-per-map).",
     ["namespace", "name", "cluster"], registry=REGISTRY,
 )
 VERIFICATION_FAILURES = Counter(
@@ -61,6 +71,138 @@ INTERNAL_ERRORS = Counter(
 STATUS_WRITES = Counter(PREFIX + "status_writes", "TrafficMap status condition writes by outcome.", ["result"], registry=REGISTRY)
 
 BUILD_INFO.labels(version=__version__).set(1)
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+
+# Label values known before anything happens: their series start at 0, so rate() and increase()
+# see the first event instead of a series that appears with it.
+MAP_STATES = ("published", "held", "withdrawn", "failed", "pending")
+PUBLICATION_RESULTS = ("published", "withdrawn", "failed")
+RELOAD_RESULTS = ("success", "rejected")
+WATCHED_RESOURCES = ("trafficmaps", "inferenceservices")
+STATUS_WRITE_RESULTS = ("written", "error")
+for _state in MAP_STATES:
+    MAPS.labels(state=_state).set(0)
+for _resource in WATCHED_RESOURCES:
+    WATCH_RESTARTS.labels(resource=_resource, reason="Expired")
+SOURCE_ERRORS.labels(source="dir")
+for _result in STATUS_WRITE_RESULTS:
+    STATUS_WRITES.labels(result=_result)
+
+
+def start(adapter: str) -> None:
+    """Pre-initialise the series labelled with the adapter the sidecar runs."""
+    for result in PUBLICATION_RESULTS:
+        PUBLICATIONS.labels(adapter=adapter, result=result)
+    for result in RELOAD_RESULTS:
+        RELOADS.labels(adapter=adapter, result=result)
+    APPLY_DURATION.labels(adapter=adapter)
+    EVENT_TO_APPLY.labels(adapter=adapter)
+
+
+# --- per-map series ------------------------------------------------------------------------------
+
+PerMap = Literal["all", "problems", "none"]
+PER_MAP_CHOICES: tuple[str, ...] = get_args(PerMap)
+_PROBLEM_GAUGES = {"held": MAP_HELD, "failed": MAP_FAILED}
+
+
+class _Backend(Protocol):
+    @property
+    def cluster(self) -> str: ...
+
+    @property
+    def weight(self) -> int: ...
+
+
+class _Served(Protocol):
+    """What the gateway serves for a map (a Publication or a Route): only its backends matter here."""
+
+    @property
+    def backends(self) -> Iterable[_Backend]: ...
+
+
+class _PerMapSeries:
+    """Which maps have `weight`, `map_held` and `map_failed` series. `problems` (the default) gives
+    them only to held or failed maps, so 10,000 healthy maps cost no per-map series at all, while a
+    map that needs attention shows its reason and the weights the gateway still serves for it."""
+
+    def __init__(self) -> None:
+        self.policy: PerMap = "problems"
+        self._weights: dict[MapKey, tuple[tuple[str, int], ...]] = {}
+        self._problems: dict[MapKey, tuple[str, str]] = {}  # key -> (state, reason)
+
+    def configure(self, policy: PerMap) -> None:
+        for key in list(self._weights.keys() | self._problems.keys()):
+            self.forget(key)
+        self.policy = policy
+
+    def _weights_shown(self, key: MapKey) -> bool:
+        return self.policy == "all" or (self.policy == "problems" and key in self._problems)
+
+    def weights(self, key: MapKey, served: _Served | None) -> None:
+        new = tuple((b.cluster, b.weight) for b in served.backends) if served is not None else ()
+        old = self._weights.pop(key, ())
+        if new and self.policy != "none":
+            self._weights[key] = new
+        if self._weights_shown(key):
+            self._show_weights(key, old, new)
+
+    def state(self, key: MapKey, state: str, reason: str | None) -> None:
+        if self.policy == "none":
+            return
+        was_shown = self._weights_shown(key)
+        old = self._problems.pop(key, None)
+        if old is not None:
+            _PROBLEM_GAUGES[old[0]].remove(key.namespace, key.name, old[1])
+        if state in _PROBLEM_GAUGES:
+            self._problems[key] = (state, reason or "")
+            _PROBLEM_GAUGES[state].labels(namespace=key.namespace, name=key.name, reason=reason or "").set(1)
+        shown = self._weights.get(key, ())
+        if was_shown and not self._weights_shown(key):
+            self._show_weights(key, shown, ())
+        elif self._weights_shown(key) and not was_shown:
+            self._show_weights(key, (), shown)
+
+    def forget(self, key: MapKey) -> None:
+        if self._weights_shown(key):
+            self._show_weights(key, self._weights.get(key, ()), ())
+        self._weights.pop(key, None)
+        problem = self._problems.pop(key, None)
+        if problem is not None:
+            _PROBLEM_GAUGES[problem[0]].remove(key.namespace, key.name, problem[1])
+
+    @staticmethod
+    def _show_weights(key: MapKey, old: tuple[tuple[str, int], ...], new: tuple[tuple[str, int], ...]) -> None:
+        clusters = {cluster for cluster, _ in new}
+        for cluster, _ in old:
+            if cluster not in clusters:
+                WEIGHT.remove(key.namespace, key.name, cluster)
+        for cluster, weight in new:
+            WEIGHT.labels(namespace=key.namespace, name=key.name, cluster=cluster).set(weight)
+
+
+_PER_MAP = _PerMapSeries()
+
+
+def per_map(policy: PerMap) -> None:
+    """Set `--metrics-per-map`; drops every per-map series recorded so far."""
+    _PER_MAP.configure(policy)
+
+
+def map_weights(key: MapKey, served: _Served | None) -> None:
+    """The gateway now serves `served` for `key` (None: nothing)."""
+    _PER_MAP.weights(key, served)
+
+
+def map_state(key: MapKey, state: str, reason: str | None) -> None:
+    """The loop decided `state` (published, held, withdrawn, failed, pending) for `key`."""
+    _PER_MAP.state(key, state, reason)
+
+
+def forget_map(key: MapKey) -> None:
+    """`key` left every record of the loop: drop its series."""
+    _PER_MAP.forget(key)
 
 
 class Health(Protocol):
@@ -76,9 +218,14 @@ class Health(Protocol):
 HEALTH = web.AppKey("health", Health)
 
 
+_PROMETHEUS_HANDLER = make_aiohttp_handler(REGISTRY)
+
+
 async def _metrics(request: web.Request) -> web.Response:
-    body = generate_latest(REGISTRY)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    # prometheus_client's handler negotiates OpenMetrics and gzip, but renders without ever
+    # awaiting: with --metrics-per-map all and 10,000 maps that is tens of thousands of series, so
+    # it runs on a worker thread's own event loop and the sidecar's loop goes on meanwhile.
+    return await asyncio.to_thread(asyncio.run, _PROMETHEUS_HANDLER(request))
 
 
 async def _healthz(request: web.Request) -> web.Response:

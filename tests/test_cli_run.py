@@ -117,7 +117,7 @@ async def test_http_endpoints_of_a_running_sidecar(tmp_path):
     port = free_port()
     out = tmp_path / "out.json"
     process = await start_run("--source", f"dir:{EXAMPLES / 'trafficmaps'}", "--adapter", "json", "--json-path", str(out),
-                              "--listen", f"127.0.0.1:{port}")
+                              "--listen", f"127.0.0.1:{port}", "--metrics-per-map", "all")
     base = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:

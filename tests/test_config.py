@@ -16,7 +16,7 @@ def parse_flags(*argv: str) -> dict:
 
 def test_defaults_are_valid():
     cfg = load({}, environ={})
-    assert cfg.adapter == "json" and cfg.resync == 60.0 and cfg.report_status and cfg.listen_address == ("0.0.0.0", 8080)
+    assert cfg.adapter == "json" and cfg.resync == 60.0 and cfg.report_status and cfg.listen_address == ("0.0.0.0", 9180)
 
 
 def test_flags_beat_environment_which_beats_the_file(tmp_path):

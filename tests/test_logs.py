@@ -40,3 +40,10 @@ def test_configure_installs_one_handler(log_format, formatter):
     finally:
         root.handlers[:], _ = saved
         root.setLevel(saved[1])
+
+
+@pytest.mark.parametrize("formatter", [JsonFormatter, TextFormatter])
+def test_none_fields_are_left_out(formatter):
+    line = formatter().format(record("watch restarting", resource="trafficmaps", namespace=None, error="reset"))
+    assert "None" not in line and "null" not in line and "namespace" not in line
+    assert "trafficmaps" in line and "reset" in line

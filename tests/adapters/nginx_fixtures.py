@@ -1,7 +1,9 @@
-"""Builders and a running NGINX for tests/adapters/test_nginx.py.
+"""Builders and a running NGINX for tests/adapters/test_nginx.py and test_nginx_lua.py.
 
 `running_nginx(directory)` starts Debian's NGINX as a child on 127.0.0.1 free ports, with every
 path it writes inside `directory`, and stops it by PID (SIGQUIT, then SIGKILL after a bound).
+`running_lua_nginx(directory)` does the same for an NGINX serving `ome-publisher nginx-config`'s
+snippet (Lua mode); `restart()` stops it and starts a new master on the same ports.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.nginx import NginxOptions, render
+from adapters.nginx_lua import LOAD_MODULES, http_snippet
 from publisher.model import Backend, Publication
 from tests.gateways import eventually, free_port
 
@@ -122,3 +125,125 @@ async def running_nginx(directory: Path) -> AsyncIterator[RunningNginx]:
         yield nginx
     finally:
         await _stop(process)
+
+
+# --- Lua mode ------------------------------------------------------------------------------------
+
+_LUA_MAIN_CONF = """\
+{load_modules}
+error_log {dir}/error.log notice;
+pid {dir}/nginx.pid;
+worker_processes {workers};
+events {{
+    worker_connections 512;
+}}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/tmp/body;
+    proxy_temp_path {dir}/tmp/proxy;
+    fastcgi_temp_path {dir}/tmp/fastcgi;
+    uwsgi_temp_path {dir}/tmp/uwsgi;
+    scgi_temp_path {dir}/tmp/scgi;
+    include {conf};
+}}
+"""
+
+
+@dataclass
+class RunningLuaNginx:
+    directory: Path
+    main_conf: Path
+    secret_file: Path
+    listen_port: int
+    control_port: int
+    process: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listen_port}/"
+
+    @property
+    def control_url(self) -> str:
+        return f"http://127.0.0.1:{self.control_port}"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.directory / "nginx.pid"
+
+    def options(self, **overrides: Any) -> NginxOptions:
+        fields: dict[str, Any] = {
+            "nginx_mode": "lua",
+            "nginx_control_url": self.control_url,
+            "nginx_secret_file": self.secret_file,
+        }
+        fields.update(overrides)
+        return NginxOptions(**fields)
+
+    def pids(self) -> tuple[int, frozenset[int]]:
+        """(master PID, worker PIDs) as the kernel sees them now."""
+        assert self.process is not None
+        master = self.process.pid
+        children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+        return master, frozenset(int(pid) for pid in children)
+
+    def errors(self) -> str:
+        path = self.directory / "error.log"
+        return path.read_text() if path.exists() else ""
+
+    async def start(self) -> None:
+        with (self.directory / "stderr.log").open("ab") as stderr:
+            self.process = await asyncio.create_subprocess_exec(
+                NGINX, "-p", str(self.directory), "-c", str(self.main_conf), "-g", "daemon off;",
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=stderr,
+            )  # fmt: skip
+        process = self.process
+
+        def up() -> bool:
+            if process.returncode is not None:
+                return True
+            try:
+                return len(self.pids()[1]) > 0 and self.pid_file.exists()
+            except FileNotFoundError:
+                return False
+
+        await eventually(up, timeout=10)
+        assert process.returncode is None, f"nginx exited: {(self.directory / 'stderr.log').read_text()}"
+
+    async def stop(self) -> None:
+        if self.process is not None:
+            await _stop(self.process)
+            self.pid_file.unlink(missing_ok=True)
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+
+@contextlib.asynccontextmanager
+async def running_lua_nginx(
+    directory: Path, *, workers: int = 2, shared_dict_size: str = "4m", ca_file: Path | None = None
+) -> AsyncIterator[RunningLuaNginx]:
+    """NGINX with the Lua modules, serving the nginx-config snippet with an empty table."""
+    (directory / "tmp").mkdir(parents=True, exist_ok=True)
+    secret_file = directory / "secret"
+    secret_file.write_text("test-secret-0123456789abcdef\n")
+    listen_port, control_port = free_port(), free_port()
+    snippet = directory / "ome-lua.conf"
+    snippet.write_text(
+        http_snippet(
+            listen=f"127.0.0.1:{listen_port}",
+            control_listen=f"127.0.0.1:{control_port}",
+            secret_file=secret_file,
+            shared_dict_size=shared_dict_size,
+            ca_file=ca_file,
+        )
+    )
+    main_conf = directory / "nginx.conf"
+    load_modules = "".join(f"load_module /usr/lib/nginx/{module};\n" for module in LOAD_MODULES)
+    main_conf.write_text(_LUA_MAIN_CONF.format(load_modules=load_modules, dir=directory, workers=workers, conf=snippet))
+    nginx = RunningLuaNginx(directory, main_conf, secret_file, listen_port, control_port)
+    try:
+        await nginx.start()
+        yield nginx
+    finally:
+        await nginx.stop()

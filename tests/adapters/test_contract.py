@@ -28,10 +28,20 @@ async def json_dir(tmp_path: Path) -> AsyncIterator[EngineFactory]:
     yield lambda: ADAPTERS["json"].engine("json", JsonOptions(json_dir=tmp_path))
 
 
-GATEWAYS = {"json-file": json_file, "json-dir": json_dir}
+@contextlib.asynccontextmanager
+async def nginx_lua(tmp_path: Path) -> AsyncIterator[EngineFactory]:
+    from tests.adapters.nginx_fixtures import running_lua_nginx
+
+    async with running_lua_nginx(tmp_path / "nginx") as nginx:
+        yield lambda: ADAPTERS["nginx"].engine("nginx", nginx.options())
 
 
-@pytest.fixture(params=sorted(GATEWAYS))
+GATEWAYS = {"json-file": json_file, "json-dir": json_dir, "nginx-lua": nginx_lua}
+# Gateways that start a real process.
+SLOW = {"nginx-lua"}
+
+
+@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else []) for name in sorted(GATEWAYS)])
 async def gateway(request, tmp_path) -> AsyncIterator[EngineFactory]:
     async with GATEWAYS[request.param](tmp_path) as factory:
         yield factory

@@ -47,6 +47,13 @@ Promises, each tested in tests/fakes/test_kube_api.py:
 9. Leases with optimistic concurrency, enough for kubernetes_asyncio.leaderelection's LeaseLock
    (read_namespaced_lease, create_namespaced_lease, replace_namespaced_lease).
 10. `/version`, `/api` and `/apis` answer minimal documents.
+11. What a real kubectl needs (see "kubectl" below): `/api/v1` and `/apis/{group}/{version}` answer
+    an APIResourceList (name, singularName, namespaced, kind, verbs, shortNames, the status
+    subresource), so `kubectl get trafficmap`, `-o jsonpath`, `-o custom-columns` and
+    `kubectl wait --for=condition=...` resolve and work; a watch with `sendInitialEvents=true`
+    (kubectl wait's watch-list) gets the current objects as ADDED, then a BOOKMARK annotated
+    `k8s.io/initial-events-end: "true"`, then the changes. Tables are not served (kubectl then
+    prints from the objects), nor is aggregated discovery or OpenAPI.
 Not promised: other resources, cluster-scoped resources, dry-run, deletion with finalizers,
 watch from a version newer than the current one (replays nothing instead of waiting).
 """
@@ -411,6 +418,10 @@ class FakeKubeAPI:
                     ],
                 },
             )
+        if (parts[:1] == ["api"] and len(parts) == 2) or (parts[:1] == ["apis"] and len(parts) == 3):
+            resource_list = api_resource_list("/".join(parts[1:]))
+            if resource_list is not None:
+                return ("discovery", resource_list)
         if parts[:2] == ["api", "v1"]:
             api_version, rest = "v1", parts[2:]
         elif len(parts) >= 3 and parts[0] == "apis":
@@ -803,10 +814,13 @@ class FakeKubeAPI:
             await response.write_eof()
             return response
         # Replay and registration happen with no await between them, so no event falls in a gap.
-        if start == 0:
+        initial_events = query.get("sendInitialEvents", "").lower() == "true"
+        if start == 0 or initial_events:
             for (ns, name), obj in sorted(self._store[resource.key].items()):
                 if watcher.wants(ns, name, obj["metadata"].get("labels") or {}):
                     watcher.queue.put_nowait(json.dumps({"type": "ADDED", "object": obj}, separators=(",", ":")).encode() + b"\n")
+            if initial_events:
+                watcher.queue.put_nowait(initial_events_end(resource, self._rv))
         else:
             for entry in self._history:
                 if entry.rv > start and entry.resource == resource.key and watcher.wants(entry.namespace, entry.name, entry.labels):
@@ -880,6 +894,49 @@ class FakeKubeAPI:
     def _conflict(self, resource: Resource, name: str) -> ApiError:
         what = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
         return ApiError(409, "Conflict", f'Operation cannot be fulfilled on {what} "{name}": the object has been modified; please apply your changes to the latest version and try again', self._details(resource, name))
+
+
+# --- kubectl ---------------------------------------------------------------------------------------
+
+# What `kubectl get` resolves a resource type from (singular names and short names).
+_SHORT_NAMES = {"trafficmaps": ["tm"], "inferenceservices": ["isvc"], "services": ["svc"]}
+_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+
+
+def api_resource_list(group_version: str) -> dict[str, Any] | None:
+    """The discovery document of one group version (`v1`, `ome.io/v1beta1`), or None when the fake
+    serves no resource of it."""
+    served = [r for r in RESOURCES if r.api_version == group_version]
+    if not served:
+        return None
+    resources: list[dict[str, Any]] = []
+    for r in served:
+        resources.append({
+            "name": r.plural,
+            "singularName": r.kind.lower(),
+            "namespaced": True,
+            "kind": r.kind,
+            "verbs": _VERBS,
+            "shortNames": _SHORT_NAMES.get(r.plural, []),
+        })
+        if r.status_subresource:
+            resources.append({"name": f"{r.plural}/status", "singularName": "", "namespaced": True, "kind": r.kind,
+                              "verbs": ["get", "patch", "update"]})
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}
+
+
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+
+def initial_events_end(resource: Resource, rv: int) -> bytes:
+    """The BOOKMARK that ends a watch's initial events (`sendInitialEvents=true`, how kubectl wait
+    and client-go's watch-list read the current state); kubectl waits for it before it decides."""
+    mark = {
+        "kind": resource.kind,
+        "apiVersion": resource.api_version,
+        "metadata": {"resourceVersion": str(rv), "annotations": {INITIAL_EVENTS_END: "true"}},
+    }
+    return json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n"
 
 
 def write_kubeconfig(path: Path | str, url: str, *, token: str = "fake-token") -> Path:

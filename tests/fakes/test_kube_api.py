@@ -737,3 +737,39 @@ async def test_kubernetes_asyncio_lists_watches_and_applies_status(kube_api: Fak
     assert events[0]["type"] == "MODIFIED"
     assert "gateway-publisher.ome.io/eu" in conditions_of(events[0]["object"])
     assert kube_api.count("patch", content_type=PATCH_APPLY, field_manager="ome-gateway-publisher-eu") == 1
+
+
+# --- 11. what kubectl needs -----------------------------------------------------------------------
+
+
+async def test_group_versions_list_their_resources_for_kubectl(http: aiohttp.ClientSession) -> None:
+    _, ome = await call(http, "GET", TM)
+    _, core = await call(http, "GET", "/api/v1")
+    assert ome["kind"] == "APIResourceList" and ome["groupVersion"] == "ome.io/v1beta1"
+    by_name = {r["name"]: r for r in ome["resources"]}
+    assert set(by_name) == {"trafficmaps", "trafficmaps/status", "inferenceservices", "inferenceservices/status"}
+    assert by_name["trafficmaps"]["singularName"] == "trafficmap" and by_name["trafficmaps"]["kind"] == "TrafficMap"
+    assert by_name["trafficmaps"]["namespaced"] and {"get", "list", "watch", "patch"} <= set(by_name["trafficmaps"]["verbs"])
+    assert [r["name"] for r in core["resources"]] == ["services"] and core["groupVersion"] == "v1"
+    status, body = await call(http, "GET", "/apis/ome.io/v2")
+    assert status == 404
+    assert_status(body, 404, "NotFound")
+
+
+async def test_watch_with_initial_events_ends_them_with_an_annotated_bookmark(kube_api: FakeKubeAPI, http: aiohttp.ClientSession) -> None:  # noqa: F811
+    kube_api.create(make_map("a"))
+    kube_api.create(make_map("b"))
+    params = {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan", "allowWatchBookmarks": "true",
+              "fieldSelector": "metadata.name=a"}
+    async with await open_watch(http, f"{TM}/namespaces/default/trafficmaps", **params) as response:
+        stream = Stream(response)
+        added, end = await stream.take(2)
+        stored = kube_api.get(TM_RESOURCE, "default", "a")
+        assert stored is not None
+        kube_api.update({**stored, "spec": {**stored["spec"], "mode": "All"}})
+        changed = await stream.next()
+    assert (added["type"], added["object"]["metadata"]["name"]) == ("ADDED", "a")
+    assert end["type"] == "BOOKMARK"
+    assert end["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+    assert int(end["object"]["metadata"]["resourceVersion"]) >= int(added["object"]["metadata"]["resourceVersion"])
+    assert changed is not None and changed["type"] == "MODIFIED"

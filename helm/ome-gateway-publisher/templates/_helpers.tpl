@@ -27,7 +27,21 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{ include "ome-gateway-publisher.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-ome.io/gateway-publisher-instance: {{ .Values.instanceName }}
+{{ include "ome-gateway-publisher.instanceLabel" . }}
+{{- end }}
+
+{{/* The label the alerts select on; on the pods too, so a PodMonitor or a labelmap finds it. */}}
+{{- define "ome-gateway-publisher.instanceLabel" -}}
+ome.io/gateway-publisher-instance: {{ include "ome-gateway-publisher.instanceName" . }}
+{{- end }}
+
+{{/* instanceName, else the release name; both must be DNS labels (the condition type's suffix). */}}
+{{- define "ome-gateway-publisher.instanceName" -}}
+{{- $name := default .Release.Name .Values.instanceName }}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" $name) }}
+{{- fail (printf "instanceName: the release name %q is not a DNS label; set instanceName" $name) }}
+{{- end }}
+{{- $name }}
 {{- end }}
 
 {{- define "ome-gateway-publisher.serviceAccountName" -}}
@@ -51,12 +65,29 @@ ome.io/gateway-publisher-instance: {{ .Values.instanceName }}
 {{- default .Release.Namespace .Values.adapter.httproute.routeNamespace }}
 {{- end }}
 
-{{/* Every container: no privilege escalation, no capabilities, read-only root filesystem. */}}
-{{- define "ome-gateway-publisher.containerSecurityContext" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-capabilities:
-  drop: ["ALL"]
+{{/* The gateway container the adapter writes to, with its mode: "envoy-xds", "envoy-files",
+"nginx-lua", "nginx-reload", or "" (httproute, json). */}}
+{{- define "ome-gateway-publisher.gatewayMode" -}}
+{{- $gateway := include "ome-gateway-publisher.gateway" . }}
+{{- if eq $gateway "envoy" }}envoy-{{ .Values.adapter.envoy.mode }}
+{{- else if eq $gateway "nginx" }}nginx-{{ .Values.adapter.nginx.mode }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the sidecar writes files for the gateway (Envoy files mode, NGINX reload mode, the
+JSON adapter) on the gateway-config volume; "" when it pushes (xDS, Lua) or writes to an API. */}}
+{{- define "ome-gateway-publisher.writesFiles" -}}
+{{- if or (has (include "ome-gateway-publisher.gatewayMode" .) (list "envoy-files" "nginx-reload")) (eq .Values.adapter.name "json") }}true{{ end }}
+{{- end }}
+
+{{/* The Secret with NGINX's control-listener secret (lua mode): the user's, or the chart's. */}}
+{{- define "ome-gateway-publisher.nginxControlSecretName" -}}
+{{- default (printf "%s-nginx-control" (include "ome-gateway-publisher.fullname" .)) .Values.adapter.nginx.controlSecret.name }}
+{{- end }}
+
+{{/* Where both containers mount that secret; the file is the Secret's key. */}}
+{{- define "ome-gateway-publisher.nginxSecretFile" -}}
+/etc/ome-publisher/nginx-control/{{ .Values.adapter.nginx.controlSecret.key }}
 {{- end }}
 
 {{/* TrafficMaps and InferenceServices read, and this instance's status condition written. */}}

@@ -1,11 +1,12 @@
 {{/*
-The arguments of `ome-publisher run` (the image's ENTRYPOINT), one per list item.
+The arguments of `ome-publisher run` (the image's ENTRYPOINT), one per list item, then extraArgs.
 Paths name the pod's mounts (see deployment.yaml). tests/test_helm.py checks every flag here
 against `ome-publisher run --help`.
 */}}
 {{- define "ome-gateway-publisher.runArgs" -}}
+{{- $mode := include "ome-gateway-publisher.gatewayMode" . -}}
 - run
-- {{ printf "--name=%s" .Values.instanceName | quote }}
+- {{ printf "--name=%s" (include "ome-gateway-publisher.instanceName" .) | quote }}
 - --source=kube
 {{- if not .Values.controlPlane.inCluster }}
 - --kubeconfig=/etc/ome-publisher/control-plane/kubeconfig
@@ -30,17 +31,30 @@ against `ome-publisher run --help`.
 - {{ printf "--lease-namespace=%s" (include "ome-gateway-publisher.leaseNamespace" .) | quote }}
 {{- end }}
 - {{ printf "--listen=0.0.0.0:%d" (int .Values.metrics.port) | quote }}
+- {{ printf "--metrics-per-map=%s" .Values.metrics.perMap | quote }}
 - {{ printf "--log-format=%s" .Values.log.format | quote }}
 - {{ printf "--log-level=%s" .Values.log.level | quote }}
 - {{ printf "--adapter=%s" .Values.adapter.name | quote }}
 {{- if eq .Values.adapter.name "envoy" }}
+{{- if eq $mode "envoy-xds" }}
+- {{ printf "--envoy-xds-listen=127.0.0.1:%d" (int .Values.adapter.envoy.xdsPort) | quote }}
+{{- else }}
 - --envoy-dir=/run/ome-gateway
 - {{ printf "--envoy-route-config=%s" .Values.adapter.envoy.routeConfig | quote }}
 - {{ printf "--envoy-admin=http://127.0.0.1:%d" (int .Values.gateway.envoy.adminPort) | quote }}
+{{- end }}
 {{- if .Values.adapter.envoy.rewriteHost }}
 - --rewrite-host
 {{- end }}
 {{- else if eq .Values.adapter.name "nginx" }}
+- {{ printf "--nginx-mode=%s" .Values.adapter.nginx.mode | quote }}
+{{- if .Values.adapter.nginx.rewriteHost }}
+- --rewrite-host
+{{- end }}
+{{- if eq $mode "nginx-lua" }}
+- {{ printf "--nginx-control-url=http://127.0.0.1:%d" (int .Values.adapter.nginx.controlPort) | quote }}
+- {{ printf "--nginx-secret-file=%s" (include "ome-gateway-publisher.nginxSecretFile" .) | quote }}
+{{- else }}
 - --nginx-conf-file=/run/ome-gateway/ome-gateway.conf
 - {{ printf "--nginx-listen=%d" (int .Values.gateway.port) | quote }}
 {{- if .Values.adapter.nginx.reloadCmd }}
@@ -53,6 +67,7 @@ against `ome-publisher run --help`.
 {{- with .Values.adapter.nginx.testCmd }}
 - {{ printf "--nginx-test-cmd=%s" . | quote }}
 {{- end }}
+{{- end }}
 {{- else if eq .Values.adapter.name "httproute" }}
 - {{ printf "--gateway=%s" (required "adapter.httproute.gateway (NAMESPACE/NAME) is required for the httproute adapter" .Values.adapter.httproute.gateway) | quote }}
 - {{ printf "--backend-port=%d" (int .Values.adapter.httproute.backendPort) | quote }}
@@ -61,6 +76,9 @@ against `ome-publisher run --help`.
 - --gateway-kubeconfig=/etc/ome-publisher/gateway-cluster/kubeconfig
 {{- end }}
 {{- else if eq .Values.adapter.name "json" }}
-- --json-path=/run/ome-gateway/maps.json
+- --json-dir=/run/ome-gateway/maps
+{{- end }}
+{{- range .Values.extraArgs }}
+- {{ . | quote }}
 {{- end }}
 {{- end }}

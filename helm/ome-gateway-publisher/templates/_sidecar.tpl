@@ -1,45 +1,57 @@
 {{/*
 The publisher container. With a gateway beside it (envoy, nginx) deployment.yaml makes it a native
 sidecar (an initContainer with restartPolicy: Always), so the gateway starts after its startupProbe
-passes; otherwise (httproute, json) it is the pod's only container.
+passes and the sidecar stops only after the gateway has drained; otherwise (httproute, json) it is
+the pod's only container.
 */}}
 {{- define "ome-gateway-publisher.sidecar" -}}
+{{- $mode := include "ome-gateway-publisher.gatewayMode" . -}}
 name: publisher
 image: {{ include "ome-gateway-publisher.image" . | quote }}
 imagePullPolicy: {{ .Values.image.pullPolicy }}
 args:
 {{- include "ome-gateway-publisher.runArgs" . | nindent 2 }}
+{{- with .Values.extraEnv }}
+env:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 ports:
   - name: metrics
     containerPort: {{ .Values.metrics.port }}
     protocol: TCP
-{{- /* The gateway starts only once this passes (a native sidecar's startupProbe). */}}
+{{- with .Values.probes.startup }}
 startupProbe:
-  httpGet: {path: /healthz, port: metrics}
-  periodSeconds: 2
-  failureThreshold: 30
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.probes.liveness }}
 livenessProbe:
-  httpGet: {path: /healthz, port: metrics}
-  periodSeconds: 10
-  failureThreshold: 3
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.probes.readiness }}
 readinessProbe:
-  httpGet: {path: /readyz, port: metrics}
-  periodSeconds: 5
-  failureThreshold: 3
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 resources:
   {{- toYaml .Values.resources | nindent 2 }}
 securityContext:
-  {{- include "ome-gateway-publisher.containerSecurityContext" . | nindent 2 }}
+  {{- toYaml .Values.securityContext | nindent 2 }}
 volumeMounts:
   - {name: tmp-publisher, mountPath: /tmp}
+{{- if include "ome-gateway-publisher.writesFiles" . }}
   - {name: gateway-config, mountPath: /run/ome-gateway}
+{{- end }}
 {{- if not .Values.controlPlane.inCluster }}
   - {name: control-plane-kubeconfig, mountPath: /etc/ome-publisher/control-plane, readOnly: true}
 {{- end }}
 {{- if and (eq .Values.adapter.name "httproute") .Values.adapter.httproute.gatewayKubeconfigSecret.name }}
   - {name: gateway-cluster-kubeconfig, mountPath: /etc/ome-publisher/gateway-cluster, readOnly: true}
 {{- end }}
-{{- if eq (include "ome-gateway-publisher.gateway" .) "nginx" }}
+{{- if eq $mode "nginx-reload" }}
   - {name: nginx-run, mountPath: /run/nginx, readOnly: true}
+{{- else if eq $mode "nginx-lua" }}
+  - {name: nginx-control-secret, mountPath: /etc/ome-publisher/nginx-control, readOnly: true}
+{{- end }}
+{{- with .Values.extraVolumeMounts }}
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,112 @@
+-- The control listener of ome-gateway-publisher: the only writer of the routing table.
+--
+-- Every request must carry "Authorization: Bearer <secret>", the secret read from a file at
+-- start (or reload). GET /state answers the boot id, version, checksum and table bytes (JSON);
+-- GET /table is that line followed by one "<namespace>/<name> <entry>" line per map (the
+-- read-back); POST /batch (format in ome_table.parse_batch) validates a whole batch and applies
+-- all of it or nothing (400 with a reason, 507 when the table is full, 409 when expect_boot names
+-- another boot), answering with the state.
+local cjson = require("cjson.safe")
+local table_ = require("ome_table")
+
+local _M = {}
+
+local secret = nil
+
+-- Runs in init_by_lua (as root, before workers drop privileges): no secret, no start.
+function _M.init(secret_file)
+    local file, err = io.open(secret_file, "rb")
+    if not file then error("ome-gateway-publisher: cannot read the secret file: " .. tostring(err)) end
+    local text = file:read("*a")
+    file:close()
+    text = text:gsub("^%s+", ""):gsub("%s+$", "")
+    if #text < 16 then error("ome-gateway-publisher: the secret in " .. secret_file .. " is shorter than 16 characters") end
+    secret = text
+    table_.init()
+end
+
+local function reply(status, body)
+    ngx.status = status
+    ngx.header["Content-Type"] = "application/json"
+    ngx.print(cjson.encode(body))
+    return ngx.exit(status)
+end
+
+local function authorized()
+    local header = ngx.var.http_authorization
+    if type(header) ~= "string" then return false end
+    local given = header:match("^Bearer (.+)$")
+    if given == nil or #given ~= #secret then return false end
+    -- Compares every byte, so the time taken says nothing about where a guess went wrong.
+    local differ = 0
+    for i = 1, #secret do
+        if given:byte(i) ~= secret:byte(i) then differ = differ + 1 end
+    end
+    return differ == 0
+end
+
+-- One batch at a time across workers; the lock expires on its own should a worker die holding it.
+local function locked(dict, work)
+    for _ = 1, 500 do
+        if dict:safe_add("meta:lock", true, 10) then
+            local ok, a, b, c = pcall(work)
+            dict:delete("meta:lock")
+            if not ok then error(a) end
+            return a, b, c
+        end
+        ngx.sleep(0.002)
+    end
+    return false, 503, "another batch is being applied"
+end
+
+local function batch()
+    ngx.req.read_body()
+    local body = ngx.req.get_body_data()
+    if body == nil then
+        return reply(400, { error = "the batch body is missing or larger than the control listener's body buffer" })
+    end
+    local head, sets, deletes = table_.parse_batch(body)
+    if not head then
+        local answer = table_.state()
+        answer.error = sets
+        return reply(400, answer)
+    end
+    local dict = table_.dict()
+    local ok, status, reason = locked(dict, function()
+        if head.expect_boot ~= nil and head.expect_boot ~= dict:get("meta:boot") then
+            return false, 409, "the table belongs to another NGINX start"
+        end
+        return table_.apply_batch(head, sets, deletes)
+    end)
+    if not ok then
+        local body_out = table_.state()
+        body_out.error = reason
+        return reply(status, body_out)
+    end
+    return reply(200, table_.state())
+end
+
+function _M.handle()
+    if not authorized() then return reply(401, { error = "missing or wrong shared secret" }) end
+    local method, uri = ngx.req.get_method(), ngx.var.uri
+    if uri == "/state" and method == "GET" then return reply(200, table_.state()) end
+    if uri == "/table" and method == "GET" then
+        -- Under the batch lock, so the entries are the ones the checksum is of.
+        local ok, lines = locked(table_.dict(), function()
+            local lines = { cjson.encode(table_.state()) }
+            for key, text in pairs(table_.entries()) do
+                lines[#lines + 1] = key .. " " .. text
+            end
+            return true, lines
+        end)
+        if not ok then return reply(503, { error = "another batch is being applied" }) end
+        ngx.header["Content-Type"] = "text/plain"
+        lines[#lines + 1] = ""
+        ngx.print(table.concat(lines, "\n"))
+        return ngx.exit(200)
+    end
+    if uri == "/batch" and method == "POST" then return batch() end
+    return reply(404, { error = "no such control endpoint" })
+end
+
+return _M

@@ -1,0 +1,549 @@
+"""adapters/nginx_lua.py and its Lua modules: the pure renderer and snippet, and real NGINX (slow)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import ipaddress
+import json
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from adapters.base import Rejected, Unavailable
+from adapters.nginx import NginxOptions
+from adapters.nginx_lua import (
+    LuaPart,
+    LuaRenderer,
+    LuaTransport,
+    checksum,
+    decode_entry,
+    entry_text,
+    http_snippet,
+)
+from publisher.cli import main
+from publisher.model import Backend, MapKey, Route
+from tests.adapters.nginx_fixtures import RunningLuaNginx, running_lua_nginx
+from tests.gateways import Backends, assert_measured_split, eventually, measure
+
+KEY = MapKey("ns", "m")
+HOST = "m.example.com"
+
+
+def route(hostname: str = HOST, *backends: tuple[str, str, int]) -> Route:
+    return Route(hostname, tuple(Backend(c, e, w) for c, e, w in backends))
+
+
+# --- Pure: renderer, entry text, snippet, options ------------------------------------------------------
+
+
+def test_render_finds_each_endpoint_name_and_port() -> None:
+    part = LuaRenderer().render(KEY, route(HOST, ("a", "https://a.example.net", 3), ("b", "http://[::1]:8000/", 1)))
+    assert [(b.name, b.port, b.weight) for b in part.backends] == [("a.example.net", 443, 3), ("::1", 8000, 1)]
+    assert part.route() == route(HOST, ("a", "https://a.example.net", 3), ("b", "http://[::1]:8000/", 1))
+
+
+def test_problem_refuses_an_endpoint_path_and_allows_mixed_schemes() -> None:
+    renderer = LuaRenderer()
+    assert renderer.problem(KEY, route(HOST, ("a", "http://10.0.0.1/v1", 1))) is not None
+    assert renderer.problem(KEY, route(HOST, ("a", "http://10.0.0.1", 1), ("b", "https://b.example.net", 1))) is None
+
+
+def test_entry_text_is_canonical_and_reads_back() -> None:
+    part = LuaRenderer(rewrite_host=True).render(KEY, route(HOST, ("b", "http://b.svc:81", 0), ("a", "http://a.svc", 2)))
+    addresses = {"a.svc": ("10.0.0.1",), "b.svc": ("10.0.0.2", "10.0.0.3")}
+    text = entry_text(part, addresses)
+    assert text == entry_text(part, dict(reversed(addresses.items())))
+    assert decode_entry(text) == (part, addresses)
+    assert json.loads(text) == {"h": HOST, "r": True, "b": [["b", "http://b.svc:81", 0, ["10.0.0.2", "10.0.0.3"]],
+                                                            ["a", "http://a.svc", 2, ["10.0.0.1"]]]}  # fmt: skip
+
+
+def test_checksum_ignores_order_and_sees_every_byte() -> None:
+    a, b = {KEY: "x"}, {MapKey("ns", "n"): "y"}
+    assert checksum(a | b) == checksum(b | a)
+    assert checksum({KEY: "x "}) != checksum(a)
+    assert checksum({}) == "0000000000000"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param({"listen": "80; server { listen 9"}, id="listen"),
+        pytest.param({"control_listen": "127.0.0.1:1 x"}, id="control-listen"),
+        pytest.param({"shared_dict_size": "32m; lua_code_cache off"}, id="size"),
+        pytest.param({"secret_file": Path('/a";\n}')}, id="secret-file"),
+        pytest.param({"ca_file": Path("/a b")}, id="ca-file"),
+    ],
+)
+def test_http_snippet_refuses_values_nginx_would_read_as_syntax(overrides: dict) -> None:
+    arguments = {"listen": "8080", "control_listen": "127.0.0.1:8082", "secret_file": Path("/s"), **overrides}
+    with pytest.raises(ValueError):
+        http_snippet(**arguments)
+
+
+def test_nginx_config_command_prints_the_snippet_and_the_load_module_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", "/run/ome/secret",
+                 "--shared-dict-size", "64m", "--ca-file", "/etc/ome/ca.pem"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    for line in ["lua_shared_dict ome_routes 64m;", "listen 127.0.0.1:8082;", 'init("/run/ome/secret")',
+                 "proxy_ssl_trusted_certificate /etc/ome/ca.pem;", "proxy_ssl_verify on;", "listen 8080 default_server;"]:  # fmt: skip
+        assert line in out
+    assert main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", "/s", "--load-modules"]) == 0
+    assert "load_module modules/ngx_http_lua_module.so;" in capsys.readouterr().out
+
+
+def test_options_mode_lua_by_default_reload_when_a_conf_file_is_given(tmp_path: Path) -> None:
+    assert NginxOptions(nginx_secret_file=tmp_path / "s").nginx_mode == "lua"
+    reload = NginxOptions(nginx_conf_file=tmp_path / "f.conf", nginx_pid_file=tmp_path / "pid")
+    assert reload.nginx_mode == "reload"
+    with pytest.raises(ValueError, match="nginx_secret_file"):
+        NginxOptions(nginx_mode="lua")
+    with pytest.raises(ValueError, match="nginx_conf_file"):
+        NginxOptions(nginx_mode="reload", nginx_pid_file=tmp_path / "pid")
+
+
+# --- Real NGINX with the Lua module ----------------------------------------------------------------
+
+
+@dataclass
+class Lua:
+    """A running NGINX, a transport on it, and the parts the engine would hold."""
+
+    nginx: RunningLuaNginx
+    transport: LuaTransport
+    renderer: LuaRenderer = field(default_factory=LuaRenderer)
+    parts: dict[MapKey, LuaPart] = field(default_factory=dict)
+
+    async def push(self, changes: Mapping[MapKey, Route | None]):  # type: ignore[no-untyped-def]
+        rendered = {key: None if r is None else self.renderer.render(key, r) for key, r in changes.items()}
+        parts = {**self.parts, **{k: p for k, p in rendered.items() if p is not None}}
+        for key in [k for k, p in rendered.items() if p is None]:
+            parts.pop(key, None)
+        result = await self.transport.write(parts, rendered)
+        self.parts = {k: p for k, p in parts.items() if k not in result.rejected}
+        return result
+
+    async def control(self, method: str, path: str, body: str | None = None, *, secret: str | None = "") -> tuple[int, dict]:
+        """A raw control request: (status, the answer's JSON head line with "lines": the rest).
+        secret "" means the right one, None none at all."""
+        headers = {}
+        if secret is not None:
+            headers["Authorization"] = f"Bearer {secret or self.nginx.secret_file.read_text().strip()}"
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            async with session.request(method, self.nginx.control_url + path, data=body, headers=headers) as response:
+                head, _, rest = (await response.text()).partition("\n")
+                return response.status, {**json.loads(head), "lines": sorted(rest.splitlines())}
+
+
+async def fake_resolve(name: str, port: int) -> tuple[str, ...]:
+    """Every test name is this host."""
+    with contextlib.suppress(ValueError):
+        return (str(ipaddress.ip_address(name)),)
+    if name.endswith(".test"):
+        return ("127.0.0.1",)
+    raise OSError(f"{name}: no such test name")
+
+
+@contextlib.asynccontextmanager
+async def lua_nginx(directory: Path, **nginx_options) -> AsyncIterator[Lua]:  # type: ignore[no-untyped-def]
+    async with running_lua_nginx(directory, **nginx_options) as nginx:
+        transport = LuaTransport(nginx.options(), resolve=fake_resolve)
+        try:
+            yield Lua(nginx, transport)
+        finally:
+            await transport.aclose()
+
+
+@contextlib.asynccontextmanager
+async def serving(transport: LuaTransport) -> AsyncIterator[None]:
+    task = asyncio.create_task(transport.serve())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "weights",
+    [
+        pytest.param({"a": 3, "b": 1}, id="3-1"),
+        pytest.param({"a": 2, "b": 3}, id="2-3"),
+        pytest.param({"a": 70, "b": 30, "c": 0}, id="70-30-0"),
+    ],
+)
+async def test_split_measured_the_conformance_way(tmp_path: Path, weights: dict[str, int]) -> None:
+    async with Backends(tuple(weights)) as backends, lua_nginx(tmp_path) as lua:
+        await lua.push({KEY: route(HOST, *((n, backends.endpoint(n), w) for n, w in weights.items()))})
+        await assert_measured_split(lua.nginx.url, HOST, weights)
+        # The client's Host passes through unless rewrite_host says otherwise.
+        assert set().union(*(set(c) for c in backends.host_headers.values())) == {HOST}
+
+
+@pytest.mark.slow
+async def test_unknown_host_404_all_zero_503_wildcard_matches_deeper_names(tmp_path: Path) -> None:
+    async with Backends(("a",)) as backends, lua_nginx(tmp_path) as lua:
+        await lua.push({
+            KEY: route(HOST, ("a", backends.endpoint("a"), 0)),
+            MapKey("ns", "wild"): route("*.wild.example.com", ("a", backends.endpoint("a"), 1)),
+            MapKey("ns", "empty"): route("empty.example.com"),
+        })  # fmt: skip
+        assert await measure(lua.nginx.url, HOST, 20) == {"status:503": 20}
+        assert await measure(lua.nginx.url, "empty.example.com", 5) == {"status:503": 5}
+        assert await measure(lua.nginx.url, "other.example.com", 20) == {"status:404": 20}
+        assert await measure(lua.nginx.url, "x.y.wild.example.com", 20) == {"a": 20}
+        assert await measure(lua.nginx.url, "wild.example.com", 5) == {"status:404": 5}
+        assert backends.hits["a"] == 20
+
+
+@pytest.mark.slow
+async def test_a_change_is_live_within_a_second_and_removal_gives_404(tmp_path: Path) -> None:
+    async with Backends(("a", "b")) as backends, lua_nginx(tmp_path) as lua:
+        await lua.push({KEY: route(HOST, ("a", backends.endpoint("a"), 1), ("b", backends.endpoint("b"), 0))})
+        assert await measure(lua.nginx.url, HOST, 20) == {"a": 20}
+        await lua.push({KEY: route(HOST, ("a", backends.endpoint("a"), 0), ("b", backends.endpoint("b"), 1))})
+        await eventually(lambda: _all_to(lua, "b"), timeout=1.0)
+        await lua.push({KEY: None})
+        assert await measure(lua.nginx.url, HOST, 10) == {"status:404": 10}
+        assert await lua.transport.read() == {}
+
+
+async def _all_to(lua: Lua, backend: str) -> bool:
+    return await measure(lua.nginx.url, HOST, 20) == {backend: 20}
+
+
+class _Streamer:
+    """A backend whose /stream sends a chunk every 10 ms until told to finish, then `END`."""
+
+    def __init__(self) -> None:
+        self.finish = asyncio.Event()
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    async def __aenter__(self) -> _Streamer:
+        app = web.Application()
+        app.router.add_get("/stream", self._stream)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.finish.set()
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for _ in range(3000):  # bounded: 30 s at most
+            if self.finish.is_set():
+                break
+            await response.write(b"token\n")
+            await asyncio.sleep(0.01)
+        await response.write(b"END\n")
+        await response.write_eof()
+        return response
+
+
+@pytest.mark.slow
+async def test_50_changes_reload_nothing_and_a_stream_lasts_through_them_uncut(tmp_path: Path) -> None:
+    async with Backends(("a", "b")) as backends, _Streamer() as streamer, lua_nginx(tmp_path) as lua:
+        stream_route = route("stream.example.com", ("s", f"http://127.0.0.1:{streamer.port}", 1))
+        await lua.push({MapKey("ns", "stream"): stream_route})
+        pids = lua.nginx.pids()
+        received: list[bytes] = []
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            async with session.get(lua.nginx.url + "stream", headers={"Host": "stream.example.com"}) as response:
+                assert response.status == 200
+                received.append(await response.content.readline())
+                for i in range(50):
+                    await lua.push({KEY: route(HOST, ("a", backends.endpoint("a"), i % 3), ("b", backends.endpoint("b"), 1))})
+                    state = (await lua.control("GET", "/state"))[1]
+                    assert state["version"] == i + 2
+                streamer.finish.set()
+                async for line in response.content:
+                    received.append(line)
+        assert received[0] == b"token\n" and received[-1] == b"END\n" and len(received) > 2
+        assert lua.nginx.pids() == pids, "the master or a worker changed: NGINX reloaded or restarted"
+        assert "reconfiguring" not in lua.nginx.errors()
+        await assert_measured_split(lua.nginx.url, HOST, {"a": 1, "b": 1}, requests=400)
+
+
+@pytest.mark.slow
+async def test_a_malformed_batch_or_a_request_without_the_secret_changes_nothing(tmp_path: Path) -> None:
+    async with Backends(("a",)) as backends, lua_nginx(tmp_path) as lua:
+        await lua.push({KEY: route(HOST, ("a", backends.endpoint("a"), 1))})
+        before = (await lua.control("GET", "/table"))[1]
+        good = entry_text(lua.renderer.render(MapKey("ns", "n"), route("n.example.com", ("a", "http://127.0.0.1:1", 1))),
+                          {"127.0.0.1": ("127.0.0.1",)})  # fmt: skip
+        bad_entries = {
+            "injected-hostname": good.replace("n.example.com", "n.example.com; }"),
+            "weight-above-max": good.replace(',1,["', ',1000001,["'),
+            "fractional-weight": good.replace(',1,["', ',0.5,["'),
+            "address-not-ip": good.replace('["127.0.0.1"]', '["evil.example"]'),
+            "endpoint-with-path": good.replace("127.0.0.1:1", "127.0.0.1:1/x;"),
+            "endpoint-port-too-big": good.replace("127.0.0.1:1", "127.0.0.1:65536"),
+            "unknown-field": good.replace('{"h"', '{"lua":"os.exit()","h"'),
+            "not-json": good[:-3],
+        }
+        head = '{"replace":false}'
+        for case, text in bad_entries.items():
+            status, answer = await lua.control("POST", "/batch", f"{head}\nset ns/n {good}\nset ns/o {text}")
+            assert status == 400, (case, answer)
+            assert answer["version"] == before["version"] and answer["checksum"] == before["checksum"], case
+        for case, batch in {
+            "head-not-an-object": "[1, 2]",
+            "unknown-verb": f"{head}\nput ns/n {good}",
+            "hostname-taken": f"{head}\nset ns/n {good.replace('n.example.com', HOST)}",
+            "bad-key": f"{head}\nset ns/N_ {good}",
+            "set-and-delete": f"{head}\nset ns/n {good}\ndelete ns/n",
+            "set-twice": f"{head}\nset ns/n {good}\nset ns/n {good}",
+        }.items():
+            status, answer = await lua.control("POST", "/batch", batch)
+            assert status == 400, (case, answer)
+        for secret in (None, "wrong-secret-0123456789abcdef"):
+            status, _ = await lua.control("POST", "/batch", '{}\ndelete ns/m', secret=secret)
+            assert status == 401
+            assert (await lua.control("GET", "/table", secret=secret))[0] == 401
+        assert (await lua.control("GET", "/table"))[1] == before
+        assert await measure(lua.nginx.url, HOST, 10) == {"a": 10}
+
+
+@pytest.mark.slow
+async def test_a_batch_larger_than_the_table_is_refused_whole_and_the_table_is_unchanged(tmp_path: Path) -> None:
+    async with Backends(("a",)) as backends, lua_nginx(tmp_path, shared_dict_size="128k") as lua:
+        await lua.push({KEY: route(HOST, ("a", backends.endpoint("a"), 1))})
+        before = (await lua.control("GET", "/table"))[1]
+        many = {MapKey("ns", f"m{i}"): route(f"m{i}.example.com", ("a", backends.endpoint("a"), 1)) for i in range(2000)}
+        with pytest.raises(Rejected, match="table full"):
+            await lua.push(many)
+        assert (await lua.control("GET", "/table"))[1] == before
+        assert lua.transport.stats.failures["table_full"] == 1
+        assert lua.transport.stats.bytes_free is not None and lua.transport.stats.bytes_used
+        assert await measure(lua.nginx.url, HOST, 10) == {"a": 10}
+        assert await measure(lua.nginx.url, "m1.example.com", 5) == {"status:404": 5}
+
+
+@pytest.mark.slow
+async def test_the_transport_warns_before_the_table_fills(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async with lua_nginx(tmp_path, shared_dict_size="128k") as lua:
+        for batch in range(100):  # bounded: 128k holds far fewer than 1,000 maps
+            maps = {MapKey("ns", f"m{batch}-{i}"): route(f"m{batch}-{i}.example.com", ("a", "http://127.0.0.1:1", 1)) for i in range(10)}
+            try:
+                await lua.push(maps)
+            except Rejected:
+                break
+        else:
+            pytest.fail("the table never filled")
+        warnings = [r for r in caplog.records if r.getMessage() == "nginx table almost full"]
+        assert len(warnings) == 1, "warned once, on the transition"
+        assert caplog.records.index(warnings[0]) < caplog.records.index(
+            next(r for r in caplog.records if r.getMessage() == "nginx refused batch"))
+
+
+@pytest.mark.slow
+async def test_an_nginx_restart_is_detected_and_the_table_restored_within_a_second(tmp_path: Path) -> None:
+    async with Backends(("a", "b")) as backends, lua_nginx(tmp_path) as lua, serving(lua.transport):
+        await lua.push({KEY: route(HOST, ("a", backends.endpoint("a"), 3), ("b", backends.endpoint("b"), 1))})
+        boot = (await lua.control("GET", "/state"))[1]["boot"]
+        await lua.nginx.restart()
+        await eventually(lambda: _all_answered(lua), timeout=1.0)
+        assert (await lua.control("GET", "/state"))[1]["boot"] != boot
+        assert lua.transport.stats.restarts_detected == 1
+        await assert_measured_split(lua.nginx.url, HOST, {"a": 3, "b": 1}, requests=400)
+        # A write after the restart lands on the restored table, not on an empty one.
+        await lua.push({MapKey("ns", "n"): route("n.example.com", ("b", backends.endpoint("b"), 1))})
+        assert set(await lua.transport.read()) == {KEY, MapKey("ns", "n")}
+
+
+async def _all_answered(lua: Lua) -> bool:
+    counts = await measure(lua.nginx.url, HOST, 8)
+    return not any(name.startswith("status:") for name in counts)
+
+
+@pytest.mark.slow
+async def test_a_write_racing_a_restart_restores_first_then_applies(tmp_path: Path) -> None:
+    async with Backends(("a",)) as backends, lua_nginx(tmp_path) as lua:
+        await lua.push({KEY: route(HOST, ("a", backends.endpoint("a"), 1))})
+        await lua.nginx.restart()  # no serve(): the write is the first to see the new boot id
+        await lua.push({MapKey("ns", "n"): route("n.example.com", ("a", backends.endpoint("a"), 1))})
+        assert set(await lua.transport.read()) == {KEY, MapKey("ns", "n")}
+        assert await measure(lua.nginx.url, HOST, 5) == {"a": 5}
+
+
+@pytest.mark.slow
+async def test_a_new_sidecar_reads_the_table_back_and_writes_nothing_when_nothing_changed(tmp_path: Path) -> None:
+    async with Backends(("a",)) as backends, lua_nginx(tmp_path) as lua:
+        desired = {KEY: route(HOST, ("a", backends.endpoint("a"), 1))}
+        await lua.push(desired)
+        version = (await lua.control("GET", "/state"))[1]["version"]
+        fresh = LuaTransport(lua.nginx.options(), resolve=fake_resolve)
+        try:
+            assert await fresh.read() == desired
+            part = lua.renderer.render(KEY, desired[KEY])
+            await fresh.write({KEY: part}, {KEY: part})
+            assert fresh.stats.pushes == 0
+        finally:
+            await fresh.aclose()
+        assert (await lua.control("GET", "/state"))[1]["version"] == version
+
+
+@pytest.mark.slow
+async def test_a_name_that_does_not_resolve_rejects_only_its_map(tmp_path: Path) -> None:
+    async with Backends(("a",)) as backends, lua_nginx(tmp_path) as lua:
+        result = await lua.push({
+            KEY: route(HOST, ("a", backends.endpoint("a"), 1)),
+            MapKey("ns", "n"): route("n.example.com", ("a", "http://nowhere.invalid", 1)),
+        })  # fmt: skip
+        assert set(result.rejected) == {MapKey("ns", "n")} and "nowhere.invalid" in result.rejected[MapKey("ns", "n")]
+        assert set(await lua.transport.read()) == {KEY}
+
+
+@pytest.mark.slow
+async def test_a_dead_address_is_retried_on_the_same_backend_only(tmp_path: Path) -> None:
+    async def resolve(name: str, port: int) -> tuple[str, ...]:
+        return {"multi.test": ("127.0.0.1", "127.0.0.2")}.get(name) or await fake_resolve(name, port)
+
+    async with Backends(("a", "b")) as backends, running_lua_nginx(tmp_path) as nginx:
+        # Nothing listens on 127.0.0.2: every request that lands there is retried on 127.0.0.1.
+        transport = LuaTransport(nginx.options(), resolve=resolve)
+        lua = Lua(nginx, transport)
+        try:
+            await lua.push({KEY: route(HOST, ("a", f"http://multi.test:{backends.ports['a']}", 1),
+                                       ("b", backends.endpoint("b"), 0))})  # fmt: skip
+            assert await measure(nginx.url, HOST, 40) == {"a": 40}
+            assert backends.hits["b"] == 0
+        finally:
+            await transport.aclose()
+
+
+@pytest.mark.slow
+async def test_names_are_re_resolved_and_a_moved_address_is_pushed(tmp_path: Path) -> None:
+    addresses = {"svc.test": ("127.0.0.1",)}
+
+    async def resolve(name: str, port: int) -> tuple[str, ...]:
+        return addresses[name]
+
+    async with Backends(("a",)) as backends, running_lua_nginx(tmp_path) as nginx:
+        port = backends.ports["a"]
+        transport = LuaTransport(nginx.options(), resolve=resolve, resolve_interval=0.2, poll_interval=0.05)
+        lua = Lua(nginx, transport)
+        try:
+            await lua.push({KEY: route(HOST, ("a", f"http://svc.test:{port}", 1))})
+            assert await measure(nginx.url, HOST, 5) == {"a": 5}
+            async with serving(transport):
+                addresses["svc.test"] = ("127.0.0.2",)  # nothing listens there
+                await eventually(lambda: _served_addresses(lua), timeout=5)
+            assert await measure(nginx.url, HOST, 5) == {"status:502": 5}
+        finally:
+            await transport.aclose()
+
+
+async def _served_addresses(lua: Lua) -> bool:
+    (line,) = (await lua.control("GET", "/table"))[1]["lines"]
+    return json.loads(line.partition(" ")[2])["b"][0][3] == ["127.0.0.2"]
+
+
+@pytest.mark.slow
+async def test_a_stopped_nginx_is_unavailable(tmp_path: Path) -> None:
+    async with running_lua_nginx(tmp_path) as nginx:
+        options = nginx.options()
+    transport = LuaTransport(options, resolve=fake_resolve)
+    try:
+        with pytest.raises(Unavailable):
+            await transport.read()
+        assert transport.unready() is not None
+    finally:
+        await transport.aclose()
+
+
+# --- https: per-request SNI, verified, never a connection verified for another name ---------------------
+
+
+def _certificates(directory: Path) -> tuple[Path, Path, Path]:
+    """A test CA, and a key and certificate it signed for good.test only: (ca, cert, key)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ome test CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "good.test")]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("good.test")]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    paths = directory / "ca.pem", directory / "cert.pem", directory / "key.pem"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return paths
+
+
+@pytest.mark.slow
+async def test_https_backend_with_the_wrong_certificate_name_is_refused_even_after_a_verified_one(tmp_path: Path) -> None:
+    ca, cert, key = _certificates(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    hits: list[str] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        hits.append(request.headers["Host"])
+        return web.Response(text="tls", headers={"x-ome-backend": "tls"})
+
+    app = web.Application()
+    app.router.add_get("/", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with lua_nginx(tmp_path / "nginx", ca_file=ca) as lua:
+            lua.renderer = LuaRenderer(rewrite_host=True)
+            # Both names are the same address and port: only the certificate check tells them apart.
+            await lua.push({
+                MapKey("ns", "good"): route("good.example.com", ("tls", f"https://good.test:{port}", 1)),
+                MapKey("ns", "bad"): route("bad.example.com", ("tls", f"https://bad.test:{port}", 1)),
+            })  # fmt: skip
+            statuses: dict[str, list[int]] = {"good.example.com": [], "bad.example.com": []}
+            # One client connection for all requests, alternating names, so any upstream connection
+            # NGINX kept from a verified request would be there to reuse.
+            connector = aiohttp.TCPConnector(limit=1)
+            async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=10)) as session:
+                for _ in range(10):
+                    for host in statuses:
+                        async with session.get(lua.nginx.url, headers={"Host": host}) as response:
+                            await response.read()
+                            statuses[host].append(response.status)
+            assert statuses["good.example.com"] == [200] * 10
+            assert statuses["bad.example.com"] == [502] * 10
+            assert hits == ["good.test"] * 10
+            assert "certificate verify failed" in lua.nginx.errors() or "does not match" in lua.nginx.errors()
+    finally:
+        await runner.cleanup()
