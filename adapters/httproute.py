@@ -46,6 +46,7 @@ __all__ = [
     "HttpRouteRenderer",
     "HttpRouteTransport",
     "ObjectGroup",
+    "UNKNOWN_ROUTE",
     "build",
     "parse_route",
     "render_route",
@@ -81,6 +82,11 @@ _PAGE = 500  # list page size, as kubectl's
 _PARSE_BATCH = 100  # objects read back between two yields to the event loop (about 15 ms of parsing)
 
 _R = TypeVar("_R")
+
+# What read() says a route of ours serves when it is not as we render it (another parent, a
+# Service pointing elsewhere or gone, a refusal): no hostname, so it equals no map's route and the
+# engine rewrites it, or withdraws it when its map is gone.
+UNKNOWN_ROUTE = Route("", ())
 
 
 class HttpRouteOptions(BaseModel):
@@ -491,9 +497,10 @@ class HttpRouteTransport:
     # --- read -------------------------------------------------------------------------------------
 
     async def read(self) -> dict[MapKey, Route]:
-        """What our routes serve: a map is listed only when its route and every Service it points
-        at are exactly as we render them (hostname and weights may have been edited: they are read
-        as they are). Everything of ours, listed or not, is remembered for the next write."""
+        """What our routes serve, for every map with a route of ours: hostname and weights as the
+        route has them (edited by hand or not), when the route and every Service it points at are
+        otherwise exactly as we render them and the gateway has not refused the route; else
+        UNKNOWN_ROUTE. Everything of ours is remembered for the next write."""
         options = self._options
         held: dict[MapKey, _Objects] = {}
         owners: dict[ObjectName, MapKey] = {}
@@ -526,7 +533,7 @@ class HttpRouteTransport:
                     await asyncio.sleep(0)
         self._held, self._owners = held, owners
         self._orphans = {key for key, state in held.items() if state.route is None}
-        return {key: state.group.served for key, state in held.items() if _serves(state)}
+        return {key: state.group.served if _serves(state) else UNKNOWN_ROUTE for key, state in held.items() if state.route is not None}
 
     # --- write ------------------------------------------------------------------------------------
 

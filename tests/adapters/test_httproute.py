@@ -21,6 +21,7 @@ from adapters.httproute import (
     HttpRouteRenderer,
     HttpRouteTransport,
     ObjectGroup,
+    UNKNOWN_ROUTE,
     build,
     parse_route,
     render_route,
@@ -484,7 +485,7 @@ async def test_a_refused_route_stays_refused_until_the_gateway_takes_it_and_is_n
         again = await publish(transport, chat)  # the engine retries the same route
     assert again.rejected[chat.key].reason == Reason.APPLY_FAILED
     assert writes(kube_api, before) == []
-    assert await (await restarted(kube)).read() == {}
+    assert await (await restarted(kube)).read() == {chat.key: UNKNOWN_ROUTE}
     route = kube_api.get(ROUTES, "prod", "chat-eu")
     assert route is not None
     route["status"]["parents"][0]["conditions"][1]["status"] = "True"  # a ReferenceGrant appeared
@@ -560,10 +561,28 @@ async def test_objects_not_as_we_render_them_are_not_read_as_served_and_are_rewr
     chat = pub("chat", 3, 1)
     await publish(transport, chat)
     edit(kube_api)
-    fresh = await restarted(kube, route_status_timeout=0.05)
-    assert await fresh.read() == {}
-    await publish(fresh, chat)
-    assert await fresh.read() == {chat.key: chat.route}
+    gateway = engine(kube, route_status_timeout=0.05)
+    assert await gateway.start() == {chat.key: UNKNOWN_ROUTE}
+    assert not (await gateway.apply(by_key(chat))).rejected
+    assert await (await restarted(kube)).read() == {chat.key: chat.route}
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda api: api.update({**(r := api.get(ROUTES, "prod", "chat-eu")), "spec": {**r["spec"], "parentRefs": [{**PARENT, "name": "other"}]}}),
+        lambda api: api.delete(SERVICES, "prod", api.objects(SERVICES)[0]["metadata"]["name"]),
+    ],
+    ids=["route-moved-to-another-gateway", "service-deleted"],
+)
+async def test_objects_not_as_we_render_them_are_collected_when_their_map_goes(kube_api: FakeKubeAPI, kube: Kube, transport: HttpRouteTransport, edit: Callable[[FakeKubeAPI], Any]) -> None:
+    chat = pub("chat", 3, 1)
+    await publish(transport, chat)
+    edit(kube_api)
+    gateway = engine(kube, route_status_timeout=0.05)
+    await gateway.start()
+    await gateway.apply({chat.key: None})  # the map was deleted while the sidecar was down
+    assert kube_api.objects(ROUTES) == [] and kube_api.objects(SERVICES) == []
 
 
 async def test_an_unreachable_api_server_is_unavailable_and_the_next_write_catches_up(kube_api: FakeKubeAPI, transport: HttpRouteTransport) -> None:
