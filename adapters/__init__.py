@@ -39,7 +39,6 @@ __all__ = [
 class AdapterSpec:
     module: str
     options_class: str
-    legacy_class: str | None = None
 
     @functools.cached_property
     def _module(self) -> Any:
@@ -52,16 +51,12 @@ class AdapterSpec:
 
     def engine(self, name: str, options: Any) -> Engine[Any]:
         """The gateway's renderer and transport, put together."""
-        if self.legacy_class is not None:
-            from adapters._legacy import build_legacy
-
-            return Engine(name, *build_legacy(getattr(self._module, self.legacy_class), options))
         return Engine(name, *self._module.build(options))
 
 
 ADAPTERS: dict[str, AdapterSpec] = {
     "envoy": AdapterSpec("adapters.envoy", "EnvoyOptions"),
-    "httproute": AdapterSpec("adapters.httproute", "HttpRouteOptions", legacy_class="HttpRouteAdapter"),
+    "httproute": AdapterSpec("adapters.httproute", "HttpRouteOptions"),
     "json": AdapterSpec("adapters.json_file", "JsonOptions"),
     "nginx": AdapterSpec("adapters.nginx", "NginxOptions"),
 }

@@ -62,9 +62,23 @@ async def nginx_lua(tmp_path: Path) -> AsyncIterator[EngineFactory]:
         yield lambda: ADAPTERS["nginx"].engine("nginx", nginx.options())
 
 
+@contextlib.asynccontextmanager
+async def httproute(tmp_path: Path) -> AsyncIterator[EngineFactory]:
+    # No gateway controller reports on the routes: each write waits its short status timeout and
+    # publishes with a note. (The engine is not asked to check() here, so the IP endpoints an
+    # ExternalName Service could not hold reach the fake as they are.)
+    from adapters.httproute import HttpRouteOptions
+    from tests.fakes.kube_api import FakeKubeAPI, write_kubeconfig
+
+    async with FakeKubeAPI() as api:
+        options = HttpRouteOptions(gateway_kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", api.url),
+                                   gateway="gateways/global", backend_port=8080, route_status_timeout=0.05)
+        yield lambda: ADAPTERS["httproute"].engine("httproute", options)
+
+
 GATEWAYS = {
-    "json-file": json_file, "json-dir": json_dir, "nginx-lua": nginx_lua, "nginx-reload": nginx_reload,
-    "envoy-files": envoy_files,
+    "envoy-files": envoy_files, "httproute": httproute, "json-dir": json_dir, "json-file": json_file,
+    "nginx-lua": nginx_lua, "nginx-reload": nginx_reload,
 }
 # Gateways that start a real process.
 SLOW = {"nginx-lua", "nginx-reload", "envoy-files"}

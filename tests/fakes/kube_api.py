@@ -42,7 +42,8 @@ Promises, each tested in tests/fakes/test_kube_api.py:
    `bookmark_interval` set, BOOKMARK events carry only kind, apiVersion and metadata.resourceVersion.
 8. Fault knobs: `expire_history()`, `drop_watches()`, `change_silently(obj)`, `set_latency(s)`,
    `fail_next(n, status=500, verb=None)`; `requests` records every call (verb, path, content type,
-   fieldManager) and `count(...)` filters them. `refuse(401|403, verb=None, resource=None)` answers
+   fieldManager) and `count(...)` filters them; `in_flight` and `peak_in_flight` count requests being answered, now
+   and at most. `refuse(401|403, verb=None, resource=None)` answers
    every matching request as a real server does without credentials (401 Unauthorized) or without
    an RBAC rule (403 Forbidden naming the user, verb, resource, group and scope) until `allow()`.
    `await go_down()` cuts every connection and refuses new ones (an outage; the store is kept) and
@@ -237,6 +238,7 @@ class FakeKubeAPI:
         self._port = 0
         self._runner: web.AppRunner | None = None
         self.in_flight = 0  # requests being answered (open watches included)
+        self.peak_in_flight = 0  # the most requests answered at once
         self.url = ""
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -403,6 +405,7 @@ class FakeKubeAPI:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
             return await self._answer(request)
         finally:
