@@ -453,7 +453,11 @@ class _NginxProcess:
 
     async def served_version(self) -> str | None:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+            # A fresh connection per question: a kept-alive one may reach a worker of the old
+            # configuration, or keep reaching the one new worker while old ones still accept.
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=2), connector=aiohttp.TCPConnector(force_close=True)
+            )
         url = self._options.status_url
         try:
             async with self._session.get(url) as response:
@@ -472,6 +476,10 @@ class _NginxProcess:
 
 
 # --- The transport ---------------------------------------------------------------------------------
+
+
+# Answers in a row that must name the new version before a reload counts as confirmed.
+CONFIRMING_ANSWERS = 5
 
 
 class NginxFileTransport:
@@ -640,11 +648,17 @@ class NginxFileTransport:
         timeout = self._confirm_timeout + allowance
         deadline = self._clock() + timeout
         served: str | None = None
+        agreeing = 0
         while True:
             with contextlib.suppress(Unavailable):  # a slow answer during a reload: ask again
                 served = await self._gateway.served_version()
-            if served == version:
+            # Old workers keep accepting for a moment after the new ones answer: only several
+            # answers in a row, each on a new connection, say that every worker serves `version`.
+            agreeing = agreeing + 1 if served == version else 0
+            if agreeing >= CONFIRMING_ANSWERS:
                 return None, 1
+            if served == version:
+                continue
             if self._clock() >= deadline:
                 return f"still serving version {served} {timeout:.1f}s after the reload", 1
             await self._sleep(self._poll_interval)
