@@ -516,14 +516,14 @@ class Publisher:
         serving what it holds); only a gateway that stops confirming passes makes it unready."""
         if not self.started:
             return False, "gateway not read yet"
+        unready = self.adapter.unready()
+        if unready is not None:
+            return False, unready
         if not self.is_synced:
             problem = self.source_problem()
             return False, f"waiting for the first sync: {problem}" if problem else "waiting for the first sync"
         if self.last_success is None:
             return False, "no successful sync yet"
-        unready = self.adapter.unready()
-        if unready is not None:
-            return False, unready
         age = self.clock() - self.last_success
         if age > 3 * self.options.resync:
             return False, f"last successful sync {age:.0f}s ago"
