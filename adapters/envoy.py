@@ -26,16 +26,25 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import aiohttp
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from adapters.base import Rejected, Unavailable, WriteResult, publication_problem, write_atomic
 from adapters.json_file import from_json as route_from_json
 from adapters.json_file import to_json as route_json
 from publisher.model import MapKey, Publication, Route, parse_endpoint
+
+
+def _admin_url(value: str) -> str:
+    if not re.match(r"^https?://[^/\s]+", value):
+        raise ValueError(f"{value!r} is not a URL: give the scheme, e.g. http://127.0.0.1:9901")
+    return value
+
+
+_AdminUrl = Annotated[str, AfterValidator(_admin_url)]
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +96,7 @@ class EnvoyOptions(BaseModel):
         pattern=_ROUTE_CONFIG.pattern,
         description="Route configuration name; 'ome-global' echoes OME's own '<isvc>-global' without colliding.",
     )
-    envoy_admin: str | None = Field(
+    envoy_admin: _AdminUrl | None = Field(
         default=None,
         description="Admin URL to confirm each write; off by default, as the admin port is often not exposed.",
     )

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from adapters.base import AdapterError, Rejected, Unavailable, WriteResult
 from publisher.kube import HTTP_ROUTES, SERVICES, Kube, KubeError
 from publisher.model import (
+    Duration,
     Backend,
     Held,
     MapKey,
@@ -107,9 +108,8 @@ class HttpRouteOptions(BaseModel):
         description="Namespace of the routes and Services; none keeps each beside its map, as OME's own publisher does.",
     )
     name: str = Field(default="default", description="The publisher instance (--name); 'default' as the CLI's default.")
-    route_status_timeout: float = Field(
+    route_status_timeout: Duration = Field(
         default=5.0,
-        gt=0,
         description="How long to wait for the gateway to report on a route; covers a healthy controller's reconcile.",
     )
 

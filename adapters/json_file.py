@@ -28,8 +28,8 @@ INDEX_FILE = "index.json"
 class JsonOptions(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    json_path: Path | None = Field(None, description="json adapter: one file holding every route, rewritten whole on each change (small fleets).")
-    json_dir: Path | None = Field(None, description="json adapter: a directory with one file per map, O(1) per change (large fleets).")
+    json_path: Path | None = Field(None, description="One file holding every route, rewritten whole on each change (small fleets).")
+    json_dir: Path | None = Field(None, description="A directory with one file per map, O(1) per change (large fleets).")
 
     @model_validator(mode="after")
     def _one_target(self) -> JsonOptions:

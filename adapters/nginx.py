@@ -37,7 +37,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from adapters.base import Rejected, Unavailable, WriteResult, publication_problem, write_atomic
 from adapters.json_file import from_json as route_from_json
 from adapters.json_file import to_json as route_json
-from publisher.model import MapKey, Publication, Route, parse_endpoint
+from publisher.model import Interval, MapKey, Publication, Route, parse_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ class NginxOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    nginx_mode: Literal["lua", "reload"] = Field(
-        default="lua",
+    nginx_mode: Literal["lua", "reload"] | None = Field(
+        default=None,
         description="lua: weights pushed into the running NGINX, no reloads; reload: rewrite a file and reload. "
         "Unset, it is reload when --nginx-conf-file is given (the sidecar cannot see NGINX's modules), else lua.",
     )
@@ -104,9 +104,8 @@ class NginxOptions(BaseModel):
     nginx_status_listen: _ListenAddress = Field(
         default="127.0.0.1:8081", description="Serves the file's version; loopback, as only the sidecar reads it."
     )
-    nginx_min_reload_interval: float = Field(
+    nginx_min_reload_interval: Interval = Field(
         default=2.0,
-        ge=0,
         description="Reloads cut streams after worker_shutdown_timeout; 2s bounds that to a few per minute at most.",
     )
     rewrite_host: bool = Field(
@@ -478,8 +477,9 @@ class _NginxProcess:
 # --- The transport ---------------------------------------------------------------------------------
 
 
-# Answers in a row that must name the new version before a reload counts as confirmed.
-CONFIRMING_ANSWERS = 5
+# How long every answer must name the new version before a reload counts as confirmed: old
+# workers close their listeners a moment after the new ones start, longer on a loaded machine.
+CONFIRMING_FOR = 0.3
 
 
 class NginxFileTransport:
@@ -499,6 +499,7 @@ class NginxFileTransport:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         confirm_timeout: float = 10.0,
         poll_interval: float = 0.05,
+        confirm_for: float = CONFIRMING_FOR,
     ) -> None:
         self._options = options
         assert options.nginx_conf_file is not None, "reload mode's options validate that it is set"
@@ -509,6 +510,7 @@ class NginxFileTransport:
         self._sleep = sleep
         self._confirm_timeout = confirm_timeout
         self._poll_interval = poll_interval
+        self._confirm_for = confirm_for
         # The file NGINX was last seen serving (confirmed by its version): the only one restored.
         self._confirmed_text: str | None = None
         self._disk_text: str | None = None
@@ -648,17 +650,16 @@ class NginxFileTransport:
         timeout = self._confirm_timeout + allowance
         deadline = self._clock() + timeout
         served: str | None = None
-        agreeing = 0
+        agreeing_since: float | None = None
         while True:
             with contextlib.suppress(Unavailable):  # a slow answer during a reload: ask again
                 served = await self._gateway.served_version()
-            # Old workers keep accepting for a moment after the new ones answer: only several
-            # answers in a row, each on a new connection, say that every worker serves `version`.
-            agreeing = agreeing + 1 if served == version else 0
-            if agreeing >= CONFIRMING_ANSWERS:
+            # Old workers keep accepting for a moment after a new one answers: only answers that
+            # name `version` for a while, each on a new connection, say that every worker does.
+            now = self._clock()
+            agreeing_since = (agreeing_since if agreeing_since is not None else now) if served == version else None
+            if agreeing_since is not None and now - agreeing_since >= self._confirm_for:
                 return None, 1
-            if served == version:
-                continue
             if self._clock() >= deadline:
                 return f"still serving version {served} {timeout:.1f}s after the reload", 1
             await self._sleep(self._poll_interval)

@@ -13,39 +13,24 @@ import os
 import re
 from pathlib import Path
 from enum import Enum
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
+from adapters import ADAPTERS
 from publisher.gate import PublishedGate
 from publisher.metrics import PerMap
-from publisher.model import is_dns_label
+from publisher.model import DURATION_PARSERS, Duration, is_dns_label, parse_duration
 
 ENV_PREFIX = "OME_PUBLISHER_"
-_DURATION = re.compile(r"^(?P<value>[0-9]+(\.[0-9]+)?)(?P<unit>ms|s|m|h)?$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
 class ConfigError(ValueError):
     """A bad option; the message names it as a flag."""
 
 
-def parse_duration(value: Any) -> float:
-    """'60s', '500ms', '2m', '1h' or a number of seconds."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(str(value).strip())
-        if match is None:
-            raise ValueError(f"{value!r} is not a duration such as 500ms, 60s or 2m")
-        seconds = float(match["value"]) * _UNITS[match["unit"]]
-    if seconds <= 0:
-        raise ValueError(f"{value!r} must be longer than zero")
-    return seconds
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 def _split_list(value: Any) -> Any:
@@ -54,9 +39,9 @@ def _split_list(value: Any) -> Any:
     return value
 
 
-class RunConfig(BaseModel):
-    """Every option of `ome-publisher run`. A field's annotation is its flag's choices (Literal,
-    enum) or units (Duration); its description is the help."""
+class _RunCore(BaseModel):
+    """The options of `ome-publisher run` that are not an adapter's. A field's annotation is its
+    flag's choices (Literal, enum) or units (Duration); its description is the help."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -66,7 +51,7 @@ class RunConfig(BaseModel):
     kubeconfig: Path | None = Field(None, description="Kubeconfig of the OME control-plane cluster; default: in-cluster, else $KUBECONFIG or ~/.kube/config.")
     namespace: Annotated[tuple[str, ...], BeforeValidator(_split_list)] = Field((), description="Namespace to watch; repeat for several (default: all namespaces).")
     label_selector: str | None = Field(None, description="Only TrafficMaps and InferenceServices matching this label selector.")
-    adapter: Literal["envoy", "httproute", "json", "nginx"] = Field("json", description="The gateway to publish into.")
+    adapter: Literal[tuple(sorted(ADAPTERS))] = Field("json", description="The gateway to publish into.")  # type: ignore[valid-type]
     once: bool = Field(False, description="One full sync, then exit: 0 when every map is published, 1 when any is held or failed.")
     dry_run: bool = Field(False, description="Decide and plan one pass, print the plan, write nothing (no gateway, no status).")
     output: Literal["text", "json", "yaml"] = Field("text", description="Output format of --once and --dry-run.")
@@ -83,29 +68,6 @@ class RunConfig(BaseModel):
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Least severe level logged.")
     probe_max_age: Duration | None = Field(None, description="Report (not hold) a map whose probe.lastProbeTime is older than this.")
-    json_path: Path | None = Field(None, description="json adapter: one file holding every route, rewritten whole on each change (small fleets).")
-    json_dir: Path | None = Field(None, description="json adapter: a directory with one file per map, O(1) per change (large fleets).")
-    envoy_xds_listen: str | None = Field(None, description="envoy adapter: HOST:PORT of the delta ADS server Envoys connect to (exactly one of it and --envoy-dir).")
-    envoy_dir: Path | None = Field(None, description="envoy adapter: directory of cds.yaml and rds.yaml that Envoy watches.")
-    envoy_route_config: str = Field("ome-global", description="envoy adapter: name of the route configuration in rds.yaml.")
-    envoy_admin: str | None = Field(None, description="envoy adapter: admin URL, to confirm Envoy took each version.")
-    envoy_ca_file: Path | None = Field(None, description="envoy adapter: CA bundle for https endpoints (default: the system trust store).")
-    rewrite_host: bool = Field(False, description="envoy and nginx adapters: send each backend its endpoint's host as the Host header.")
-    nginx_mode: Literal["lua", "reload"] | None = Field(None, description="nginx adapter: lua (pushes into the running NGINX, no reloads) or reload; unset: reload when --nginx-conf-file is given, else lua.")
-    nginx_control_url: str | None = Field(None, description="nginx adapter, Lua mode: the control listener (default http://127.0.0.1:8082).")
-    nginx_secret_file: Path | None = Field(None, description="nginx adapter, Lua mode: the shared secret file the control listener requires.")
-    nginx_conf_file: Path | None = Field(None, description="nginx adapter: the file it owns, included inside http {}.")
-    nginx_listen: str = Field("8080", description="nginx adapter: listen address of the published servers.")
-    nginx_pid_file: Path | None = Field(None, description="nginx adapter: master PID file; reload by SIGHUP.")
-    nginx_reload_cmd: str | None = Field(None, description="nginx adapter: reload command, run without a shell.")
-    nginx_test_cmd: str | None = Field(None, description="nginx adapter: validation command run before each reload (e.g. `nginx -t -c ...`).")
-    nginx_status_listen: str = Field("127.0.0.1:8081", description="nginx adapter: where NGINX serves the config version the adapter waits for.")
-    nginx_min_reload_interval: Duration = Field(2.0, description="nginx adapter: at most one reload per interval (reloads cut long streams).")
-    gateway_kubeconfig: Path | None = Field(None, description="httproute adapter: kubeconfig of the gateway's cluster (default: in-cluster).")
-    gateway: str | None = Field(None, description="httproute adapter: the parent Gateway, NAMESPACE/NAME.")
-    backend_port: int | None = Field(None, description="httproute adapter: port of each backend's ExternalName Service.")
-    route_namespace: str | None = Field(None, description="httproute adapter: namespace of the routes (default: the map's).")
-    route_status_timeout: Duration = Field(5.0, description="httproute adapter: how long to wait for the gateway to report on a route before publishing with a note.")
 
     @field_validator("name")
     @classmethod
@@ -136,15 +98,8 @@ class RunConfig(BaseModel):
         split_host_port(value)
         return value
 
-    @field_validator("envoy_admin")
-    @classmethod
-    def _admin_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError(f"{value!r} is not a URL: give the scheme, e.g. http://127.0.0.1:9901")
-        return value
-
     @model_validator(mode="after")
-    def _once_without_leader_election(self) -> RunConfig:
+    def _once_without_leader_election(self) -> _RunCore:
         # A one-shot pass cannot hold a Lease meaningfully: behind a live leader it would wait for a
         # lease that is renewed forever, and taking a free one for one pass makes the leaders churn.
         if self.once and self.leader_elect and self.report_status and self.source == "kube":
@@ -164,6 +119,8 @@ class RunConfig(BaseModel):
 
     def effective_lease_namespace(self) -> str:
         return self.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
+
+
 
 
 def missing_paths(config: RunConfig) -> list[str]:
@@ -227,7 +184,7 @@ def _is_duration(annotation: Any, metadata: list[Any]) -> bool:
     validators = list(metadata)
     for arg in get_args(annotation):
         validators.extend(getattr(arg, "__metadata__", ()))
-    return any(isinstance(v, BeforeValidator) and v.func is parse_duration for v in validators)
+    return any(isinstance(v, BeforeValidator) and v.func in DURATION_PARSERS for v in validators)
 
 
 def format_duration(seconds: float) -> str:
@@ -239,11 +196,44 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def _with_adapter_options(core: type[_RunCore]) -> type[_RunCore]:
+    """`core` plus every adapter's options, taken from the adapters' own options models: a new
+    adapter's options reach the flags, the environment and the config file with no edit here.
+    Each is unset (None) unless given, so the adapter's own defaults and rules apply when
+    `app.build_adapter` validates its options model; a switch (bool) keeps its default."""
+    users: dict[str, list[str]] = {}
+    infos: dict[str, FieldInfo] = {}
+    for adapter_name, spec in sorted(ADAPTERS.items()):
+        for name, info in spec.options.model_fields.items():
+            if name in core.model_fields:
+                continue  # httproute's `name` is the instance's --name
+            users.setdefault(name, []).append(adapter_name)
+            infos.setdefault(name, info)
+    fields: dict[str, Any] = {}
+    for name, info in infos.items():
+        adapters = users[name]
+        prefix = f"{' and '.join(adapters)} adapter{'s' if len(adapters) > 1 else ''}: "
+        annotation = info.rebuild_annotation()
+        if annotation is bool:
+            fields[name] = (bool, Field(info.default, description=prefix + (info.description or "")))
+            continue
+        # The help shows the adapter's own default; the field stays None so that default applies.
+        shown = None if info.is_required() or info.default is None else info.default
+        extra = {"adapter_default": shown} if shown is not None else None
+        fields[name] = (Optional[annotation], Field(None, description=prefix + (info.description or ""), json_schema_extra=extra))  # noqa: UP007
+    return create_model("RunConfig", __base__=core, __doc__="Every option of `ome-publisher run`.", **fields)
+
+
+RunConfig = _with_adapter_options(_RunCore)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One argparse option per RunConfig field; absent options stay absent (SUPPRESS), so the
     merge can tell a flag from a default. Help shows choices, units and the default."""
     for name, info in RunConfig.model_fields.items():
         default = info.default
+        if default is None and isinstance(info.json_schema_extra, dict):
+            default = info.json_schema_extra.get("adapter_default")
         help_text = info.description or ""
         flags = ([_SHORT_FLAGS[name]] if name in _SHORT_FLAGS else []) + [flag(name)]
         if info.annotation is bool and default is True:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -47,6 +48,34 @@ _ENDPOINT = re.compile(
     r"(:(?P<port>[0-9]{1,5}))?"
     r"(?P<path>/[A-Za-z0-9._~/-]*)?$"
 )
+
+
+_DURATION = re.compile(r"^(?P<value>[0-9]+(\.[0-9]+)?)(?P<unit>ms|s|m|h)?$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: Any, *, zero_ok: bool = False) -> float:
+    """'60s', '500ms', '2m', '1h' or a number of seconds; zero only with `zero_ok`."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value).strip())
+        if match is None:
+            raise ValueError(f"{value!r} is not a duration such as 500ms, 60s or 2m")
+        seconds = float(match["value"]) * _UNITS[match["unit"]]
+    if seconds < 0 or (seconds == 0 and not zero_ok):
+        raise ValueError(f"{value!r} must be longer than zero")
+    return seconds
+
+
+def _parse_interval(value: Any) -> float:
+    return parse_duration(value, zero_ok=True)
+
+
+# Options in seconds that also take units: Duration is longer than zero, Interval may be 0 ("no wait").
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Interval = Annotated[float, BeforeValidator(_parse_interval)]
+DURATION_PARSERS = (parse_duration, _parse_interval)
 
 
 class Reason(StrEnum):

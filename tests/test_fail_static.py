@@ -396,7 +396,9 @@ def test_the_default_listen_port_is_not_a_gateway_port():
     assert default == ("0.0.0.0", 9180)
     readme = (ROOT / "README.md").read_text()
     assert "--listen 0.0.0.0:8080" in readme  # Envoy's listener in the Envoy recipe
-    assert default[1] != int(RunConfig().nginx_listen)
+    from adapters.nginx import NginxOptions
+
+    assert default[1] != int(NginxOptions.model_fields["nginx_listen"].default)
 
 
 # --- Build: fail static through a long outage; refusals while running -----------------------------

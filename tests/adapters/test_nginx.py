@@ -297,7 +297,7 @@ def _fake_adapter(
 ) -> tuple[Engine, FakeNginx, FakeClock]:
     gateway, clock = gateway or FakeNginx(tmp_path / "ome.conf"), FakeClock()
     options = _options(tmp_path, **overrides)
-    transport = NginxFileTransport(options, gateway=gateway, clock=clock, sleep=clock.sleep, confirm_timeout=1.0)
+    transport = NginxFileTransport(options, gateway=gateway, clock=clock, sleep=clock.sleep, confirm_timeout=1.0, confirm_for=0)
     return Engine("nginx", build(options)[0], transport), gateway, clock
 
 
@@ -312,7 +312,7 @@ def _changes(desired: dict[MapKey, Publication], changed: frozenset[MapKey]) -> 
 def _fake_transport(tmp_path: Path, gateway: FakeNginx, **overrides: object) -> NginxFileTransport:
     clock = FakeClock()
     options = _options(tmp_path, **overrides)
-    return NginxFileTransport(options, gateway=gateway, clock=clock, sleep=clock.sleep, confirm_timeout=1.0)
+    return NginxFileTransport(options, gateway=gateway, clock=clock, sleep=clock.sleep, confirm_timeout=1.0, confirm_for=0)
 
 
 def _parts(*pubs: Publication) -> dict:
