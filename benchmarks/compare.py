@@ -46,8 +46,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -774,7 +774,7 @@ async def start_nginx_lua(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launche
     conf = ctx.work / "nginx" / "ome-gateway-publisher.conf"
     conf.parent.mkdir(parents=True)
     conf.write_text(result.stdout)
-    process, _ = await _nginx(ctx, stack, conf)
+    await _nginx(ctx, stack, conf)  # started, so the config `nginx-config` prints is known to load
     args = ["--adapter", "nginx", "--nginx-mode", "lua", "--nginx-control-url", f"http://{control}",
             "--nginx-secret-file", str(secret)]
     raise SystemExit("nginx-lua: this script has no detector for the Lua mode's served state yet; "
