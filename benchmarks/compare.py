@@ -916,7 +916,7 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, report_stat
         await stop_process(bare)
         bare_seen = {int(k): v for k, v in json.loads((work / "bare.json").read_text()).items()} if (work / "bare.json").exists() else {}
 
-    publisher_latencies, bare_latencies = [], []
+    publisher_latencies, bare_latencies, own = [], [], []
     by_map_seen: dict[int, list[tuple[int, float]]] = {}
     for (index, weight), at in first_seen.items():
         by_map_seen.setdefault(index, []).append((weight, at))
@@ -926,6 +926,10 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, report_stat
             publisher_latencies.append(min(served_at) - record["stamp"])
         if record["seq"] in bare_seen:
             bare_latencies.append(bare_seen[record["seq"]] - record["stamp"])
+        if served_at and record["seq"] in bare_seen:
+            # The same update, both ways: what the sidecar and its gateway add once the event is
+            # out, whatever the API server's own delay (the part a busy machine inflates most).
+            own.append(min(served_at) - bare_seen[record["seq"]])
     writes = [record["written"] - record["stamp"] for record in sent]
     stamps = sorted(record["stamp"] for record in sent)
     achieved = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0] else float("nan")
@@ -938,6 +942,7 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, report_stat
         "publisher_ms": {q: ms(v) for q, v in pub.items()}, "bare_ms": {q: ms(v) for q, v in ref.items()},
         "api_write_ms": {"p50": ms(percentile(writes, 0.5)), "p99": ms(percentile(writes, 0.99))},
         "achieved_rate": round(achieved, 1),
+        "added_ms": {"p50": ms(percentile(own, 0.5)), "p99": ms(percentile(own, 0.99))},
         "ratio_p50": round(pub["p50"] / ref["p50"], 1) if ref["p50"] > 0 else None,
         "ratio_p99": round(pub["p99"] / ref["p99"], 1) if ref["p99"] > 0 else None,
         "cpu_ms_per_update": {label: round(cpu[label] * 1000 / max(1, len(sent)), 2) for label in cpu},
@@ -970,7 +975,8 @@ def print_run(r: dict[str, Any]) -> None:
     print(f"  latency stamp -> decoded: bare watch p50 {b['p50']} ms, p99 {b['p99']} ms, max {b['max']} ms")
     print(f"  sender: {r['achieved_rate']} updates/s achieved of {r['rate']}/s; its two API writes per update took p50 {r['api_write_ms']['p50']} ms, "
           f"p99 {r['api_write_ms']['p99']} ms (the fake API's share of both latencies)")
-    print(f"  ratio publisher / bare watch: p50 {r['ratio_p50']}x, p99 {r['ratio_p99']}x")
+    print(f"  ratio publisher / bare watch: p50 {r['ratio_p50']}x, p99 {r['ratio_p99']}x; "
+          f"publisher minus bare watch, per update: p50 {r['added_ms']['p50']} ms, p99 {r['added_ms']['p99']} ms")
     print(f"  CPU per update: sidecar {cpu.get('sidecar')} ms, bare watch {cpu.get('bare watcher')} ms"
           + "".join(f", {k} {v} ms" for k, v in gateway.items()) + f", fake API {cpu.get('fake API')} ms")
     print(f"  updates confirmed / sent: {r['confirmed']} / {r['sent']} (bare watch saw {r['bare_seen']}; "
@@ -989,6 +995,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         return value
 
     paths = ["start_seconds", "publisher_ms.p50", "publisher_ms.p99", "publisher_ms.max", "bare_ms.p50", "bare_ms.p99",
+             "added_ms.p50", "added_ms.p99", "achieved_rate",
              "ratio_p99", "cpu_ms_per_update.sidecar", "cpu_ms_per_update.bare watcher", "peak_rss_mb.sidecar",
              "confirmed", "sent", "load_average_start"]
     for label in runs[0]["peak_rss_mb"]:
