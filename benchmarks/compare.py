@@ -20,10 +20,11 @@ Latency per update is stamp -> the moment it is seen from outside the sidecar:
 - json: the file holds the new weights (polled by stat; only changed lines are parsed);
 - json-dir: the map's own file holds them (the directory is polled by stat);
 - envoy, envoy-xds: Envoy's admin /config_dump?resource=dynamic_route_configs shows them in the
-  route's weighted_clusters; dumped each time the RDS version_text readout changes;
+  route's weighted_clusters; dumped each time the RDS version_text readout changes (the readout
+  is polled with a pause of twice the last read, as each query takes Envoy's main thread);
 - nginx: the status listener serves a new config version, and the file NGINX was reloaded with
   (kept by version as it is written) holds the weights;
-- nginx-lua: `ome-publisher nginx-config` output served by NGINX, read through the control URL;
+- nginx-lua: no detector yet (the run stops and says so once the sidecar has the mode);
 - httproute: the HTTPRoute object in the fake holds them (a watch on httproutes).
 A detection is timed when the read that shows it has finished, so each latency includes up to one
 read of the detector (printed as `detector read`). Change k of a map sets entry 0's ready replicas
