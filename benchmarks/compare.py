@@ -758,7 +758,7 @@ async def start_nginx(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
     conf = ctx.work / "nginx" / "ome-gateway-publisher.conf"
     conf.parent.mkdir(parents=True)
     listen, status = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    conf.write_text(render([], listen=listen, status_listen=status))
+    conf.write_text(render({}, listen=listen, status_listen=status))
     process, pid_file = await _nginx(ctx, stack, conf)
     args = ["--adapter", "nginx", "--nginx-conf-file", str(conf), "--nginx-listen", listen,
             "--nginx-status-listen", status, "--nginx-pid-file", str(pid_file)]
