@@ -495,7 +495,7 @@ class NginxServed(Detector):
         version = re.search(rb"^# version (\S+)$", text, re.M)
         if version is None:
             return
-        lines = set(re.findall(rb"^# ome-publication (.*)$", text, re.M))
+        lines = set(re.findall(rb"^# ome-route (.*)$", text, re.M))
         # Only lines that changed are parsed; no map leaves during a run, so none is dropped.
         weights = dict(self.latest)
         for line in lines - self.lines:
