@@ -174,13 +174,12 @@ class Transport(Protocol[PartT]):
     async def aclose(self) -> None: ...
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, durable: bool = True) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Replace `path` with `data` so a reader sees the old file or the new one, never a part.
 
-    Temp file in the same directory (rename is atomic only within one filesystem). `durable`:
-    fsync of the file before the rename and of the directory after it, so a crash cannot leave an
-    empty file; a writer that reads everything back at start and repairs it may skip the two
-    fsyncs (about 18 ms a write on these machines' disks). Blocking: call it through asyncio.to_thread.
+    Temp file in the same directory (rename is atomic only within one filesystem), fsync of the
+    file before the rename and of the directory after it, so a crash cannot leave an empty file.
+    Blocking: call it through asyncio.to_thread.
     """
     directory = path.parent
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
@@ -188,8 +187,7 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, durable: bool = 
         with os.fdopen(fd, "wb") as tmp:
             tmp.write(data)
             tmp.flush()
-            if durable:
-                os.fsync(tmp.fileno())
+            os.fsync(tmp.fileno())
         os.chmod(tmp_name, mode)
         os.replace(tmp_name, path)
     except BaseException:
@@ -198,8 +196,6 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, durable: bool = 
         except FileNotFoundError:
             pass
         raise
-    if not durable:
-        return
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

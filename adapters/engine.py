@@ -29,6 +29,8 @@ class _Written:
     notes: dict[MapKey, str] = field(default_factory=dict)
     wrote: bool = False
     reloads: int = 0
+    # Hostnames no map owns any more: maps waiting for one of them are released.
+    freed: set[str] = field(default_factory=set)
 
 
 class Engine(Generic[PartT]):
@@ -101,12 +103,11 @@ class Engine(Generic[PartT]):
             except Exception as exc:  # noqa: BLE001 - one map's failure must not stop the others
                 rejected[key] = Held(Reason.INTERNAL_ERROR, f"rendering for the {self.name} gateway failed: {exc!r}")
         changed = {key: part for key, part in parts.items() if key in self._parts or part is not None}
-        freed_before = set(self._owners)
         written = _Written()
         if changed:
             await self._write(changed, wanted, written)
         rejected.update(written.rejected)
-        freed = freed_before - set(self._owners)
+        freed = written.freed
         released = frozenset(key for key, hostname in self._waiting.items() if hostname in freed and key not in rejected)
         for key in released:
             del self._waiting[key]
@@ -207,12 +208,13 @@ class Engine(Generic[PartT]):
         for key, part in changes.items():
             if key in result.rejected:
                 continue
-            self._commit(key, routes.get(key), part)
+            self._commit(key, routes.get(key), part, written.freed)
 
-    def _commit(self, key: MapKey, route: Route | None, part: PartT | None) -> None:
+    def _commit(self, key: MapKey, route: Route | None, part: PartT | None, freed: set[str]) -> None:
         old = self._routes.get(key)
         if old is not None and self._owners.get(old.hostname) == key:
             del self._owners[old.hostname]
+            freed.add(old.hostname)
         if route is None or part is None:
             self._routes.pop(key, None)
             self._parts.pop(key, None)
@@ -220,6 +222,7 @@ class Engine(Generic[PartT]):
         self._routes[key] = route
         self._parts[key] = part
         self._owners[route.hostname] = key
+        freed.discard(route.hostname)
 
 
 class _Overlay(Mapping[MapKey, Any]):
