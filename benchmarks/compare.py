@@ -484,16 +484,15 @@ def weight0_of_clusters(host: dict[str, Any]) -> int | None:
 
 class EnvoyXdsAdmin(Detector):
     """Envoy over xDS: one route configuration per map, named `ome|<ns>|<name>`, whose one virtual
-    host takes any domain (the scope picked it by host). The bootstrap keeps no RDS readout per
-    scope, so the change signal is a dump masked to each configuration's name and version (a
-    fifth of the whole dump); only the configurations whose version moved are dumped whole, by
+    host takes any domain (the scope picked it by host). Envoy's admin lists no RDS version
+    readout in this mode, so the change signal is a dump masked to each configuration's name and
+    version (about a third of the whole dump); only the configurations whose version moved are dumped whole, by
     name, or all of them when most moved (the first read). Each query takes Envoy's main thread,
     hence the same pause as EnvoyAdmin."""
 
     interval = 0.25
     backoff = 2.0
     BY_NAME_LIMIT = 200  # more changed configurations than this: one whole dump, not a long regex
-    DUMP = "/config_dump?resource=dynamic_route_configs"
 
     def __init__(self, admin: str) -> None:
         self.admin, self.versions = admin, {}
