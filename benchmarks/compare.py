@@ -19,12 +19,16 @@ Latency per update is stamp -> the moment it is seen from outside the sidecar:
   the new generation, carrying the stamp);
 - json: the file holds the new weights (polled by stat; only changed lines are parsed);
 - json-dir: the map's own file holds them (inotify on the directory: each file arriving by rename is read);
-- envoy, envoy-xds: Envoy's admin /config_dump?resource=dynamic_route_configs shows them in the
-  route's weighted_clusters; dumped each time the RDS version_text readout changes (the readout
-  is polled with a pause of twice the last read, as each query takes Envoy's main thread);
+- envoy: Envoy's admin /config_dump?resource=dynamic_route_configs shows them in the map's
+  virtual host's weighted_clusters; dumped each time the RDS version_text readout changes (the
+  readout is polled with a pause of twice the last read, as each query takes Envoy's main thread);
+- envoy-xds: the same dump shows them in the map's own route configuration (`ome|<ns>|<name>`);
+  a dump masked to each configuration's name and version is polled, and only the configurations
+  whose version moved are dumped whole (same pause);
 - nginx: the status listener serves a new config version, and the file NGINX was reloaded with
   (kept by version as it is written) holds the weights;
-- nginx-lua: no detector yet (the run stops and says so once the sidecar has the mode);
+- nginx-lua: the control listener's /table read-back holds them in the map's entry; read each
+  time /state answers a new table version (only changed lines are parsed; same pause);
 - httproute: the HTTPRoute object in the fake holds them (a watch on httproutes).
 A detection is timed when the read that shows it has finished, so each latency includes up to one
 read of the detector (printed as `detector read`). Change k of a map sets entry 0's ready replicas
@@ -41,7 +45,6 @@ import gc
 import json
 import os
 import re
-import shlex
 import signal
 import statistics
 import struct
@@ -491,9 +494,70 @@ class EnvoyAdmin(Detector):
             for host in (config.get("route_config") or {}).get("virtual_hosts") or []:
                 domain = (host.get("domains") or [""])[0]
                 match = re.fullmatch(r"m(\d{5})\.bench\.example\.com", domain)
-                clusters = ((host.get("routes") or [{}])[0].get("route") or {}).get("weighted_clusters", {}).get("clusters")
-                if match and clusters:
-                    out[int(match[1])] = int(clusters[0].get("weight", 0))
+                found = weight0_of_clusters(host)
+                if match and found is not None:
+                    out[int(match[1])] = found
+        return out
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+
+def weight0_of_clusters(host: dict[str, Any]) -> int | None:
+    """Entry 0's weight in a virtual host's first route: the weight of its cluster `ome|<ns>|<name>|w0`
+    (both of Envoy's modes name a map's clusters so)."""
+    clusters = ((host.get("routes") or [{}])[0].get("route") or {}).get("weighted_clusters", {}).get("clusters") or []
+    for cluster in clusters:
+        if str(cluster.get("name", "")).endswith("|w0"):
+            return int(cluster.get("weight", 0))
+    return None
+
+
+class EnvoyXdsAdmin(Detector):
+    """Envoy over xDS: one route configuration per map, named `ome|<ns>|<name>`, whose one virtual
+    host takes any domain (the scope picked it by host). Envoy's admin lists no RDS version
+    readout in this mode, so the change signal is a dump masked to each configuration's name and
+    version (about a third of the whole dump); only the configurations whose version moved are dumped whole, by
+    name, or all of them when most moved (the first read). Each query takes Envoy's main thread,
+    hence the same pause as EnvoyAdmin."""
+
+    interval = 0.25
+    backoff = 2.0
+    BY_NAME_LIMIT = 200  # more changed configurations than this: one whole dump, not a long regex
+
+    def __init__(self, admin: str) -> None:
+        self.admin, self.versions = admin, {}
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+
+    async def _dump(self, extra: dict[str, str]) -> list[dict[str, Any]]:
+        async with self.session.get(self.admin + "/config_dump", params={"resource": "dynamic_route_configs", **extra}) as response:
+            return (await response.json(content_type=None)).get("configs", [])
+
+    async def read(self) -> dict[int, int]:
+        try:
+            index = await self._dump({"mask": "version_info,route_config.name"})
+            versions = {str((c.get("route_config") or {}).get("name")): c.get("version_info") for c in index}
+            changed = sorted(name for name, version in versions.items() if self.versions.get(name) != version)
+            if not changed:
+                return {}
+            if len(changed) > self.BY_NAME_LIMIT:
+                configs = await self._dump({})
+            else:
+                configs = await self._dump({"name_regex": "^(?:" + "|".join(re.escape(n) for n in changed) + ")$"})
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return {}
+        out = {}
+        for config in configs:
+            route_config = config.get("route_config") or {}
+            name = str(route_config.get("name"))
+            match = re.fullmatch(rf"ome\|{NAMESPACE}\|m(\d{{5}})", name)
+            hosts = route_config.get("virtual_hosts") or []
+            found = weight0_of_clusters(hosts[0]) if hosts and hosts[0].get("domains") == ["*"] else None
+            if match and found is not None:
+                out[int(match[1])] = found
+                # Noted only once its body is read: a configuration that moved again meanwhile
+                # is read again next time.
+                self.versions[name] = config.get("version_info")
         return out
 
     async def aclose(self) -> None:
@@ -552,6 +616,50 @@ class NginxServed(Detector):
             return {}
         self.served = served
         return dict(self.by_version[served])
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+
+class NginxLuaTable(Detector):
+    """NGINX in Lua mode serves what its shared table holds (each request reads its map's entry).
+    /state answers the table's version; /table, read only when the version moved, is that state
+    line and one `<namespace>/<name> <entry>` line per map, the entry
+    {"h": hostname, "r": rewrite_host, "b": [[cluster, endpoint, weight, [address]], ...]}. /table
+    walks the whole table under the lock batches take, so it pauses twice its last read."""
+
+    interval = 0.05
+    backoff = 2.0
+
+    def __init__(self, control_url: str, secret: str) -> None:
+        self.url, self.version, self.lines = control_url, None, set()
+        self.headers = {"Authorization": f"Bearer {secret.strip()}"}
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+
+    async def read(self) -> dict[int, int]:
+        try:
+            async with self.session.get(self.url + "/state", headers=self.headers) as response:
+                state = await response.json(content_type=None) if response.status == 200 else {}
+            if state.get("version") in (None, self.version):
+                return {}
+            async with self.session.get(self.url + "/table", headers=self.headers) as response:
+                if response.status != 200:
+                    return {}  # 503 while a batch holds the lock: read again next time
+                head, _, rest = (await response.text()).partition("\n")
+            version = json.loads(head).get("version")
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return {}
+        lines = set(rest.splitlines())
+        # Only lines that changed are parsed; no map leaves during a run, so none is dropped.
+        changed, self.lines, self.version = lines - self.lines, lines, version
+        out = {}
+        for line in changed:
+            key, _, text = line.partition(" ")
+            match = re.fullmatch(rf"{NAMESPACE}/m(\d{{5}})", key)
+            weights = [int(weight) for cluster, _, weight, _ in json.loads(text)["b"] if cluster == "w0"]
+            if match and weights:
+                out[int(match[1])] = weights[0]
+        return out
 
     async def aclose(self) -> None:
         await self.session.close()
@@ -702,7 +810,8 @@ async def start_json_dir(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched
     return Launched(["--adapter", "json", "--json-dir", str(path)], lambda: JsonDir(path))
 
 
-async def _envoy(ctx: Ctx, stack: contextlib.AsyncExitStack, bootstrap_args: list[str], sidecar_args: list[str], admin: int) -> Launched:
+async def _envoy(ctx: Ctx, stack: contextlib.AsyncExitStack, bootstrap_args: list[str], sidecar_args: list[str], admin: int,
+                 detector: Callable[[str], Detector]) -> Launched:
     from adapters.envoy import envoy_binary
 
     binary = envoy_binary()
@@ -726,7 +835,7 @@ async def _envoy(ctx: Ctx, stack: contextlib.AsyncExitStack, bootstrap_args: lis
             if envoy.returncode is not None:
                 raise SystemExit(f"envoy exited: {(ctx.work / 'envoy.log').read_text()[-2000:]}")
             await asyncio.sleep(0.05)
-    return Launched(sidecar_args + ["--envoy-admin", admin_url], lambda: EnvoyAdmin(admin_url), envoy.pid, "envoy")
+    return Launched(sidecar_args + ["--envoy-admin", admin_url], lambda: detector(admin_url), envoy.pid, "envoy")
 
 
 async def start_envoy(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
@@ -737,17 +846,19 @@ async def start_envoy(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
     empty = render([])  # Envoy needs both files at start; the adapter takes over from them
     (directory / CDS_FILE).write_text(empty.cds)
     (directory / RDS_FILE).write_text(empty.rds)
-    return await _envoy(ctx, stack, ["--envoy-dir", str(directory)], ["--adapter", "envoy", "--envoy-dir", str(directory)], free_port())
+    return await _envoy(ctx, stack, ["--envoy-dir", str(directory)], ["--adapter", "envoy", "--envoy-dir", str(directory)], free_port(),
+                        EnvoyAdmin)
 
 
 async def start_envoy_xds(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
     xds = f"127.0.0.1:{free_port()}"
-    return await _envoy(ctx, stack, ["--xds", xds], ["--adapter", "envoy", "--envoy-xds-listen", xds], free_port())
+    return await _envoy(ctx, stack, ["--xds", xds], ["--adapter", "envoy", "--envoy-xds-listen", xds], free_port(), EnvoyXdsAdmin)
 
 
 NGINX = "/usr/sbin/nginx"
+NGINX_LIB = "/usr/lib/nginx"  # where Debian's dynamic modules are
 NGINX_MAIN = """\
-error_log {dir}/error.log warn;
+{top}error_log {dir}/error.log warn;
 pid {dir}/nginx.pid;
 worker_processes 1;
 worker_shutdown_timeout 1s;
@@ -767,11 +878,12 @@ http {{
 """
 
 
-async def _nginx(ctx: Ctx, stack: contextlib.AsyncExitStack, conf: Path, extra: str = "") -> tuple[asyncio.subprocess.Process, Path]:
+async def _nginx(ctx: Ctx, stack: contextlib.AsyncExitStack, conf: Path, extra: str = "",
+                 top: str = "") -> tuple[asyncio.subprocess.Process, Path]:
     directory = ctx.work / "nginx"
     (directory / "tmp").mkdir(parents=True, exist_ok=True)
     main = directory / "nginx.conf"
-    main.write_text(NGINX_MAIN.format(dir=directory, conf=conf, extra=extra))
+    main.write_text(NGINX_MAIN.format(top=top, dir=directory, conf=conf, extra=extra))
     process = await spawn(stack, NGINX, "-p", str(directory), "-c", str(main), "-g", "daemon off;",
                           log=ctx.work / "nginx.log", sig=signal.SIGQUIT)
     for _ in range(200):
@@ -809,11 +921,14 @@ async def start_nginx_lua(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launche
     conf = ctx.work / "nginx" / "ome-gateway-publisher.conf"
     conf.parent.mkdir(parents=True)
     conf.write_text(result.stdout)
-    await _nginx(ctx, stack, conf)  # started, so the config `nginx-config` prints is known to load
+    from adapters.nginx_lua import LOAD_MODULES
+
+    # Debian's module paths, absolute: `-p` would make the relative ones the snippet names ours.
+    modules = "".join(f"load_module {NGINX_LIB}/{module};\n" for module in LOAD_MODULES)
+    process, _ = await _nginx(ctx, stack, conf, top=modules)
     args = ["--adapter", "nginx", "--nginx-mode", "lua", "--nginx-control-url", f"http://{control}",
             "--nginx-secret-file", str(secret)]
-    raise SystemExit("nginx-lua: this script has no detector for the Lua mode's served state yet; "
-                     f"add one reading NGINX at {control} (the flags it would run with: {shlex.join(args)})") from None
+    return Launched(args, lambda: NginxLuaTable(f"http://{control}", secret.read_text()), process.pid, "nginx")
 
 
 async def start_httproute(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:

@@ -57,6 +57,23 @@ def test_nginx_adapter_end_to_end_at_tiny_scale():
     assert "nginx" in report["peak_rss_mb"]
 
 
+@pytest.mark.slow
+def test_nginx_lua_mode_end_to_end_at_tiny_scale():
+    # Its detector reads the control listener's /table; before it, the mode stopped at launch.
+    stdout, report = _run("nginx-lua")
+    _check(stdout, report, "nginx-lua")
+    assert "nginx" in report["peak_rss_mb"]
+
+
+@pytest.mark.slow
+def test_envoy_xds_mode_end_to_end_at_tiny_scale():
+    # xDS serves one route configuration per map whose virtual host takes domain "*": a detector
+    # matching virtual hosts by hostname saw no map served and timed out.
+    stdout, report = _run("envoy-xds")
+    _check(stdout, report, "envoy-xds")
+    assert "envoy" in report["peak_rss_mb"]
+
+
 def test_a_mode_whose_flag_the_sidecar_lacks_is_named_as_unsupported():
     compare = _load_script()
     mode = compare.Mode("future", "json", "dns", (("run", "--no-such-flag"),), compare.start_json)
