@@ -477,12 +477,13 @@ _HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.Htt
 
 
 def _not_prefixed(prefix: str) -> str:
-    """An RE2 pattern (RE2 has no lookahead) for names that do not start with `prefix`."""
+    """An RE2 pattern (RE2 has no lookahead) for whole names that do not start with `prefix`:
+    Envoy's safe_regex must match the whole stat name, hence the trailing `.*`."""
     pattern = ""
     for char in reversed(prefix):
         escaped = re.escape(char)
         pattern = f"[^{escaped}]" if not pattern else f"(?:[^{escaped}]|{escaped}{pattern})"
-    return f"^{pattern}"
+    return f"^{pattern}.*$"
 
 
 def _ads() -> dict[str, Any]:

@@ -451,3 +451,16 @@ async def _readyz(url: str) -> bool:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
         async with session.get(url) as response:
             return response.status == 200
+
+
+def test_the_stats_matcher_keeps_every_stat_but_our_clusters_own():
+    """Envoy's safe_regex matches whole names: without a trailing `.*` the bootstrap kept almost
+    no stat at all, so /stats was empty in xDS mode (the RDS and server readouts included)."""
+    import re
+
+    from adapters.envoy import _not_prefixed
+
+    pattern = re.compile(_not_prefixed("cluster.ome|"))
+    kept = ["server.uptime", "cluster_manager.cds.version_text", "http.ome.rds.ome-global.version_text", "cluster.xds.upstream_rq_total"]
+    assert all(pattern.fullmatch(name) for name in kept)
+    assert not pattern.fullmatch("cluster.ome|prod|chat|worker-a.lb_healthy_panic")
