@@ -174,6 +174,23 @@ class Transport(Protocol[PartT]):
     async def aclose(self) -> None: ...
 
 
+class TransportDefaults:
+    """What a transport that never waits, is always writable, runs nothing of its own and holds
+    nothing to close does for the rest of the Transport protocol; a transport overrides the rest."""
+
+    def hold_off(self) -> float:
+        return 0.0
+
+    def unready(self) -> str | None:
+        return None
+
+    async def serve(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Replace `path` with `data` so a reader sees the old file or the new one, never a part.
 

@@ -32,7 +32,7 @@ import aiohttp
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from adapters.base import Rejected, Unavailable, WriteResult, publication_problem, write_atomic
+from adapters.base import Rejected, TransportDefaults, Unavailable, WriteResult, publication_problem, write_atomic
 from adapters.json_file import from_json as route_from_json
 from adapters.json_file import to_json as route_json
 from publisher.model import MapKey, Publication, Route, parse_endpoint
@@ -456,20 +456,10 @@ def bootstrap(
         "deferred_stat_options": {"enable_deferred_creation_stats": True},
         "dynamic_resources": {"cds_config": _config_source(envoy_dir / CDS_FILE)},
         "static_resources": {
-            "listeners": [
-                {
-                    "name": "ome-global",
-                    "address": _socket(listen_host, listen_port),
-                    "filter_chains": [
-                        {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
-                    ],
-                }
-            ]
+            "listeners": [_listener(listen_host, listen_port, hcm)]
         },
     }
-    if admin_host is not None and admin_port is not None:
-        config["admin"] = {"address": _socket(admin_host, admin_port)}
-    return yaml.safe_dump(config, sort_keys=False)
+    return _with_admin(config, admin_host, admin_port)
 
 
 _XDS_CLUSTER = "ome-xds"
@@ -489,6 +479,21 @@ def _not_prefixed(prefix: str) -> str:
 def _ads() -> dict[str, Any]:
     # Without a control plane Envoy starts serving (404 for every host) after this, not after 15 s.
     return {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "5s"}
+
+
+def _listener(host: str, port: int, hcm: dict[str, Any]) -> dict[str, Any]:
+    """The one HTTP listener both bootstraps serve the published hosts on."""
+    return {
+        "name": "ome-global",
+        "address": _socket(host, port),
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+    }
+
+
+def _with_admin(config: dict[str, Any], admin_host: str | None, admin_port: int | None) -> str:
+    if admin_host is not None and admin_port is not None:
+        config["admin"] = {"address": _socket(admin_host, admin_port)}
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 def xds_bootstrap(
@@ -573,20 +578,10 @@ def xds_bootstrap(
                     },
                 }
             ],
-            "listeners": [
-                {
-                    "name": "ome-global",
-                    "address": _socket(listen_host, listen_port),
-                    "filter_chains": [
-                        {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
-                    ],
-                }
-            ],
+            "listeners": [_listener(listen_host, listen_port, hcm)],
         },
     }
-    if admin_host is not None and admin_port is not None:
-        config["admin"] = {"address": _socket(admin_host, admin_port)}
-    return yaml.safe_dump(config, sort_keys=False)
+    return _with_admin(config, admin_host, admin_port)
 
 
 # --- I/O: the directory Envoy watches, and its admin API ----------------------------------------------
@@ -708,7 +703,7 @@ class _EnvoyRejected(Exception):
 # --- The transport ------------------------------------------------------------------------------------
 
 
-class EnvoyFileTransport:
+class EnvoyFileTransport(TransportDefaults):
     """The `Transport` of file mode: see the module docstring. The engine drives it, one call at a time."""
 
     # How long Envoy gets to take one file beyond the work it carries: a rename of a small change
@@ -904,15 +899,6 @@ class EnvoyFileTransport:
         except _EnvoyRejected as exc:
             raise Unavailable(f"envoy: restoring the last confirmed files: {exc}") from exc
         self._rds_version, self._cds_version, self._held_clusters = rds_version, cds_version, clusters
-
-    def hold_off(self) -> float:
-        return 0.0
-
-    def unready(self) -> str | None:
-        return None
-
-    async def serve(self) -> None:
-        return None
 
     async def aclose(self) -> None:
         await self._io.aclose()

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adapters.base import AdapterError, Rejected, Unavailable, WriteResult
+from adapters.base import AdapterError, Rejected, TransportDefaults, Unavailable, WriteResult
 from publisher.kube import HTTP_ROUTES, SERVICES, Kube, KubeError
 from publisher.model import (
     Duration,
@@ -450,7 +450,7 @@ class _Objects:
     services: dict[ObjectName, ServiceSpec | None] = field(default_factory=dict)  # None: differs
 
 
-class HttpRouteTransport:
+class HttpRouteTransport(TransportDefaults):
     """Object groups onto the gateway's cluster. `read()` once before the first `write()`: it learns
     which objects are ours, so a write sends only what differs."""
 
@@ -759,15 +759,6 @@ class HttpRouteTransport:
                 event = json.loads(line)
                 if event.get("type") in ("ADDED", "MODIFIED"):
                     _take_verdict(verdicts, waiting, event["object"], options)
-
-    def hold_off(self) -> float:
-        return 0.0  # server-side apply cuts no connections: every batch may be written at once
-
-    def unready(self) -> str | None:
-        return None
-
-    async def serve(self) -> None:
-        return None
 
     async def aclose(self) -> None:
         if self._own_kube and self._kube is not None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from adapters.base import Unavailable, WriteResult, write_atomic
+from adapters.base import TransportDefaults, Unavailable, WriteResult, write_atomic
 from publisher.model import Backend, MapKey, Route
 
 INDEX_FILE = "index.json"
@@ -93,23 +93,7 @@ def parse(data: bytes) -> dict[MapKey, Route]:
     return dict(from_json(item) for item in document["publications"])
 
 
-class _Quiet:
-    """Transport defaults for gateways that never wait, never refuse to be written, serve nothing."""
-
-    def hold_off(self) -> float:
-        return 0.0
-
-    def unready(self) -> str | None:
-        return None
-
-    async def serve(self) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
-
-
-class JsonFileTransport(_Quiet):
+class JsonFileTransport(TransportDefaults):
     """Every route in one file, replaced by rename."""
 
     def __init__(self, path: Path) -> None:
@@ -150,7 +134,7 @@ def map_file(key: MapKey) -> str:
     return f"{key.namespace}_{key.name}.json"
 
 
-class JsonDirTransport(_Quiet):
+class JsonDirTransport(TransportDefaults):
     """One file per map and a small index; a write touches only the changed maps' files."""
 
     def __init__(self, directory: Path) -> None:

@@ -13,13 +13,13 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from adapters.base import AdapterError, WriteResult
+from adapters.base import AdapterError, TransportDefaults, WriteResult
 from adapters.engine import Engine
 from publisher.model import MapKey, Route
 
 
 @dataclass
-class MemoryGateway:
+class MemoryGateway(TransportDefaults):
     held: dict[MapKey, Route] = field(default_factory=dict)
     applies: list[frozenset[MapKey]] = field(default_factory=list)
     reads: int = 0
@@ -65,15 +65,6 @@ class MemoryGateway:
             return WriteResult(rejected=rejected)
         finally:
             self._in_flight = False
-
-    def hold_off(self) -> float:
-        return 0.0
-
-    def unready(self) -> str | None:
-        return None
-
-    async def serve(self) -> None:
-        return None
 
     async def aclose(self) -> None:
         self.closed = True
