@@ -12,9 +12,10 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY publisher ./publisher
 COPY adapters ./adapters
-# The project's wheel plus a wheel for every runtime dependency; all of them publish binary
-# wheels for CPython 3.11 on amd64 and arm64, so no compiler is needed even here.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# The project's wheel plus a wheel for every runtime dependency, the xDS server's (grpcio,
+# xds-protos: Envoy's default mode in the chart) included; all of them publish binary wheels for
+# CPython 3.11 on amd64 and arm64, so no compiler is needed even here.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[xds]'
 
 FROM ${PYTHON_IMAGE}
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \

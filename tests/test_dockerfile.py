@@ -123,3 +123,12 @@ def test_copied_sources_exist_and_reach_the_build_context() -> None:
     for source in sources:
         assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
         assert not ignored(source), f"COPY {source}: excluded by .dockerignore"
+
+
+def test_the_image_carries_the_xds_server() -> None:
+    """The chart runs Envoy in xDS mode by default: the image's wheels must include grpcio and
+    xds-protos, which the plain project wheel does not pull in."""
+    build = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"pip wheel [^\n]*'\.\[xds\]'", build)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^xds = \["grpcio[^"]*", "xds-protos[^"]*"\]', pyproject, re.M)
