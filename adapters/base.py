@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from publisher.model import (
     MAX_WEIGHT,
@@ -189,6 +189,17 @@ class TransportDefaults:
 
     async def aclose(self) -> None:
         return None
+
+
+def duplicate_hostname(parts: Mapping[MapKey, Any], what: str) -> str | None:
+    """A message naming two maps whose parts (anything with a `.hostname`) claim one hostname, or
+    None: the defence of whole-file gateways, whose file would otherwise serve only one of them."""
+    owners: dict[str, MapKey] = {}
+    for key in sorted(parts):
+        owner = owners.setdefault(parts[key].hostname, key)
+        if owner != key:
+            return f"maps {owner} and {key} both claim {what} {parts[key].hostname}"
+    return None
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:

@@ -32,7 +32,7 @@ import aiohttp
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from adapters.base import Rejected, TransportDefaults, Unavailable, WriteResult, publication_problem, write_atomic
+from adapters.base import Rejected, TransportDefaults, Unavailable, WriteResult, duplicate_hostname, publication_problem, write_atomic
 from adapters.json_file import from_json as route_from_json
 from adapters.json_file import to_json as route_json
 from publisher.model import MapKey, Publication, Route, parse_endpoint
@@ -307,20 +307,10 @@ class Rendered:
     clusters: list[_Cluster] = field(repr=False)
 
 
-def duplicate_hostname(parts: Mapping[MapKey, EnvoyPart]) -> str | None:
-    """A message naming two maps with one domain, or None (Envoy refuses such a route configuration)."""
-    owners: dict[str, MapKey] = {}
-    for key in sorted(parts):
-        owner = owners.setdefault(parts[key].hostname, key)
-        if owner != key:
-            return f"maps {owner} and {key} both claim domain {parts[key].hostname}"
-    return None
-
-
 def assemble(parts: Mapping[MapKey, EnvoyPart], *, route_config: str = "ome-global") -> Rendered:
     """Pure: cds.yaml and rds.yaml from the parts, in key order; each version a digest of the part
     digests. ValueError for two maps with one domain. A join of cached texts: cheap at 10,000 maps."""
-    duplicate = duplicate_hostname(parts)
+    duplicate = duplicate_hostname(parts, "domain")
     if duplicate is not None:
         raise ValueError(duplicate)
     order = sorted(parts)

@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal, Protocol
 import aiohttp
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from adapters.base import Rejected, Unavailable, WriteResult, publication_problem, write_atomic
+from adapters.base import Rejected, Unavailable, WriteResult, duplicate_hostname, publication_problem, write_atomic
 from adapters.json_file import from_json as route_from_json
 from adapters.json_file import to_json as route_json
 from publisher.model import Interval, MapKey, Publication, Route, parse_endpoint
@@ -264,24 +264,13 @@ def render_part(key: MapKey, route: Route, *, listen: str, rewrite_host: bool = 
     return NginxPart(route.hostname, "".join(out))
 
 
-def duplicate_hostname(parts: Mapping[MapKey, NginxPart]) -> str | None:
-    """A message naming two maps with one server_name, or None. NGINX only warns ("conflicting
-    server name ... ignored") and serves one of them: a file with such a pair is never written."""
-    owners: dict[str, MapKey] = {}
-    for key in sorted(parts):
-        owner = owners.setdefault(parts[key].hostname, key)
-        if owner != key:
-            return f"maps {owner} and {key} both claim server_name {parts[key].hostname}"
-    return None
-
-
 def assemble(parts: Mapping[MapKey, NginxPart], *, listen: str, status_listen: str) -> tuple[str, str]:
     """The whole file from rendered parts in key order, and its version (a digest of the content,
     so an unchanged file keeps its version across restarts). ValueError for two maps with one
     server_name."""
     _check_listen(listen)
     _check_listen(status_listen)
-    duplicate = duplicate_hostname(parts)
+    duplicate = duplicate_hostname(parts, "server_name")
     if duplicate is not None:
         raise ValueError(duplicate)
     body = [

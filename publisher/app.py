@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from adapters import ADAPTERS
-from adapters.base import Adapter, ApplyResult, publication_problem
+from adapters.base import Adapter, ApplyResult, TransportDefaults, publication_problem
 from publisher import gate, loop, metrics
 from publisher.config import ConfigError, RunConfig, flag
 from publisher.kube import Kube
@@ -57,7 +57,7 @@ class Checker(Protocol):
     async def aclose(self) -> None: ...
 
 
-class DryRunAdapter:
+class DryRunAdapter(TransportDefaults):
     """Wraps an engine so nothing is written: records what would have been applied."""
 
     def __init__(self, inner: Checker) -> None:
@@ -88,15 +88,6 @@ class DryRunAdapter:
 
     async def reconcile(self) -> frozenset[MapKey]:
         return frozenset()
-
-    def hold_off(self) -> float:
-        return 0.0
-
-    def unready(self) -> str | None:
-        return None
-
-    async def serve(self) -> None:
-        return None
 
     async def aclose(self) -> None:
         await self._inner.aclose()
