@@ -513,55 +513,91 @@ def weight0_of_clusters(host: dict[str, Any]) -> int | None:
     return None
 
 
-class EnvoyXdsAdmin(Detector):
-    """Envoy over xDS: one route configuration per map, named `ome|<ns>|<name>`, whose one virtual
-    host takes any domain (the scope picked it by host). Envoy's admin lists no RDS version
-    readout in this mode, so the change signal is a dump masked to each configuration's name and
-    version (about a third of the whole dump); only the configurations whose version moved are dumped whole, by
-    name, or all of them when most moved (the first read). Each query takes Envoy's main thread,
-    hence the same pause as EnvoyAdmin."""
+class XdsTap(Detector):
+    """Envoy over xDS: a byte-for-byte gRPC relay between Envoy and the sidecar (Envoy's bootstrap
+    names the relay, the relay the sidecar) that reads what passes and touches Envoy not at all.
+    A map counts as served when Envoy ACKs the response that carried its RouteConfiguration (the
+    issue's measure: API write to Envoy's ACK): the relay decodes each route response it forwards
+    (entry 0's weight in the configuration's weighted_clusters), keeps it by nonce, and files it
+    when Envoy's next request names that nonce without an error. It adds one local hop each way to
+    what the sidecar sees, and nothing to Envoy's main thread."""
 
-    interval = 0.25
-    backoff = 2.0
-    BY_NAME_LIMIT = 200  # more changed configurations than this: one whole dump, not a long regex
+    interval = 0.002
+    METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
 
-    def __init__(self, admin: str) -> None:
-        self.admin, self.versions = admin, {}
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+    def __init__(self, upstream: str) -> None:
+        import grpc
 
-    async def _dump(self, extra: dict[str, str]) -> list[dict[str, Any]]:
-        async with self.session.get(self.admin + "/config_dump", params={"resource": "dynamic_route_configs", **extra}) as response:
-            return (await response.json(content_type=None)).get("configs", [])
+        from adapters.envoy_xds import _SERVER_OPTIONS
+
+        self.grpc, self.upstream, self.options = grpc, upstream, _SERVER_OPTIONS
+        self.arrived: dict[int, int] = {}
+        self.streams = 0
+        self.server = grpc.aio.server(options=_SERVER_OPTIONS)
+        handler = grpc.stream_stream_rpc_method_handler(self._relay)  # no (de)serializers: bytes pass as they are
+        self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "envoy.service.discovery.v3.AggregatedDiscoveryService", {"DeltaAggregatedResources": handler})])
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    def _routes(self, data: bytes) -> tuple[str, dict[int, int]] | None:
+        from envoy.config.route.v3 import route_pb2
+        from envoy.service.discovery.v3 import discovery_pb2
+
+        from adapters.envoy_resources import ROUTE_TYPE
+
+        response = discovery_pb2.DeltaDiscoveryResponse.FromString(data)
+        if response.type_url != ROUTE_TYPE:
+            return None
+        weights = {}
+        for resource in response.resources:
+            config = route_pb2.RouteConfiguration.FromString(resource.resource.value)
+            match = re.fullmatch(rf"ome\|{NAMESPACE}\|m(\d{{5}})", config.name)
+            clusters = config.virtual_hosts[0].routes[0].route.weighted_clusters.clusters if config.virtual_hosts else []
+            for cluster in clusters:
+                if match and cluster.name.endswith("|w0"):
+                    weights[int(match[1])] = cluster.weight.value
+        return response.nonce, weights
+
+    async def _relay(self, requests: Any, context: Any) -> Any:
+        from envoy.service.discovery.v3 import discovery_pb2
+
+        self.streams += 1
+        pending: dict[str, dict[int, int]] = {}  # nonce -> the route weights its response carried
+        # A channel per stream: its first connection attempt is immediate, as Envoy's own would be.
+        async with self.grpc.aio.insecure_channel(self.upstream, options=self.options) as channel:
+            call = channel.stream_stream(self.METHOD)()
+
+            async def forward_requests() -> None:
+                async for data in requests:
+                    request = discovery_pb2.DeltaDiscoveryRequest.FromString(data)
+                    carried = pending.pop(request.response_nonce, None)
+                    if carried and not request.HasField("error_detail"):
+                        self.arrived.update(carried)
+                    await call.write(data)
+                await call.done_writing()
+
+            upstream = asyncio.create_task(forward_requests())
+            try:
+                async for data in call:
+                    routes = self._routes(data)
+                    if routes and routes[1]:
+                        pending[routes[0]] = routes[1]
+                    yield data
+            except self.grpc.aio.AioRpcError as error:
+                await context.abort(error.code(), error.details() or "")
+            finally:
+                upstream.cancel()
+                await asyncio.gather(upstream, return_exceptions=True)
 
     async def read(self) -> dict[int, int]:
-        try:
-            index = await self._dump({"mask": "version_info,route_config.name"})
-            versions = {str((c.get("route_config") or {}).get("name")): c.get("version_info") for c in index}
-            changed = sorted(name for name, version in versions.items() if self.versions.get(name) != version)
-            if not changed:
-                return {}
-            if len(changed) > self.BY_NAME_LIMIT:
-                configs = await self._dump({})
-            else:
-                configs = await self._dump({"name_regex": "^(?:" + "|".join(re.escape(n) for n in changed) + ")$"})
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            return {}
-        out = {}
-        for config in configs:
-            route_config = config.get("route_config") or {}
-            name = str(route_config.get("name"))
-            match = re.fullmatch(rf"ome\|{NAMESPACE}\|m(\d{{5}})", name)
-            hosts = route_config.get("virtual_hosts") or []
-            found = weight0_of_clusters(hosts[0]) if hosts and hosts[0].get("domains") == ["*"] else None
-            if match and found is not None:
-                out[int(match[1])] = found
-                # Noted only once its body is read: a configuration that moved again meanwhile
-                # is read again next time.
-                self.versions[name] = config.get("version_info")
+        out, self.arrived = self.arrived, {}
         return out
 
     async def aclose(self) -> None:
-        await self.session.close()
+        await self.server.stop(0)  # a second stop is a no-op: the run's stack and the mode's both call it
 
 
 class NginxServed(Detector):
@@ -851,8 +887,12 @@ async def start_envoy(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
 
 
 async def start_envoy_xds(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
-    xds = f"127.0.0.1:{free_port()}"
-    return await _envoy(ctx, stack, ["--xds", xds], ["--adapter", "envoy", "--envoy-xds-listen", xds], free_port(), EnvoyXdsAdmin)
+    sidecar = f"127.0.0.1:{free_port()}"
+    tap = XdsTap(sidecar)
+    await tap.start()
+    stack.push_async_callback(tap.aclose)
+    return await _envoy(ctx, stack, ["--xds", f"127.0.0.1:{tap.port}"], ["--adapter", "envoy", "--envoy-xds-listen", sidecar],
+                        free_port(), lambda admin: tap)
 
 
 NGINX = "/usr/sbin/nginx"
