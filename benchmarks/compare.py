@@ -374,6 +374,10 @@ class Detector:
     async def read(self) -> dict[int, int]:
         raise NotImplementedError
 
+    def notes(self, since: float) -> dict[str, Any]:
+        """What else the detector saw by now, times in seconds after the wall time `since`."""
+        return {}
+
     async def aclose(self) -> None:
         return None
 
@@ -533,6 +537,9 @@ class XdsTap(Detector):
         self.grpc, self.upstream, self.options = grpc, upstream, _SERVER_OPTIONS
         self.arrived: dict[int, int] = {}
         self.streams = 0
+        # Per resource kind: wall time of the first response with resources, of the last one
+        # ACKed, and the resources they carried (the first publish's shape: clusters, then scopes, then routes).
+        self.timeline: dict[str, list[float]] = {}
         self.server = grpc.aio.server(options=_SERVER_OPTIONS)
         handler = grpc.stream_stream_rpc_method_handler(self._relay)  # no (de)serializers: bytes pass as they are
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
@@ -542,15 +549,21 @@ class XdsTap(Detector):
     async def start(self) -> None:
         await self.server.start()
 
-    def _routes(self, data: bytes) -> tuple[str, dict[int, int]] | None:
+    def _routes(self, data: bytes) -> tuple[str, str, dict[int, int]]:
+        """The response's nonce, kind, and the route weights it carries."""
         from envoy.config.route.v3 import route_pb2
         from envoy.service.discovery.v3 import discovery_pb2
 
         from adapters.envoy_resources import ROUTE_TYPE
 
         response = discovery_pb2.DeltaDiscoveryResponse.FromString(data)
+        kind = response.type_url.rpartition(".")[2]
+        count = len(response.resources) + len(response.removed_resources)
+        if count:
+            line = self.timeline.setdefault(kind, [time.time(), 0.0, 0])
+            line[2] += count
         if response.type_url != ROUTE_TYPE:
-            return None
+            return response.nonce, kind, {}
         weights = {}
         for resource in response.resources:
             config = route_pb2.RouteConfiguration.FromString(resource.resource.value)
@@ -559,13 +572,13 @@ class XdsTap(Detector):
             for cluster in clusters:
                 if match and cluster.name.endswith("|w0"):
                     weights[int(match[1])] = cluster.weight.value
-        return response.nonce, weights
+        return response.nonce, kind, weights
 
     async def _relay(self, requests: Any, context: Any) -> Any:
         from envoy.service.discovery.v3 import discovery_pb2
 
         self.streams += 1
-        pending: dict[str, dict[int, int]] = {}  # nonce -> the route weights its response carried
+        pending: dict[str, tuple[str, dict[int, int]]] = {}  # nonce -> kind, the route weights its response carried
         # A channel per stream: its first connection attempt is immediate, as Envoy's own would be.
         async with self.grpc.aio.insecure_channel(self.upstream, options=self.options) as channel:
             call = channel.stream_stream(self.METHOD)()
@@ -574,17 +587,17 @@ class XdsTap(Detector):
                 async for data in requests:
                     request = discovery_pb2.DeltaDiscoveryRequest.FromString(data)
                     carried = pending.pop(request.response_nonce, None)
-                    if carried and not request.HasField("error_detail"):
-                        self.arrived.update(carried)
+                    if carried and not request.HasField("error_detail") and carried[0] in self.timeline:
+                        self.timeline[carried[0]][1] = time.time()
+                        self.arrived.update(carried[1])
                     await call.write(data)
                 await call.done_writing()
 
             upstream = asyncio.create_task(forward_requests())
             try:
                 async for data in call:
-                    routes = self._routes(data)
-                    if routes and routes[1]:
-                        pending[routes[0]] = routes[1]
+                    nonce, kind, weights = self._routes(data)
+                    pending[nonce] = (kind, weights)
                     yield data
             except self.grpc.aio.AioRpcError as error:
                 await context.abort(error.code(), error.details() or "")
@@ -595,6 +608,12 @@ class XdsTap(Detector):
     async def read(self) -> dict[int, int]:
         out, self.arrived = self.arrived, {}
         return out
+
+    def notes(self, since: float) -> dict[str, Any]:
+        at = lambda wall: round(wall - since, 2) if wall else None  # noqa: E731
+        return {"streams": self.streams, "responses": {
+            kind: {"first_sent_s": at(first), "last_acked_s": at(last), "resources": count}
+            for kind, (first, last, count) in self.timeline.items()}}
 
     async def aclose(self) -> None:
         await self.server.stop(0)  # a second stop is a no-op: the run's stack and the mode's both call it
@@ -1050,7 +1069,7 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, report_stat
         peak.watch("fake API", fake.pid)
         if launched.gateway_pid is not None:
             peak.watch(launched.gateway_label, launched.gateway_pid)
-        started = time.monotonic()
+        started, started_wall = time.monotonic(), time.time()
         bare = await spawn(stack, sys.executable, script, "_bare", str(kubeconfig), str(work / "bare.json"), log=work / "bare.log")
         status = [] if report_status else ["--no-report-status"]
         sidecar = await spawn(stack, *publisher_cli("run", "--source", "kube", "--kubeconfig", str(kubeconfig),
@@ -1082,6 +1101,7 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, report_stat
                     raise SystemExit(f"{len(served)} of {maps} maps served after 300 s; see {work}")
                 await asyncio.sleep(0.1)
             result["start_seconds"] = round(time.monotonic() - started, 2)
+            result["detector_at_start"] = detector.notes(started_wall)
             result["sidecar_rss_start_mb"] = round(rss_mb(sidecar.pid, "VmHWM"))
             await asyncio.sleep(1.0)  # let the first publish's tail (status, resync) settle
             cpu_before = {label: peak.cpu(label) for label in peak.roots}
@@ -1162,6 +1182,8 @@ def print_run(r: dict[str, Any]) -> None:
           f"load average {r['load_average_start']:.2f} -> {r['load_average_end']:.2f})")
     print(f"  all {r['maps']} maps served {r['start_seconds']} s after the sidecar started "
           f"(sidecar peak RSS then {r['sidecar_rss_start_mb']} MB)")
+    if r.get("detector_at_start"):
+        print(f"  the detector saw, by then: {json.dumps(r['detector_at_start'])}")
     print(f"  peak RSS: " + ", ".join(f"{k} {v} MB" for k, v in r["peak_rss_mb"].items()))
     print(f"  latency stamp -> served: publisher p50 {p['p50']} ms, p99 {p['p99']} ms, max {p['max']} ms")
     print(f"  latency stamp -> decoded: bare watch p50 {b['p50']} ms, p99 {b['p99']} ms, max {b['max']} ms")

@@ -446,9 +446,12 @@ class Publisher:
     # --- scheduling ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Read back what the gateway serves: the starting state after a restart."""
+        """Read back what the gateway serves: the starting state after a restart. The source may
+        be listing meanwhile; each map read back is queued too, so one the source no longer has is
+        withdrawn even when its first full view came first."""
         for key, route in (await self.adapter.start()).items():
             metrics.map_weights(key, route)
+            self.queue.add(key)
         self.started = True
 
     def all_keys(self) -> set[MapKey]:
@@ -699,8 +702,10 @@ async def run(
         if runner is not None:
             group.create_task(serve(runner))
         group.create_task(publisher.adapter.serve())
-        await publisher.start()
+        # The first list and the gateway's read-back (Envoy's, for one, waits for an Envoy to
+        # connect) run side by side; the applier starts once both are done.
         group.create_task(source.run())
+        await publisher.start()
         group.create_task(publisher.run_applier())
         group.create_task(publisher.run_resync())
         if publisher.kube is not None and publisher.options.report_status:
@@ -727,13 +732,13 @@ async def once(publisher: Publisher, source: Source, *, read_gateway: bool = Tru
 
 
 async def _once(publisher: Publisher, source: Source, *, read_gateway: bool) -> None:
-    if read_gateway:
-        await publisher.start()
-    else:
-        publisher.started = True
     source_task = asyncio.create_task(source.run())
     synced = asyncio.create_task(publisher.synced_event.wait())
     try:
+        if read_gateway:
+            await publisher.start()
+        else:
+            publisher.started = True
         await asyncio.wait((source_task, synced), return_when=asyncio.FIRST_COMPLETED)
         if not synced.done():
             source_task.result()  # the source ended before its first full view: say why
