@@ -538,8 +538,10 @@ class XdsTap(Detector):
         self.arrived: dict[int, int] = {}
         self.streams = 0
         # Per resource kind: wall time of the first response with resources, of the last one
-        # ACKed, and the resources they carried (the first publish's shape: clusters, then scopes, then routes).
+        # ACKed, the resources they carried, and the seconds spent waiting for ACKs (Envoy's share;
+        # the rest of first sent to last ACKed is the sidecar's).
         self.timeline: dict[str, list[float]] = {}
+        self.round_trips: list[float] = []  # one map's route response: forwarded to Envoy -> its ACK here
         self.server = grpc.aio.server(options=_SERVER_OPTIONS)
         handler = grpc.stream_stream_rpc_method_handler(self._relay)  # no (de)serializers: bytes pass as they are
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
@@ -560,7 +562,7 @@ class XdsTap(Detector):
         kind = response.type_url.rpartition(".")[2]
         count = len(response.resources) + len(response.removed_resources)
         if count:
-            line = self.timeline.setdefault(kind, [time.time(), 0.0, 0])
+            line = self.timeline.setdefault(kind, [time.time(), 0.0, 0, 0.0])
             line[2] += count
         if response.type_url != ROUTE_TYPE:
             return response.nonce, kind, {}
@@ -578,7 +580,7 @@ class XdsTap(Detector):
         from envoy.service.discovery.v3 import discovery_pb2
 
         self.streams += 1
-        pending: dict[str, tuple[str, dict[int, int]]] = {}  # nonce -> kind, the route weights its response carried
+        pending: dict[str, tuple[str, dict[int, int], float]] = {}  # nonce -> kind, the route weights it carried, sent at
         # A channel per stream: its first connection attempt is immediate, as Envoy's own would be.
         async with self.grpc.aio.insecure_channel(self.upstream, options=self.options) as channel:
             call = channel.stream_stream(self.METHOD)()
@@ -588,7 +590,11 @@ class XdsTap(Detector):
                     request = discovery_pb2.DeltaDiscoveryRequest.FromString(data)
                     carried = pending.pop(request.response_nonce, None)
                     if carried and not request.HasField("error_detail") and carried[0] in self.timeline:
-                        self.timeline[carried[0]][1] = time.time()
+                        line = self.timeline[carried[0]]
+                        line[1] = time.time()
+                        line[3] += line[1] - carried[2]
+                        if len(carried[1]) == 1:
+                            self.round_trips.append(line[1] - carried[2])
                         self.arrived.update(carried[1])
                     await call.write(data)
                 await call.done_writing()
@@ -597,7 +603,7 @@ class XdsTap(Detector):
             try:
                 async for data in call:
                     nonce, kind, weights = self._routes(data)
-                    pending[nonce] = (kind, weights)
+                    pending[nonce] = (kind, weights, time.time())
                     yield data
             except self.grpc.aio.AioRpcError as error:
                 await context.abort(error.code(), error.details() or "")
@@ -611,9 +617,11 @@ class XdsTap(Detector):
 
     def notes(self, since: float) -> dict[str, Any]:
         at = lambda wall: round(wall - since, 2) if wall else None  # noqa: E731
-        return {"streams": self.streams, "responses": {
-            kind: {"first_sent_s": at(first), "last_acked_s": at(last), "resources": count}
-            for kind, (first, last, count) in self.timeline.items()}}
+        trips = [1000 * x for x in self.round_trips]
+        return {"streams": self.streams, "one_route_round_trip_ms": {
+            "n": len(trips), "p50": round(percentile(trips, 0.5), 2), "p99": round(percentile(trips, 0.99), 2)}, "responses": {
+            kind: {"first_sent_s": at(first), "last_acked_s": at(last), "resources": count, "awaiting_ack_s": round(waited, 2)}
+            for kind, (first, last, count, waited) in self.timeline.items()}}
 
     async def aclose(self) -> None:
         await self.server.stop(0)  # a second stop is a no-op: the run's stack and the mode's both call it
@@ -1162,6 +1170,7 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, report_stat
         "detector_read_ms": round(detector.read_seconds * 1000 / max(1, detector.reads), 1),
         "detector_duty": round(detector.read_seconds / max(1e-9, time.monotonic() - started), 2),
         "load_average_end": os.getloadavg()[0],
+        "detector_at_end": detector.notes(started_wall),
     }
     if result["confirmed"] < result["sent"]:
         result["logs"] = str(work)  # kept: the sidecar's and the gateway's logs say why
