@@ -108,6 +108,10 @@ class _Session:
     unacked_since: float | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    # Held by whoever brings this Envoy to the target: the session's own task (after a request,
+    # a reconnect) or a write that found the session idle and converges it itself, without the
+    # task switch a wake-up costs (about 1 ms at p50 and 10 ms at p99 on a busy loop).
+    converging: asyncio.Lock = field(default_factory=asyncio.Lock)
     # A bounded queue: the syncer puts one response and waits for its ACK, so at most one is
     # queued; everything else an Envoy is owed is the difference between the target and `held`,
     # recomputed, so a slow Envoy costs no memory per change, only one response's worth.
@@ -188,6 +192,11 @@ class _Session:
         while True:
             await self.wake.wait()
             self.wake.clear()
+            await self.step()
+
+    async def step(self) -> None:
+        """One pass toward the target; marks the generation synced when nothing is left dirty."""
+        async with self.converging:
             generation = self.transport._generation
             if self.transport._seeded:
                 await self._converge()
@@ -321,7 +330,10 @@ class _Session:
         self.sent += count
         timeout = self.transport.ack_timeout + self.transport.seconds_per_resource * count
         try:
-            await asyncio.wait_for(self.outbox.put(response), timeout)
+            if self.outbox.full():
+                await asyncio.wait_for(self.outbox.put(response), timeout)
+            else:
+                self.outbox.put_nowait(response)  # the usual case, without a task for the put
             error = await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError as exc:
             raise _Behind(f"no answer to {count} {_KIND[type_url]} resources in {timeout:.1f}s") from exc
@@ -438,13 +450,7 @@ class XdsTransport:
             try:
                 await session.run()
             except Exception as exc:  # noqa: BLE001 - any failure ends this stream only; Envoy reconnects
-                if not isinstance(exc, _Behind):
-                    log.exception("xds stream failed", extra={"envoy": session.name})
-                log.warning("ending an envoy's stream", extra={"envoy": session.name, "error": str(exc)})
-                what = "fell behind" if isinstance(exc, _Behind) else "failed"
-                session.cut = f"{what}: {exc}; reconnect to be brought up to date"
-                self._sessions.discard(session)
-                session.end()
+                self._cut(session, exc)
 
         tasks = [asyncio.create_task(read()), asyncio.create_task(sync())]
         try:
@@ -457,6 +463,18 @@ class XdsTransport:
             async with session.changed:
                 session.changed.notify_all()
             log.info("envoy disconnected", extra={"envoy": session.name})
+
+    def _cut(self, session: _Session, exc: Exception) -> None:
+        """End a stream that failed or fell behind: it stops counting, and its Envoy reconnects."""
+        if session.cut is not None:
+            return
+        if not isinstance(exc, _Behind):
+            log.error("xds stream failed", exc_info=exc, extra={"envoy": session.name})
+        log.warning("ending an envoy's stream", extra={"envoy": session.name, "error": str(exc)})
+        what = "fell behind" if isinstance(exc, _Behind) else "failed"
+        session.cut = f"{what}: {exc}; reconnect to be brought up to date"
+        self._sessions.discard(session)
+        session.end()
 
     # --- Transport ------------------------------------------------------------------------------------
 
@@ -535,15 +553,28 @@ class XdsTransport:
         self._generation += 1
         generation = self._generation
         sessions = list(self._sessions)
+        idle = [s for s in sessions if not s.converging.locked()]
         for session in sessions:
             for key in keys:
                 session.nacks.pop(key, None)
             session.dirty |= keys
-            session.wake.set()
+            if session not in idle:
+                session.wake.set()
+        # An idle session is converged here; the others by their own task, once it is done.
+        if len(idle) == 1:
+            await self._step(idle[0])  # gather would start a task for it: the switch this avoids
+        elif idle:
+            await asyncio.gather(*(self._step(session) for session in idle))
         for session in sessions:
             async with session.changed:
                 await session.changed.wait_for(lambda s=session: s.synced >= generation or s not in self._sessions)
         return sessions
+
+    async def _step(self, session: _Session) -> None:
+        try:
+            await session.step()
+        except Exception as exc:  # noqa: BLE001 - as in the session's own task: this stream only
+            self._cut(session, exc)
 
     async def aclose(self) -> None:
         await self._stop()
