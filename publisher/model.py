@@ -237,6 +237,8 @@ def _endpoint_host_problem(host: str) -> str | None:
             return f"{host} is not an IPv6 address"
         return None
     if _all_digit_label(host.rsplit(".", 1)[-1]):
+        if is_canonical_ipv4(host):
+            return None
         try:
             address = ipaddress.IPv4Address(host)
         except ValueError:
@@ -245,6 +247,16 @@ def _endpoint_host_problem(host: str) -> str | None:
             return f"{host} is not in canonical dotted-quad form"
         return None
     return _dns_name_problem(host.lower())
+
+
+_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_CANONICAL_IPV4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
+
+
+def is_canonical_ipv4(host: str) -> bool:
+    """A dotted quad as `ipaddress` writes it (no leading zeros): the common case, checked
+    without ipaddress, whose parse was a third of rendering 10,000 maps."""
+    return _CANONICAL_IPV4.fullmatch(host) is not None
 
 
 def _all_digit_label(label: str) -> bool:

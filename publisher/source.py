@@ -24,7 +24,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from publisher import metrics
-from publisher.kube import INFERENCE_SERVICES, TRAFFIC_MAPS, Kube, KubeError, Resource
+from publisher.kube import INFERENCE_SERVICES, TRAFFIC_MAPS, Kube, KubeError, Resource, decode_json
 from publisher.manifests import ManifestError, read_manifests
 from publisher.model import (
     INFERENCE_SERVICE_KIND,
@@ -174,7 +174,7 @@ class WatchState:
         if not line:
             return None
         try:
-            event = json.loads(line)
+            event = decode_json(line)
             kind, obj = event["type"], event["object"]
         except (ValueError, KeyError, TypeError) as exc:
             raise WatchError(f"undecodable watch line: {line[:200]!r}") from exc

@@ -3,12 +3,15 @@ unknown and missing optional fields are tolerated."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from publisher.gate import GateOptions, decide
-from publisher.model import Reason, TrafficMap, is_hostname, parse_endpoint, parse_traffic_map
+from publisher.model import Reason, TrafficMap, is_canonical_ipv4, is_hostname, parse_endpoint, parse_traffic_map
 from tests.builders import make_entry, make_map
 
 A = "worker-a"
@@ -137,3 +140,13 @@ def test_plain_endpoint_hosts_still_pass(url):
                                       ("a" * 64 + ".example.com", False), ("x." * 130 + "com", False)])
 def test_hostnames_are_dns_names_within_limits(host, ok):
     assert is_hostname(host) is ok
+
+
+@given(st.lists(st.one_of(st.integers(0, 300), st.from_regex(r"0[0-9]{1,2}", fullmatch=True)), min_size=3, max_size=5))
+def test_the_ipv4_fast_path_agrees_with_ipaddress(octets: list[int | str]) -> None:
+    host = ".".join(str(octet) for octet in octets)
+    try:
+        canonical = str(ipaddress.IPv4Address(host)) == host
+    except ValueError:
+        canonical = False
+    assert is_canonical_ipv4(host) == canonical
