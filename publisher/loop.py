@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 
 # Deciding a map takes about 30 us: a slice of 256 holds the event loop for under 10 ms.
 RESYNC_SLICE = 256
+# Until the first sync is done the heap only grows (every object listed is kept), so the cyclic
+# collector's default 700-allocation trigger only rescans survivors: at 10,000 maps it was half of
+# the first list's CPU and of deciding. Collections still run, 140x less often.
+STARTUP_GC_THRESHOLD = 100_000
 
 
 class KeyQueue:
@@ -175,6 +179,7 @@ class Publisher:
         self.is_synced = False
         self.synced_event = asyncio.Event()
         self.started = False
+        self.gc_threshold = gc.get_threshold()  # restored once the first sync is done
         self.leading = kube is not None and options.report_status
         self.last_success: float | None = None
         self._state_counts: dict[str, int] = {}
@@ -466,6 +471,7 @@ class Publisher:
         # walking 10,000 maps (a pause of about 200 ms each) while events wait.
         gc.collect()
         gc.freeze()
+        gc.set_threshold(*self.gc_threshold)
         while True:
             await self.queue.wait()
             hold_off = self.adapter.hold_off()
@@ -697,22 +703,26 @@ async def run(
 ) -> None:
     """The sidecar: one TaskGroup owns the server, the source, the applier, resync and status."""
     publisher.source_problem = source.problem
-    runner = await start_server(metrics.make_app(publisher), *listen) if listen is not None else None
-    async with asyncio.TaskGroup() as group:
-        if runner is not None:
-            group.create_task(serve(runner))
-        group.create_task(publisher.adapter.serve())
-        # The first list and the gateway's read-back (Envoy's, for one, waits for an Envoy to
-        # connect) run side by side; the applier starts once both are done.
-        group.create_task(source.run())
-        await publisher.start()
-        group.create_task(publisher.run_applier())
-        group.create_task(publisher.run_resync())
-        if publisher.kube is not None and publisher.options.report_status:
-            group.create_task(publisher.run_status_writer())
-            if leader is not None:
-                publisher.leading = False
-                group.create_task(run_leader_election(publisher, publisher.kube, leader))
+    gc.set_threshold(STARTUP_GC_THRESHOLD, *publisher.gc_threshold[1:])
+    try:
+        runner = await start_server(metrics.make_app(publisher), *listen) if listen is not None else None
+        async with asyncio.TaskGroup() as group:
+            if runner is not None:
+                group.create_task(serve(runner))
+            group.create_task(publisher.adapter.serve())
+            # The first list and the gateway's read-back (Envoy's, for one, waits for an Envoy to
+            # connect) run side by side; the applier starts once both are done.
+            group.create_task(source.run())
+            await publisher.start()
+            group.create_task(publisher.run_applier())
+            group.create_task(publisher.run_resync())
+            if publisher.kube is not None and publisher.options.report_status:
+                group.create_task(publisher.run_status_writer())
+                if leader is not None:
+                    publisher.leading = False
+                    group.create_task(run_leader_election(publisher, publisher.kube, leader))
+    finally:
+        gc.set_threshold(*publisher.gc_threshold)  # also when stopped before the first sync
 
 
 async def once(publisher: Publisher, source: Source, *, read_gateway: bool = True, timeout: float | None = None) -> None:

@@ -476,3 +476,69 @@ async def test_a_resync_feeds_the_queue_a_slice_at_a_time():
     publisher.changed([MapKey("prod", "fresh")], at=0.0)
     taken = publisher.queue.take_ready()
     assert MapKey("prod", "fresh") in taken and len(taken) <= loop.RESYNC_SLICE + 1
+
+
+async def test_the_first_list_runs_with_rare_collections_and_the_default_comes_back_after_the_first_sync():
+    """Listing 10,000 maps under the collector's default trigger spent half its CPU rescanning
+    what it had just listed; the trigger is raised until the first sync, then put back."""
+    import gc
+
+    default = gc.get_threshold()
+    publisher, stores, adapter = make_publisher()
+    during_list: list[tuple[int, ...]] = []
+    release = asyncio.Event()
+
+    class GatedSource:
+        async def run(self) -> None:
+            during_list.append(gc.get_threshold())
+            await release.wait()
+            put_map(stores, make_map())
+            publisher.changed([CHAT], at=0.0)
+            publisher.synced()
+            await asyncio.Event().wait()
+
+        def problem(self) -> None:
+            return None
+
+    task = asyncio.create_task(loop.run(publisher, GatedSource()))
+    try:
+        while not during_list:
+            await asyncio.sleep(0.01)
+        assert during_list[0][0] == loop.STARTUP_GC_THRESHOLD > default[0]
+        release.set()
+        while CHAT not in adapter.held:
+            await asyncio.sleep(0.01)
+        for _ in range(100):
+            if gc.get_threshold() == default:
+                break
+            await asyncio.sleep(0.01)
+        assert gc.get_threshold() == default
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        gc.unfreeze()
+    assert gc.get_threshold() == default
+
+
+async def test_a_sidecar_stopped_before_its_first_sync_puts_the_collector_back():
+    import gc
+
+    default = gc.get_threshold()
+    publisher, _, _ = make_publisher()
+
+    class SilentSource:
+        async def run(self) -> None:
+            await asyncio.Event().wait()
+
+        def problem(self) -> None:
+            return None
+
+    task = asyncio.create_task(loop.run(publisher, SilentSource()))
+    for _ in range(100):
+        if gc.get_threshold() != default:
+            break
+        await asyncio.sleep(0.01)
+    assert gc.get_threshold()[0] == loop.STARTUP_GC_THRESHOLD
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert gc.get_threshold() == default
