@@ -354,6 +354,103 @@ async def test_the_transport_warns_before_the_table_fills(tmp_path: Path, caplog
             next(r for r in caplog.records if r.getMessage() == "nginx refused batch"))
 
 
+def _one_map_batch(index: int, weight: int = 1) -> str:
+    text = entry_text(LuaRenderer().render(MapKey("ns", f"m{index}"), route(f"m{index}.example.com", ("a", "http://127.0.0.1:1", weight))),
+                      {"127.0.0.1": ("127.0.0.1",)})  # fmt: skip
+    return f'{{"replace":false}}\nset ns/m{index} {text}'
+
+
+async def _changes(lua: Lua, since: int, *, wait: float = 0, boot: str | None = None) -> tuple[int, dict]:
+    boot = boot or (await lua.control("GET", "/state"))[1]["boot"]
+    return await lua.control("GET", f"/changes?boot={boot}&since={since}&wait={wait}")
+
+
+@pytest.mark.slow
+async def test_changes_since_a_version_list_exactly_the_maps_changed_after_it_and_reads_change_nothing(tmp_path: Path) -> None:
+    async with lua_nginx(tmp_path) as lua:
+        a, b, c, d = (MapKey("ns", name) for name in "abcd")
+        await lua.push({key: route(f"{key.name}.example.com", ("a", "http://127.0.0.1:1", 1)) for key in (a, b, c)})
+        since = (await lua.control("GET", "/state"))[1]["version"]
+        await lua.push({a: route("a.example.com", ("a", "http://127.0.0.1:1", 5))})
+        await lua.push({b: None, d: route("d.example.com", ("a", "http://127.0.0.1:1", 1))})
+        await lua.push({a: route("a.example.com", ("a", "http://127.0.0.1:1", 7))})
+        before = (await lua.control("GET", "/table"))[1]
+        status, answer = await _changes(lua, since)
+        assert status == 200
+        entries = dict(line.split(" ", 1) for line in before["lines"])
+        assert answer["lines"] == sorted([f"set ns/a {entries['ns/a']}", "delete ns/b", f"set ns/d {entries['ns/d']}"])
+        assert json.loads(entries["ns/a"])["b"][0][2] == 7, "the current entry, not the one logged first"
+        assert {k: answer[k] for k in ("version", "checksum", "boot")} == {k: before[k] for k in ("version", "checksum", "boot")}
+        status, answer = await _changes(lua, before["version"])
+        assert (status, answer["lines"]) == (200, [])
+        status, answer = await _changes(lua, before["version"] - 1)
+        assert answer["lines"] == [f"set ns/a {entries['ns/a']}"]
+        assert (await lua.control("GET", "/table"))[1] == before, "reads change neither the table nor its room"
+
+
+@pytest.mark.slow
+async def test_changes_from_an_unknown_version_say_read_the_table_instead(tmp_path: Path) -> None:
+    async with lua_nginx(tmp_path, shared_dict_size="8m") as lua:
+        await lua.control("POST", "/batch", _one_map_batch(0))
+        state = (await lua.control("GET", "/state"))[1]
+        for since, boot in [(state["version"] + 1, None), (0, "0123456789abcdef")]:
+            status, answer = await _changes(lua, since, boot=boot)
+            assert status == 410 and "read /table instead" in answer["error"], (since, boot)
+        assert (await _changes(lua, 0))[0] == 200
+        # More versions than the log keeps: the oldest go, the recent ones still answer.
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {lua.nginx.secret_file.read_text().strip()}"}) as session:
+            for index in range(1030):
+                async with session.post(lua.nginx.control_url + "/batch", data=_one_map_batch(index % 7, 2 + index)) as response:
+                    assert response.status == 200
+        version = (await lua.control("GET", "/state"))[1]["version"]
+        assert (await _changes(lua, state["version"]))[0] == 410
+        status, answer = await _changes(lua, version - 1000)
+        assert status == 200 and sorted(line.split(" ")[1] for line in answer["lines"]) == [f"ns/m{i}" for i in range(7)]
+        # A batch larger than the log empties it: a reader before it must read the table.
+        many = "\n".join(["{}"] + [_one_map_batch(i).split("\n")[1] for i in range(100, 4300)])
+        assert (await lua.control("POST", "/batch", many))[0] == 200
+        after = (await lua.control("GET", "/state"))[1]["version"]
+        assert (await _changes(lua, after - 1))[0] == 410
+        assert (await _changes(lua, after))[0] == 200
+
+
+@pytest.mark.slow
+async def test_a_long_poll_answers_once_the_version_moves_and_empty_when_the_wait_ends(tmp_path: Path) -> None:
+    async with lua_nginx(tmp_path) as lua:
+        version = (await lua.control("GET", "/state"))[1]["version"]
+        status, answer = await _changes(lua, version, wait=0.3)
+        assert (status, answer["version"], answer["lines"]) == (200, version, [])
+        waiting = asyncio.create_task(_changes(lua, version, wait=30))
+        await asyncio.sleep(0.2)
+        assert not waiting.done(), "it waits while nothing changes"
+        await lua.push({KEY: route(HOST, ("a", "http://127.0.0.1:1", 1))})
+        status, answer = await asyncio.wait_for(waiting, 10)  # well before its 30 s wait ends
+        assert status == 200 and answer["version"] == version + 1
+        assert [line.split(" ")[:2] for line in answer["lines"]] == [["set", str(KEY)]]
+        assert (await lua.control("GET", f"/changes?boot=x&since={version}&wait=31"))[0] == 400
+
+
+@pytest.mark.slow
+async def test_a_full_table_drops_the_change_log_before_it_refuses_a_batch(tmp_path: Path) -> None:
+    async with lua_nginx(tmp_path, shared_dict_size="128k") as lua:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {lua.nginx.secret_file.read_text().strip()}"}) as session:
+            for index in range(2000):  # bounded: 128k holds far fewer maps
+                async with session.post(lua.nginx.control_url + "/batch", data=_one_map_batch(index)) as response:
+                    if response.status != 200:
+                        break
+            else:
+                pytest.fail("the table never filled")
+        assert response.status == 507
+        before = (await lua.control("GET", "/table"))[1]
+        assert len(before["lines"]) == index, "every batch before the refused one was applied"
+        # The refused batch found the log emptied for its room first: readers read the table.
+        assert (await _changes(lua, before["version"] - 1))[0] == 410
+        status, answer = await lua.control("POST", "/batch", _one_map_batch(index))
+        assert status == 507 and answer["version"] == before["version"]
+        assert (await lua.control("GET", "/table"))[1] == before
+        assert (await _changes(lua, before["version"]))[0] == 200
+
+
 @pytest.mark.slow
 async def test_an_nginx_restart_is_detected_and_the_table_restored_within_a_second(tmp_path: Path) -> None:
     async with Backends(("a", "b")) as backends, lua_nginx(tmp_path) as lua, serving(lua.transport):
