@@ -15,18 +15,22 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.base import Rejected, Unavailable
 from adapters.nginx import NginxOptions
 from adapters.nginx_lua import (
     LuaPart,
     LuaRenderer,
+    LuaStats,
     LuaTransport,
     checksum,
     decode_entry,
     entry_text,
     http_snippet,
 )
+from publisher import metrics
 from publisher.cli import main
 from publisher.model import Backend, MapKey, Route
 from tests.adapters.nginx_fixtures import RunningLuaNginx, running_lua_nginx
@@ -335,6 +339,39 @@ async def test_a_batch_larger_than_the_table_is_refused_whole_and_the_table_is_u
         assert lua.transport.stats.bytes_free is not None and lua.transport.stats.bytes_used
         assert await measure(lua.nginx.url, HOST, 10) == {"a": 10}
         assert await measure(lua.nginx.url, "m1.example.com", 5) == {"status:404": 5}
+
+
+def _scraped_table_series(stats: LuaStats) -> dict[str, float]:
+    metrics.watch_nginx_table(stats)
+    try:
+        families = list(text_string_to_metric_families(generate_latest(metrics.REGISTRY).decode()))
+    finally:
+        metrics.watch_nginx_table(None)
+    return {sample.name + "".join(f"{{{v}}}" for v in sample.labels.values()): sample.value
+            for family in families if family.name.startswith(metrics.PREFIX + "nginx_") for sample in family.samples}  # fmt: skip
+
+
+@pytest.mark.slow
+async def test_the_transport_counters_are_exported_as_prometheus_series(tmp_path: Path) -> None:
+    async with lua_nginx(tmp_path, shared_dict_size="128k") as lua, serving(lua.transport):
+        await lua.push({KEY: route(HOST, ("a", "http://127.0.0.1:1", 1))})
+        many = {MapKey("ns", f"m{i}"): route(f"m{i}.example.com", ("a", "http://127.0.0.1:1", 1)) for i in range(2000)}
+        with pytest.raises(Rejected):
+            await lua.push(many)
+        await lua.nginx.restart()
+        await eventually(lambda: lua.transport.stats.restarts_detected == 1, timeout=5)
+        state = (await lua.control("GET", "/state"))[1]
+        series = _scraped_table_series(lua.transport.stats)
+        prefix = metrics.PREFIX + "nginx_"
+        assert series[prefix + "table_pushes_total"] == 2, "the map, then the table restored"
+        assert series[prefix + "table_failures_total{table_full}"] == 1
+        assert series[prefix + "table_failures_total{unreachable}"] == 0, "every reason exported from 0"
+        assert series[prefix + "restarts_detected_total"] == 1
+        assert series[prefix + "table_free_bytes"] == state["bytes_free"]
+        assert series[prefix + "table_used_bytes"] == state["bytes_used"]
+    assert not [name for name in _scraped_table_series(LuaStats()) if "bytes" in name], "no bytes before NGINX answered"
+    metrics.watch_nginx_table(None)
+    assert not any(f.name.startswith(metrics.PREFIX + "nginx_") for f in metrics.REGISTRY.collect())
 
 
 @pytest.mark.slow
