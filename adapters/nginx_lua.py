@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import hashlib
 import ipaddress
 import json
@@ -256,6 +257,15 @@ async def resolve_name(name: str, port: int) -> tuple[str, ...]:
     return tuple(addresses[:MAX_ADDRESSES])
 
 
+@functools.lru_cache(maxsize=65536)
+def _ip_literal(name: str) -> tuple[str, ...] | None:
+    """The address an IP literal names (it never moves, so it is never re-resolved), else None."""
+    try:
+        return (str(ipaddress.ip_address(name)),)
+    except ValueError:
+        return None
+
+
 class _Refused(Exception):
     def __init__(self, status: int, body: dict[str, Any]) -> None:
         super().__init__(body.get("error", f"HTTP {status}"))
@@ -422,7 +432,8 @@ class LuaTransport:
         self._entries, self._parts, self._hashes = entries, parts, hashes
         now = self._clock()
         for name, addresses in names.items():
-            self._names.setdefault(name, (addresses, now))
+            if _ip_literal(name) is None:
+                self._names.setdefault(name, (addresses, now))
 
     async def _check_boot(self) -> None:
         answer, _ = await self._request("GET", "/state")
@@ -502,17 +513,19 @@ class LuaTransport:
         self.stats.pushes += 1
 
     def _entry_text(self, part: LuaPart) -> str:
-        return entry_text(part, {b.name: self._names[b.name][0] for b in part.backends})
+        return entry_text(part, {b.name: _ip_literal(b.name) or self._names[b.name][0] for b in part.backends})
 
     async def _resolve_names(self, changes: Mapping[MapKey, LuaPart | None], *, force: frozenset[str]) -> dict[MapKey, str]:
         """Resolve, concurrently, every name of `changes` not known or due (or in `force`); the
         maps whose names do not resolve, with why. A name keeps its last addresses until a lookup
         succeeds (fail static)."""
         now = self._clock()
-        wanted = {(b.name, b.port) for part in changes.values() if part is not None for b in part.backends}
+        # One lookup per name, whatever its ports; an IP literal is its own address, never looked up.
+        wanted = {b.name: b.port for part in changes.values() if part is not None for b in part.backends}
         due = sorted(
-            (name, port) for name, port in wanted
-            if name in force or name not in self._names or now - self._names[name][1] > self._resolve_interval
+            (name, port) for name, port in wanted.items()
+            if (name in force or name not in self._names or now - self._names[name][1] > self._resolve_interval)
+            and _ip_literal(name) is None
         )  # fmt: skip
         lookups = (asyncio.wait_for(self._resolve(name, port), RESOLVE_TIMEOUT) for name, port in due)
         results = await asyncio.gather(*lookups, return_exceptions=True)

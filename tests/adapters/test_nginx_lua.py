@@ -586,6 +586,32 @@ async def test_names_are_re_resolved_and_a_moved_address_is_pushed(tmp_path: Pat
             await transport.aclose()
 
 
+@pytest.mark.slow
+async def test_ip_literals_are_never_looked_up_and_a_name_is_looked_up_once_whatever_its_ports(tmp_path: Path) -> None:
+    lookups: list[str] = []
+
+    async def resolve(name: str, port: int) -> tuple[str, ...]:
+        lookups.append(name)
+        return ("127.0.0.1",)
+
+    async with running_lua_nginx(tmp_path) as nginx:
+        transport = LuaTransport(nginx.options(), resolve=resolve, resolve_interval=0.05, poll_interval=0.02)
+        lua = Lua(nginx, transport)
+        try:
+            await lua.push({
+                KEY: route(HOST, ("a", "http://127.0.0.1:1", 1), ("b", "http://[::1]:2", 1), ("c", "http://svc.test:3", 1)),
+                MapKey("ns", "n"): route("n.example.com", ("a", "http://127.0.0.1:4", 1), ("c", "http://svc.test:5", 1)),
+            })  # fmt: skip
+            assert lookups == ["svc.test"]
+            async with serving(transport):
+                await eventually(lambda: len(lookups) >= 3, timeout=5)
+            assert set(lookups) == {"svc.test"}, "only the name is re-resolved"
+            served = decode_entry(dict(line.split(" ", 1) for line in (await lua.control("GET", "/table"))[1]["lines"])["ns/m"])[1]
+            assert served == {"127.0.0.1": ("127.0.0.1",), "::1": ("::1",), "svc.test": ("127.0.0.1",)}
+        finally:
+            await transport.aclose()
+
+
 async def _served_addresses(lua: Lua) -> bool:
     (line,) = (await lua.control("GET", "/table"))[1]["lines"]
     return json.loads(line.partition(" ")[2])["b"][0][3] == ["127.0.0.2"]
