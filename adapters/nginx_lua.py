@@ -164,7 +164,8 @@ def http_snippet(
 # outside http {{}} (Debian's libnginx-mod-http-lua does it in /etc/nginx/modules-enabled/):
 {"".join(f"#   load_module {module};{chr(10)}" for module in LOAD_MODULES)}\
 lua_package_path "{LUA_DIR}/?.lua;;";
-# Sized for the fleet: about 660 bytes per map of 4 backends (32m: ~45,000 maps).
+# Sized for the fleet: about 660 bytes per map of 4 backends, plus up to 0.25 MB for the change
+# log /changes reads (32m: ~45,000 maps).
 lua_shared_dict ome_routes {shared_dict_size};
 init_by_lua_block {{
     require("ome_control").init("{secret_file}")
