@@ -1150,6 +1150,8 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, report_stat
         "ratio_p99": round(pub["p99"] / ref["p99"], 1) if ref["p99"] > 0 else None,
         "cpu_ms_per_update": {label: round(cpu[label] * 1000 / max(1, len(sent)), 2) for label in cpu},
         "peak_rss_mb": {label: round(v) for label, v in peak.peaks.items()},
+        # Every PID seen in the gateway's tree: a reload starts new workers, so more than at start.
+        "gateway_processes_seen": len(peak.cpu_pids[launched.gateway_label]) if launched.gateway_pid is not None else 0,
         "churn_seconds": round(churn_seconds, 1),
         "detector_read_ms": round(detector.read_seconds * 1000 / max(1, detector.reads), 1),
         "detector_duty": round(detector.read_seconds / max(1e-9, time.monotonic() - started), 2),
@@ -1174,7 +1176,8 @@ def print_run(r: dict[str, Any]) -> None:
           f"load average {r['load_average_start']:.2f} -> {r['load_average_end']:.2f})")
     print(f"  all {r['maps']} maps served {r['start_seconds']} s after the sidecar started "
           f"(sidecar peak RSS then {r['sidecar_rss_start_mb']} MB)")
-    print(f"  peak RSS: " + ", ".join(f"{k} {v} MB" for k, v in r["peak_rss_mb"].items()))
+    print(f"  peak RSS: " + ", ".join(f"{k} {v} MB" for k, v in r["peak_rss_mb"].items())
+          + (f" (gateway processes seen: {r['gateway_processes_seen']})" if r["gateway_processes_seen"] else ""))
     print(f"  latency stamp -> served: publisher p50 {p['p50']} ms, p99 {p['p99']} ms, max {p['max']} ms")
     print(f"  latency stamp -> decoded: bare watch p50 {b['p50']} ms, p99 {b['p99']} ms, max {b['max']} ms")
     print(f"  sender: {r['achieved_rate']} updates/s achieved of {r['rate']}/s; its two API writes per update took p50 {r['api_write_ms']['p50']} ms, "
