@@ -30,8 +30,9 @@ from adapters.nginx_lua import (
     entry_text,
     http_snippet,
 )
-from publisher import metrics
+from publisher import app, metrics
 from publisher.cli import main
+from publisher.config import RunConfig
 from publisher.model import Backend, MapKey, Route
 from tests.adapters.nginx_fixtures import RunningLuaNginx, running_lua_nginx
 from tests.gateways import Backends, assert_measured_split, eventually, measure
@@ -372,6 +373,22 @@ async def test_the_transport_counters_are_exported_as_prometheus_series(tmp_path
     assert not [name for name in _scraped_table_series(LuaStats()) if "bytes" in name], "no bytes before NGINX answered"
     metrics.watch_nginx_table(None)
     assert not any(f.name.startswith(metrics.PREFIX + "nginx_") for f in metrics.REGISTRY.collect())
+
+
+@pytest.mark.slow
+async def test_run_in_lua_mode_exports_its_transports_table_series(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    async with running_lua_nginx(tmp_path / "nginx") as nginx:
+        config = RunConfig(source=f"dir:{maps}", adapter="nginx", nginx_mode="lua", nginx_control_url=nginx.control_url,
+                           nginx_secret_file=nginx.secret_file, once=True)  # fmt: skip
+        try:
+            await app.run(config)
+            names = {family.name for family in metrics.REGISTRY.collect()}
+        finally:
+            metrics.watch_nginx_table(None)
+    prefix = metrics.PREFIX + "nginx_"
+    assert {prefix + "table_pushes", prefix + "table_free_bytes", prefix + "restarts_detected"} <= names
 
 
 @pytest.mark.slow
