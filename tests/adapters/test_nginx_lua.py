@@ -485,6 +485,44 @@ async def test_a_long_poll_answers_once_the_version_moves_and_empty_when_the_wai
 
 
 @pytest.mark.slow
+async def test_a_reader_following_changes_while_both_workers_apply_batches_ends_with_the_table(tmp_path: Path) -> None:
+    async with lua_nginx(tmp_path, workers=2) as lua:
+        headers = {"Authorization": f"Bearer {lua.nginx.secret_file.read_text().strip()}"}
+        state = (await lua.control("GET", "/state"))[1]
+        boot, version, view = state["boot"], state["version"], {}
+        writes_done = asyncio.Event()
+
+        async def write(session: aiohttp.ClientSession, start: int) -> None:
+            # Sets and deletes among 12 maps; two writers, so batches land on both workers.
+            for n in range(start, 300, 2):
+                lines = [_one_map_batch((n + i) % 12, 2 + n).split("\n")[1] for i in range(n % 3 + 1)]
+                body = "\n".join(['{}', *lines] + ([f"delete ns/m{(n + 5) % 12}"] if n % 4 == 0 else []))
+                async with session.post(lua.nginx.control_url + "/batch", data=body) as response:
+                    assert response.status == 200, await response.text()
+
+        async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=4)) as session:
+            writers = asyncio.gather(write(session, 0), write(session, 1))
+            writers.add_done_callback(lambda _: writes_done.set())
+            for _ in range(2000):  # bounded: each answer moves the version or ends a 0.5 s wait
+                status, answer = await lua.control("GET", f"/changes?boot={boot}&since={version}&wait=0.5")
+                assert status == 200, answer
+                for line in answer["lines"]:
+                    verb, key, *entry = line.split(" ", 2)
+                    if verb == "set":
+                        view[key] = entry[0]
+                    else:
+                        view.pop(key, None)
+                version = answer["version"]
+                if writes_done.is_set() and version == (await lua.control("GET", "/state"))[1]["version"]:
+                    break
+            await writers
+        table = (await lua.control("GET", "/table"))[1]
+        assert table["version"] == version
+        assert view == dict(line.split(" ", 1) for line in table["lines"])
+        assert checksum({MapKey(*key.split("/")): text for key, text in view.items()}) == table["checksum"]
+
+
+@pytest.mark.slow
 async def test_a_full_table_drops_the_change_log_before_it_refuses_a_batch(tmp_path: Path) -> None:
     async with lua_nginx(tmp_path, shared_dict_size="128k") as lua:
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {lua.nginx.secret_file.read_text().strip()}"}) as session:
