@@ -89,7 +89,8 @@ local function batch()
     return reply(200, table_.state())
 end
 
--- A reader long-polling /changes checks the version this often; at most this long.
+-- A reader long-polling /changes checks the version this often (about 2 % of a worker's core
+-- while it waits; versions move in any worker, so there is nothing to wait on); at most this long.
 local WAIT_STEP = 0.001
 local MAX_WAIT = 30
 
