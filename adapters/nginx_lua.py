@@ -288,7 +288,8 @@ class LuaTransport:
 
     One lock orders every control request: the engine's writes and reads, and `serve()`, which
     polls the boot id (re-pushing the whole table after a restart) and re-resolves names. The
-    checksum and the name cache are kept incrementally, so a write costs O(changed maps).
+    checksum and the name cache are kept incrementally, so a write costs O(changed maps), and a
+    read-back of a table NGINX still holds as confirmed reads no table.
     """
 
     def __init__(
@@ -329,7 +330,8 @@ class LuaTransport:
 
     async def read(self) -> dict[MapKey, Route]:
         async with self._lock:
-            await self._sync()
+            if self._boot is None or not await self._unchanged():
+                await self._sync()
             return {key: part.route() for key, part in self._parts.items()}
 
     async def write(self, parts: Mapping[MapKey, LuaPart], changes: Mapping[MapKey, LuaPart | None]) -> WriteResult:
@@ -435,6 +437,16 @@ class LuaTransport:
         for name, addresses in names.items():
             if _ip_literal(name) is None:
                 self._names.setdefault(name, (addresses, now))
+
+    async def _unchanged(self) -> bool:
+        """Whether NGINX holds exactly what it confirmed to us (boot, version, checksum), asked of
+        /changes: a resync's read-back of 10,000 unchanged maps is then one small answer, not the
+        whole table parsed on the event loop (0.6 s)."""
+        try:
+            answer, changes = await self._request("GET", f"/changes?boot={self._boot}&since={self._version}")
+        except _Refused:
+            return False  # 410: another boot, or the change log no longer reaches our version
+        return not changes.strip() and answer.get("version") == self._version and answer.get("checksum") == f"{self._sum:013x}"
 
     async def _check_boot(self) -> None:
         answer, _ = await self._request("GET", "/state")

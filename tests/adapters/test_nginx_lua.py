@@ -591,6 +591,35 @@ async def test_a_new_sidecar_reads_the_table_back_and_writes_nothing_when_nothin
 
 
 @pytest.mark.slow
+async def test_a_read_back_of_the_table_as_confirmed_reads_no_table_and_any_other_write_or_restart_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with lua_nginx(tmp_path) as lua:
+        desired = {KEY: route(HOST, ("a", "http://127.0.0.1:1", 1))}
+        await lua.push(desired)
+        paths: list[str] = []
+        request = lua.transport._request
+
+        async def recorded(method: str, path: str, body: str | None = None):  # type: ignore[no-untyped-def]
+            paths.append(path.partition("?")[0])
+            return await request(method, path, body)
+
+        monkeypatch.setattr(lua.transport, "_request", recorded)
+        assert await lua.transport.read() == desired
+        assert paths == ["/changes"], "a resync of an unchanged table is one small answer"
+        other = MapKey("ns", "other")
+        assert (await lua.control("POST", "/batch", _one_map_batch(9).replace("ns/m9", str(other))))[0] == 200
+        paths.clear()
+        assert set(await lua.transport.read()) == {KEY, other}
+        assert paths == ["/changes", "/table"]
+        await lua.nginx.restart()
+        paths.clear()
+        assert set(await lua.transport.read()) == {KEY, other}
+        assert paths[:2] == ["/changes", "/table"] and "/batch" in paths, "the restart is seen and the table restored"
+        assert lua.transport.stats.restarts_detected == 1
+
+
+@pytest.mark.slow
 async def test_a_name_that_does_not_resolve_rejects_only_its_map(tmp_path: Path) -> None:
     async with Backends(("a",)) as backends, lua_nginx(tmp_path) as lua:
         result = await lua.push({
