@@ -446,7 +446,8 @@ class LuaTransport:
             answer, changes = await self._request("GET", f"/changes?boot={self._boot}&since={self._version}")
         except _Refused:
             return False  # 410: another boot, or the change log no longer reaches our version
-        return not changes.strip() and answer.get("version") == self._version and answer.get("checksum") == f"{self._sum:013x}"
+        confirmed = answer.get("version") == self._version and answer.get("checksum") == f"{self._sum:013x}"
+        return confirmed and not changes.strip()
 
     async def _check_boot(self) -> None:
         answer, _ = await self._request("GET", "/state")

@@ -6,9 +6,10 @@
 -- read-back); GET /changes?boot=BOOT&since=VERSION[&wait=SECONDS] is the state line followed by
 -- "set <namespace>/<name> <entry>" or "delete <namespace>/<name>" per map changed after VERSION,
 -- from the change log without the batch lock (410: too old, another boot or ahead: read /table);
--- with wait, it answers once the version moves past VERSION or the wait ends; POST /batch (format in ome_table.parse_batch) validates a whole batch and applies
--- all of it or nothing (400 with a reason, 507 when the table is full, 409 when expect_boot names
--- another boot), answering with the state.
+-- with wait, it answers once the version moves past VERSION or the wait ends. POST /batch
+-- (format in ome_table.parse_batch) validates a whole batch and applies all of it or nothing (400
+-- with a reason, 507 when the table is full, 409 when expect_boot names another boot), answering
+-- with the state.
 local cjson = require("cjson.safe")
 local table_ = require("ome_table")
 

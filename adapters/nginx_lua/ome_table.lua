@@ -247,7 +247,10 @@ end
 local function log_changes(dict, version, changes)
     local keys = {}
     for key in pairs(changes) do keys[#keys + 1] = key end
-    if #keys > LOG_MAPS then return drop_log(dict, version) end
+    if #keys > LOG_MAPS then
+        drop_log(dict, version)
+        return
+    end
     local floor = dict:get("meta:log_floor") or 0
     local logged = dict:get("meta:log_maps") or 0
     while floor < version - 1 and (version - floor > LOG_VERSIONS or logged + #keys > LOG_MAPS) do
@@ -259,10 +262,11 @@ local function log_changes(dict, version, changes)
         end
     end
     dict:set("meta:log_floor", floor)
-    if not dict:safe_set("c:" .. version, #keys .. "\n" .. table.concat(keys, "\n")) then
-        return drop_log(dict, version)
+    if dict:safe_set("c:" .. version, #keys .. "\n" .. table.concat(keys, "\n")) then
+        dict:set("meta:log_maps", logged + #keys)
+    else
+        drop_log(dict, version)
     end
-    dict:set("meta:log_maps", logged + #keys)
 end
 
 -- Applies a planned batch; on a full dict, undoes what it did and returns nil, "table full".
