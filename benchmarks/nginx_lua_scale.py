@@ -3,8 +3,9 @@
 Starts Debian's NGINX (2 workers) with the `nginx-config` snippet on 127.0.0.1 and two local
 backends, loads N maps of 4 backends in one batch, then changes one map at a time (its weight moves
 from backend A to backend B) and times, per change, the confirmed write and the moment a request
-through NGINX first lands on B. Also: read-back time, table bytes, NGINX RSS, master and worker
-PIDs before and after (no reloads), and a restart restored. Everything is stopped at the end.
+through NGINX first lands on B. Also: read-back times (a sidecar's first, and a resync's), table
+bytes (and the change log's share), NGINX RSS, master and worker PIDs before and after (no
+reloads), and a restart restored. Everything is stopped at the end.
 
     python benchmarks/nginx_lua_scale.py --maps 10000 --changes 200
 """
@@ -75,6 +76,9 @@ async def main(maps: int, changes: int) -> None:
                     print(f"read-back of every map: {time.perf_counter() - started:.3f} s ({len(served)} maps)", flush=True)
                 finally:
                     await fresh.aclose()
+                started = time.perf_counter()
+                await transport.read()
+                print(f"read-back by the sidecar that wrote it (a resync, nothing changed): {time.perf_counter() - started:.3f} s", flush=True)
 
                 writes, visible = [], []
                 connector = aiohttp.TCPConnector(limit=1)
@@ -102,6 +106,9 @@ async def main(maps: int, changes: int) -> None:
                       f"{_percentile(writes, .99) * ms:.1f} / {max(writes) * ms:.1f} ms")  # fmt: skip
                 print(f"  write to visible in routing p50/p99/max: {_percentile(visible, .5) * ms:.1f} / "
                       f"{_percentile(visible, .99) * ms:.1f} / {max(visible) * ms:.1f} ms")  # fmt: skip
+                logged = (transport.stats.bytes_used or 0) - used
+                print(f"table bytes used after the changes: {(used + logged) / 1e6:.2f} MB (+{logged / 1e3:.0f} kB, "
+                      f"the change log of the last {min(changes, 1024)} batches)")  # fmt: skip
                 after = nginx.pids()
                 print(f"reloads: {'none (master and worker PIDs unchanged)' if after == pids else f'PIDs changed {pids} -> {after}'}")
                 print(f"NGINX RSS (master + workers): {_rss_mb([after[0], *after[1]]):.0f} MB")

@@ -150,6 +150,8 @@ async def run(config: RunConfig) -> Summary | None:
     metrics.per_map(config.metrics_per_map)
     transport = getattr(adapter, "transport", None)
     metrics.watch_envoys(transport if isinstance(transport, metrics.EnvoyFleet) else None)
+    stats = getattr(transport, "stats", None)
+    metrics.watch_nginx_table(stats if isinstance(stats, metrics.NginxTableStats) else None)
     kube = await Kube.connect(config.kubeconfig) if config.source == "kube" else None
     try:
         publisher, source = _assemble(config, adapter, kube)

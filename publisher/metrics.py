@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from aiohttp import web
@@ -164,6 +164,63 @@ REGISTRY.register(_ENVOYS)
 def watch_envoys(fleet: EnvoyFleet | None) -> None:
     """Export per-Envoy series for `fleet` (None: none)."""
     _ENVOYS.fleet = fleet
+
+
+# --- the NGINX Lua table ---------------------------------------------------------------------------
+
+# The reasons adapters.nginx_lua.LuaTransport counts a failure under: each exported from 0, so a
+# first failure is an increase.
+NGINX_TABLE_FAILURE_REASONS = ("invalid", "table_full", "unreachable", "unauthorized", "unconfirmed", "resolve")
+
+
+@runtime_checkable
+class NginxTableStats(Protocol):
+    """What the Lua transport counts (adapters.nginx_lua.LuaStats); bytes are None until NGINX answered."""
+
+    pushes: int
+    failures: Mapping[str, int]
+    restarts_detected: int
+    bytes_free: int | None
+
+    @property
+    def bytes_used(self) -> int | None: ...
+
+
+class _NginxTableCollector:
+    """Reads the Lua transport's counters at scrape time, so the transport keeps no metrics of its own."""
+
+    stats: NginxTableStats | None = None
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterable[Any]:
+        stats = self.stats
+        if stats is None:
+            return []
+        pushes = CounterMetricFamily(PREFIX + "nginx_table_pushes", "Batches NGINX's Lua table confirmed.", value=stats.pushes)
+        failures = CounterMetricFamily(
+            PREFIX + "nginx_table_failures", "Batches (and name lookups) that did not reach NGINX's Lua table, by reason.", labels=["reason"]
+        )
+        for reason in sorted({*NGINX_TABLE_FAILURE_REASONS, *stats.failures}):
+            failures.add_metric([reason], stats.failures.get(reason, 0))
+        restarts = CounterMetricFamily(
+            PREFIX + "nginx_restarts_detected", "NGINX restarts seen by a new boot id (the table re-pushed).", value=stats.restarts_detected
+        )
+        families = [pushes, failures, restarts]
+        if stats.bytes_free is not None and stats.bytes_used is not None:
+            families.append(GaugeMetricFamily(PREFIX + "nginx_table_used_bytes", "Bytes of NGINX's Lua table in use.", value=stats.bytes_used))
+            families.append(GaugeMetricFamily(PREFIX + "nginx_table_free_bytes", "Bytes of NGINX's Lua table still free.", value=stats.bytes_free))
+        return families
+
+
+_NGINX_TABLE = _NginxTableCollector()
+REGISTRY.register(_NGINX_TABLE)
+
+
+def watch_nginx_table(stats: NginxTableStats | None) -> None:
+    """Export the Lua table's series from `stats` (None: none)."""
+    _NGINX_TABLE.stats = stats
 
 
 # --- per-map series ------------------------------------------------------------------------------

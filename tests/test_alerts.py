@@ -23,6 +23,7 @@ import helm_python as helm
 import pytest
 import yaml
 
+from adapters.nginx_lua import LuaStats
 from publisher import metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,6 +236,19 @@ CASES: dict[str, Case] = {
         [_series("ome_gateway_publisher_verification_failures_total", TARGET, "4x15")],
         {"12m": []},
     ),
+    "nginx-table-filling": Case(
+        "OmeGatewayPublisherNginxTableFilling",
+        # A 32 MiB table: 20 % free, then 5 % free from 3m.
+        [_series("ome_gateway_publisher_nginx_table_free_bytes", TARGET, "6710886x2 1677721x15"),
+         _series("ome_gateway_publisher_nginx_table_used_bytes", TARGET, "26843546x2 31876710x15")],
+        {"6m": [], "9m": [(TARGET, f"{TARGET['pod']}: NGINX's Lua table has 5% of its room left")]},
+    ),
+    "nginx-table-roomy": Case(
+        "OmeGatewayPublisherNginxTableFilling",
+        [_series("ome_gateway_publisher_nginx_table_free_bytes", TARGET, "6710886x15"),
+         _series("ome_gateway_publisher_nginx_table_used_bytes", TARGET, "26843546x15")],
+        {"12m": []},
+    ),
     # Another region's sidecar does not answer for this one.
     "other-region-down": Case(
         "OmeGatewayPublisherDown",
@@ -290,9 +304,13 @@ def test_no_rule_names_a_job() -> None:
 
 
 def _exported_names() -> set[str]:
-    """Every series name the sidecar's registry can export."""
+    """Every series name the sidecar's registry can export, NGINX Lua mode's included."""
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
-    return {family.name + suffix for family in metrics.REGISTRY.collect() for suffix in suffixes[family.type]}
+    metrics.watch_nginx_table(LuaStats(bytes_capacity=1 << 20, bytes_free=1 << 19))
+    try:
+        return {family.name + suffix for family in metrics.REGISTRY.collect() for suffix in suffixes[family.type]}
+    finally:
+        metrics.watch_nginx_table(None)
 
 
 def _dashboard_queries() -> list[str]:

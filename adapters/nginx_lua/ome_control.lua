@@ -3,9 +3,13 @@
 -- Every request must carry "Authorization: Bearer <secret>", the secret read from a file at
 -- start (or reload). GET /state answers the boot id, version, checksum and table bytes (JSON);
 -- GET /table is that line followed by one "<namespace>/<name> <entry>" line per map (the
--- read-back); POST /batch (format in ome_table.parse_batch) validates a whole batch and applies
--- all of it or nothing (400 with a reason, 507 when the table is full, 409 when expect_boot names
--- another boot), answering with the state.
+-- read-back); GET /changes?boot=BOOT&since=VERSION[&wait=SECONDS] is the state line followed by
+-- "set <namespace>/<name> <entry>" or "delete <namespace>/<name>" per map changed after VERSION,
+-- from the change log without the batch lock (410: too old, another boot or ahead: read /table);
+-- with wait, it answers once the version moves past VERSION or the wait ends. POST /batch
+-- (format in ome_table.parse_batch) validates a whole batch and applies all of it or nothing (400
+-- with a reason, 507 when the table is full, 409 when expect_boot names another boot), answering
+-- with the state.
 local cjson = require("cjson.safe")
 local table_ = require("ome_table")
 
@@ -86,6 +90,44 @@ local function batch()
     return reply(200, table_.state())
 end
 
+-- A reader long-polling /changes checks the version this often (about 2 % of a worker's core
+-- while it waits; versions move in any worker, so there is nothing to wait on); at most this long.
+local WAIT_STEP = 0.001
+local MAX_WAIT = 30
+
+local function changes()
+    local args = ngx.req.get_uri_args()
+    local since, wait, boot = tonumber(args.since), tonumber(args.wait or 0), args.boot
+    if not since or since < 0 or since ~= math.floor(since) or not wait or wait < 0 or wait > MAX_WAIT
+        or type(boot) ~= "string" then
+        return reply(400, { error = "expected boot=BOOT&since=VERSION[&wait=0.." .. MAX_WAIT .. "]" })
+    end
+    local dict = table_.dict()
+    local deadline = ngx.now() + wait
+    while dict:get("meta:version") == since and dict:get("meta:boot") == boot and ngx.now() < deadline do
+        ngx.sleep(WAIT_STEP)
+    end
+    local state, changed
+    if boot == dict:get("meta:boot") then state, changed = table_.changes(since) end
+    if not state then
+        local answer = table_.state()
+        if changed == "busy" then
+            answer.error = "batches kept writing: ask again"
+            return reply(503, answer)
+        end
+        answer.error = "the changes since version " .. since .. " of boot " .. boot .. " are not kept: read /table instead"
+        return reply(410, answer)
+    end
+    local lines = { cjson.encode(state) }
+    for key, text in pairs(changed) do
+        lines[#lines + 1] = text and ("set " .. key .. " " .. text) or ("delete " .. key)
+    end
+    lines[#lines + 1] = ""
+    ngx.header["Content-Type"] = "text/plain"
+    ngx.print(table.concat(lines, "\n"))
+    return ngx.exit(200)
+end
+
 function _M.handle()
     if not authorized() then return reply(401, { error = "missing or wrong shared secret" }) end
     local method, uri = ngx.req.get_method(), ngx.var.uri
@@ -105,6 +147,7 @@ function _M.handle()
         ngx.print(table.concat(lines, "\n"))
         return ngx.exit(200)
     end
+    if uri == "/changes" and method == "GET" then return changes() end
     if uri == "/batch" and method == "POST" then return batch() end
     return reply(404, { error = "no such control endpoint" })
 end

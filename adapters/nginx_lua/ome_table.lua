@@ -4,7 +4,9 @@
 -- verbatim so both sides compute the same checksum); "h:<hostname>" names the map that owns a
 -- hostname; "meta:*" holds the boot id, the version and the checksum. A batch is validated whole
 -- before any of it is applied, and a batch the dict has no room for is undone: nothing else in
--- the table changes (safe_set never evicts).
+-- the table changes (safe_set never evicts). "c:<version>" is the change log: the maps batch
+-- <version> changed, kept for the versions above meta:log_floor, so a reader can ask what changed
+-- since a version in O(changed) without the batch lock; meta:writes is odd while a batch writes.
 local cjson = require("cjson.safe")
 
 local _M = {}
@@ -14,6 +16,12 @@ local CHECKSUM_MODULUS = 2 ^ 52 -- 13 hex digits of an md5: exact in a double, s
 local MAX_BACKENDS = 64
 local MAX_ADDRESSES = 16
 local MAX_WEIGHT = 1000000
+-- The change log's bounds: about 10 s of history at 100 single-map batches a second, and at most
+-- LOG_MAPS map keys in all (a larger batch, like a first publish, empties the log). It takes up
+-- to about 0.25 MB of the dict (128 KB measured for 1,024 one-map batches); a reader further
+-- behind reads the whole table.
+local LOG_VERSIONS = 1024
+local LOG_MAPS = 4096
 
 local HOSTNAME = [[^(\*\.)?[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$]]
 local SUBDOMAIN = [[^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$]]
@@ -49,6 +57,9 @@ function _M.init()
     dict:safe_add("meta:version", 0)
     dict:safe_add("meta:checksum", 0)
     dict:safe_add("meta:maps", 0)
+    dict:safe_add("meta:writes", 0)
+    dict:safe_add("meta:log_floor", 0)
+    dict:safe_add("meta:log_maps", 0)
 end
 
 local function entry_hash(key, text)
@@ -222,6 +233,42 @@ function _M.parse_batch(body)
     return head, sets, deletes
 end
 
+-- Empties the change log: it then holds the changes after `version`. True if it held any.
+local function drop_log(dict, version)
+    local floor = dict:get("meta:log_floor") or 0
+    for logged = floor + 1, version do dict:delete("c:" .. logged) end
+    dict:set("meta:log_floor", version)
+    dict:set("meta:log_maps", 0)
+    return version > floor
+end
+
+-- Logs that batch `version` changed `changes`' keys, first trimming the oldest records to the
+-- bounds; a batch over the bounds, or one the dict has no room to log, empties the log instead.
+local function log_changes(dict, version, changes)
+    local keys = {}
+    for key in pairs(changes) do keys[#keys + 1] = key end
+    if #keys > LOG_MAPS then
+        drop_log(dict, version)
+        return
+    end
+    local floor = dict:get("meta:log_floor") or 0
+    local logged = dict:get("meta:log_maps") or 0
+    while floor < version - 1 and (version - floor > LOG_VERSIONS or logged + #keys > LOG_MAPS) do
+        floor = floor + 1
+        local record = dict:get("c:" .. floor)
+        if record then
+            logged = logged - tonumber(record:match("^%d+"))
+            dict:delete("c:" .. floor)
+        end
+    end
+    dict:set("meta:log_floor", floor)
+    if dict:safe_set("c:" .. version, #keys .. "\n" .. table.concat(keys, "\n")) then
+        dict:set("meta:log_maps", logged + #keys)
+    else
+        drop_log(dict, version)
+    end
+end
+
 -- Applies a planned batch; on a full dict, undoes what it did and returns nil, "table full".
 local function apply(changes)
     local dict = _M.dict()
@@ -269,6 +316,9 @@ local function apply(changes)
         end
         if change.old then checksum = (checksum - entry_hash(key, change.old)) % CHECKSUM_MODULUS end
     end
+    -- Logged before the version moves: a reader that sees the new version finds its record.
+    local version = (dict:get("meta:version") or 0) + 1
+    log_changes(dict, version, changes)
     -- meta:* were added at init and only change value in place, so these writes need no room.
     dict:set("meta:checksum", checksum)
     dict:incr("meta:maps", maps, 0)
@@ -280,9 +330,47 @@ end
 function _M.apply_batch(head, sets, deletes)
     local changes, reason = plan(head, sets, deletes)
     if not changes then return false, 400, reason end
-    local ok, err = apply(changes)
+    local dict = _M.dict()
+    dict:incr("meta:writes", 1, 0)
+    local done, ok, err = pcall(apply, changes)
+    if done and not ok and drop_log(dict, dict:get("meta:version") or 0) then
+        -- The log never costs a batch: its room goes to the table, and readers read /table.
+        done, ok, err = pcall(apply, changes)
+    end
+    dict:incr("meta:writes", 1, 0)
+    if not done then error(ok) end
     if not ok then return false, 507, err end
     return true
+end
+
+-- What changed after version `since`, as of one version: the state and {key = its entry text, or
+-- false if deleted}; or nil and "gone" when the log no longer reaches back to `since` (or `since`
+-- is ahead of the table), or "busy" when batches kept writing. Takes no lock: it retries while a
+-- batch in another worker is writing (meta:writes odd, or moved while reading).
+function _M.changes(since)
+    local dict = _M.dict()
+    for _ = 1, 2000 do
+        local writes = dict:get("meta:writes")
+        if writes % 2 == 0 then
+            local state = _M.state()
+            if since < (dict:get("meta:log_floor") or 0) or since > state.version then return nil, "gone" end
+            local changed, complete = {}, true
+            for logged = since + 1, state.version do
+                local record = dict:get("c:" .. logged)
+                if record == nil then
+                    -- A batch trimmed it meanwhile (writes moved), or the log lost it: read /table.
+                    if dict:get("meta:writes") == writes then return nil, "gone" end
+                    complete = false
+                    break
+                end
+                for key in record:gmatch("\n([^\n]+)") do changed[key] = true end
+            end
+            for key in pairs(changed) do changed[key] = dict:get("m:" .. key) or false end
+            if complete and dict:get("meta:writes") == writes then return state, changed end
+        end
+        ngx.sleep(0.001)
+    end
+    return nil, "busy"
 end
 
 return _M

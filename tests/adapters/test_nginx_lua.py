@@ -15,19 +15,24 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.base import Rejected, Unavailable
 from adapters.nginx import NginxOptions
 from adapters.nginx_lua import (
     LuaPart,
     LuaRenderer,
+    LuaStats,
     LuaTransport,
     checksum,
     decode_entry,
     entry_text,
     http_snippet,
 )
+from publisher import app, metrics
 from publisher.cli import main
+from publisher.config import RunConfig
 from publisher.model import Backend, MapKey, Route
 from tests.adapters.nginx_fixtures import RunningLuaNginx, running_lua_nginx
 from tests.gateways import Backends, assert_measured_split, eventually, measure
@@ -337,6 +342,55 @@ async def test_a_batch_larger_than_the_table_is_refused_whole_and_the_table_is_u
         assert await measure(lua.nginx.url, "m1.example.com", 5) == {"status:404": 5}
 
 
+def _scraped_table_series(stats: LuaStats) -> dict[str, float]:
+    metrics.watch_nginx_table(stats)
+    try:
+        families = list(text_string_to_metric_families(generate_latest(metrics.REGISTRY).decode()))
+    finally:
+        metrics.watch_nginx_table(None)
+    return {sample.name + "".join(f"{{{v}}}" for v in sample.labels.values()): sample.value
+            for family in families if family.name.startswith(metrics.PREFIX + "nginx_") for sample in family.samples}  # fmt: skip
+
+
+@pytest.mark.slow
+async def test_the_transport_counters_are_exported_as_prometheus_series(tmp_path: Path) -> None:
+    async with lua_nginx(tmp_path, shared_dict_size="128k") as lua, serving(lua.transport):
+        await lua.push({KEY: route(HOST, ("a", "http://127.0.0.1:1", 1))})
+        many = {MapKey("ns", f"m{i}"): route(f"m{i}.example.com", ("a", "http://127.0.0.1:1", 1)) for i in range(2000)}
+        with pytest.raises(Rejected):
+            await lua.push(many)
+        await lua.nginx.restart()
+        await eventually(lambda: lua.transport.stats.restarts_detected == 1, timeout=5)
+        state = (await lua.control("GET", "/state"))[1]
+        series = _scraped_table_series(lua.transport.stats)
+        prefix = metrics.PREFIX + "nginx_"
+        assert series[prefix + "table_pushes_total"] == 2, "the map, then the table restored"
+        assert series[prefix + "table_failures_total{table_full}"] == 1
+        assert series[prefix + "table_failures_total{unreachable}"] == 0, "every reason exported from 0"
+        assert series[prefix + "restarts_detected_total"] == 1
+        assert series[prefix + "table_free_bytes"] == state["bytes_free"]
+        assert series[prefix + "table_used_bytes"] == state["bytes_used"]
+    assert not [name for name in _scraped_table_series(LuaStats()) if "bytes" in name], "no bytes before NGINX answered"
+    metrics.watch_nginx_table(None)
+    assert not any(f.name.startswith(metrics.PREFIX + "nginx_") for f in metrics.REGISTRY.collect())
+
+
+@pytest.mark.slow
+async def test_run_in_lua_mode_exports_its_transports_table_series(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    async with running_lua_nginx(tmp_path / "nginx") as nginx:
+        config = RunConfig(source=f"dir:{maps}", adapter="nginx", nginx_mode="lua", nginx_control_url=nginx.control_url,
+                           nginx_secret_file=nginx.secret_file, once=True)  # fmt: skip
+        try:
+            await app.run(config)
+            names = {family.name for family in metrics.REGISTRY.collect()}
+        finally:
+            metrics.watch_nginx_table(None)
+    prefix = metrics.PREFIX + "nginx_"
+    assert {prefix + "table_pushes", prefix + "table_free_bytes", prefix + "restarts_detected"} <= names
+
+
 @pytest.mark.slow
 async def test_the_transport_warns_before_the_table_fills(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     async with lua_nginx(tmp_path, shared_dict_size="128k") as lua:
@@ -352,6 +406,141 @@ async def test_the_transport_warns_before_the_table_fills(tmp_path: Path, caplog
         assert len(warnings) == 1, "warned once, on the transition"
         assert caplog.records.index(warnings[0]) < caplog.records.index(
             next(r for r in caplog.records if r.getMessage() == "nginx refused batch"))
+
+
+def _one_map_batch(index: int, weight: int = 1) -> str:
+    text = entry_text(LuaRenderer().render(MapKey("ns", f"m{index}"), route(f"m{index}.example.com", ("a", "http://127.0.0.1:1", weight))),
+                      {"127.0.0.1": ("127.0.0.1",)})  # fmt: skip
+    return f'{{"replace":false}}\nset ns/m{index} {text}'
+
+
+async def _changes(lua: Lua, since: int, *, wait: float = 0, boot: str | None = None) -> tuple[int, dict]:
+    boot = boot or (await lua.control("GET", "/state"))[1]["boot"]
+    return await lua.control("GET", f"/changes?boot={boot}&since={since}&wait={wait}")
+
+
+@pytest.mark.slow
+async def test_changes_since_a_version_list_exactly_the_maps_changed_after_it_and_reads_change_nothing(tmp_path: Path) -> None:
+    async with lua_nginx(tmp_path) as lua:
+        a, b, c, d = (MapKey("ns", name) for name in "abcd")
+        await lua.push({key: route(f"{key.name}.example.com", ("a", "http://127.0.0.1:1", 1)) for key in (a, b, c)})
+        since = (await lua.control("GET", "/state"))[1]["version"]
+        await lua.push({a: route("a.example.com", ("a", "http://127.0.0.1:1", 5))})
+        await lua.push({b: None, d: route("d.example.com", ("a", "http://127.0.0.1:1", 1))})
+        await lua.push({a: route("a.example.com", ("a", "http://127.0.0.1:1", 7))})
+        before = (await lua.control("GET", "/table"))[1]
+        status, answer = await _changes(lua, since)
+        assert status == 200
+        entries = dict(line.split(" ", 1) for line in before["lines"])
+        assert answer["lines"] == sorted([f"set ns/a {entries['ns/a']}", "delete ns/b", f"set ns/d {entries['ns/d']}"])
+        assert json.loads(entries["ns/a"])["b"][0][2] == 7, "the current entry, not the one logged first"
+        assert {k: answer[k] for k in ("version", "checksum", "boot")} == {k: before[k] for k in ("version", "checksum", "boot")}
+        status, answer = await _changes(lua, before["version"])
+        assert (status, answer["lines"]) == (200, [])
+        status, answer = await _changes(lua, before["version"] - 1)
+        assert answer["lines"] == [f"set ns/a {entries['ns/a']}"]
+        assert (await lua.control("GET", "/table"))[1] == before, "reads change neither the table nor its room"
+
+
+@pytest.mark.slow
+async def test_changes_from_an_unknown_version_say_read_the_table_instead(tmp_path: Path) -> None:
+    async with lua_nginx(tmp_path, shared_dict_size="8m") as lua:
+        await lua.control("POST", "/batch", _one_map_batch(0))
+        state = (await lua.control("GET", "/state"))[1]
+        for since, boot in [(state["version"] + 1, None), (0, "0123456789abcdef")]:
+            status, answer = await _changes(lua, since, boot=boot)
+            assert status == 410 and "read /table instead" in answer["error"], (since, boot)
+        assert (await _changes(lua, 0))[0] == 200
+        # More versions than the log keeps: the oldest go, the recent ones still answer.
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {lua.nginx.secret_file.read_text().strip()}"}) as session:
+            for index in range(1030):
+                async with session.post(lua.nginx.control_url + "/batch", data=_one_map_batch(index % 7, 2 + index)) as response:
+                    assert response.status == 200
+        version = (await lua.control("GET", "/state"))[1]["version"]
+        assert (await _changes(lua, state["version"]))[0] == 410
+        status, answer = await _changes(lua, version - 1000)
+        assert status == 200 and sorted(line.split(" ")[1] for line in answer["lines"]) == [f"ns/m{i}" for i in range(7)]
+        # A batch larger than the log empties it: a reader before it must read the table.
+        many = "\n".join(["{}"] + [_one_map_batch(i).split("\n")[1] for i in range(100, 4300)])
+        assert (await lua.control("POST", "/batch", many))[0] == 200
+        after = (await lua.control("GET", "/state"))[1]["version"]
+        assert (await _changes(lua, after - 1))[0] == 410
+        assert (await _changes(lua, after))[0] == 200
+
+
+@pytest.mark.slow
+async def test_a_long_poll_answers_once_the_version_moves_and_empty_when_the_wait_ends(tmp_path: Path) -> None:
+    async with lua_nginx(tmp_path) as lua:
+        version = (await lua.control("GET", "/state"))[1]["version"]
+        status, answer = await _changes(lua, version, wait=0.3)
+        assert (status, answer["version"], answer["lines"]) == (200, version, [])
+        waiting = asyncio.create_task(_changes(lua, version, wait=30))
+        await asyncio.sleep(0.2)
+        assert not waiting.done(), "it waits while nothing changes"
+        await lua.push({KEY: route(HOST, ("a", "http://127.0.0.1:1", 1))})
+        status, answer = await asyncio.wait_for(waiting, 10)  # well before its 30 s wait ends
+        assert status == 200 and answer["version"] == version + 1
+        assert [line.split(" ")[:2] for line in answer["lines"]] == [["set", str(KEY)]]
+        assert (await lua.control("GET", f"/changes?boot=x&since={version}&wait=31"))[0] == 400
+
+
+@pytest.mark.slow
+async def test_a_reader_following_changes_while_both_workers_apply_batches_ends_with_the_table(tmp_path: Path) -> None:
+    async with lua_nginx(tmp_path, workers=2) as lua:
+        headers = {"Authorization": f"Bearer {lua.nginx.secret_file.read_text().strip()}"}
+        state = (await lua.control("GET", "/state"))[1]
+        boot, version, view = state["boot"], state["version"], {}
+        writes_done = asyncio.Event()
+
+        async def write(session: aiohttp.ClientSession, start: int) -> None:
+            # Sets and deletes among 12 maps; two writers, so batches land on both workers.
+            for n in range(start, 300, 2):
+                lines = [_one_map_batch((n + i) % 12, 2 + n).split("\n")[1] for i in range(n % 3 + 1)]
+                body = "\n".join(['{}', *lines] + ([f"delete ns/m{(n + 5) % 12}"] if n % 4 == 0 else []))
+                async with session.post(lua.nginx.control_url + "/batch", data=body) as response:
+                    assert response.status == 200, await response.text()
+
+        async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=4)) as session:
+            writers = asyncio.gather(write(session, 0), write(session, 1))
+            writers.add_done_callback(lambda _: writes_done.set())
+            for _ in range(2000):  # bounded: each answer moves the version or ends a 0.5 s wait
+                status, answer = await lua.control("GET", f"/changes?boot={boot}&since={version}&wait=0.5")
+                assert status == 200, answer
+                for line in answer["lines"]:
+                    verb, key, *entry = line.split(" ", 2)
+                    if verb == "set":
+                        view[key] = entry[0]
+                    else:
+                        view.pop(key, None)
+                version = answer["version"]
+                if writes_done.is_set() and version == (await lua.control("GET", "/state"))[1]["version"]:
+                    break
+            await writers
+        table = (await lua.control("GET", "/table"))[1]
+        assert table["version"] == version
+        assert view == dict(line.split(" ", 1) for line in table["lines"])
+        assert checksum({MapKey(*key.split("/")): text for key, text in view.items()}) == table["checksum"]
+
+
+@pytest.mark.slow
+async def test_a_full_table_drops_the_change_log_before_it_refuses_a_batch(tmp_path: Path) -> None:
+    async with lua_nginx(tmp_path, shared_dict_size="128k") as lua:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {lua.nginx.secret_file.read_text().strip()}"}) as session:
+            for index in range(2000):  # bounded: 128k holds far fewer maps
+                async with session.post(lua.nginx.control_url + "/batch", data=_one_map_batch(index)) as response:
+                    if response.status != 200:
+                        break
+            else:
+                pytest.fail("the table never filled")
+        assert response.status == 507
+        before = (await lua.control("GET", "/table"))[1]
+        assert len(before["lines"]) == index, "every batch before the refused one was applied"
+        # The refused batch found the log emptied for its room first: readers read the table.
+        assert (await _changes(lua, before["version"] - 1))[0] == 410
+        status, answer = await lua.control("POST", "/batch", _one_map_batch(index))
+        assert status == 507 and answer["version"] == before["version"]
+        assert (await lua.control("GET", "/table"))[1] == before
+        assert (await _changes(lua, before["version"]))[0] == 200
 
 
 @pytest.mark.slow
@@ -402,6 +591,35 @@ async def test_a_new_sidecar_reads_the_table_back_and_writes_nothing_when_nothin
 
 
 @pytest.mark.slow
+async def test_a_read_back_of_the_table_as_confirmed_reads_no_table_and_any_other_write_or_restart_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with lua_nginx(tmp_path) as lua:
+        desired = {KEY: route(HOST, ("a", "http://127.0.0.1:1", 1))}
+        await lua.push(desired)
+        paths: list[str] = []
+        request = lua.transport._request
+
+        async def recorded(method: str, path: str, body: str | None = None):  # type: ignore[no-untyped-def]
+            paths.append(path.partition("?")[0])
+            return await request(method, path, body)
+
+        monkeypatch.setattr(lua.transport, "_request", recorded)
+        assert await lua.transport.read() == desired
+        assert paths == ["/changes"], "a resync of an unchanged table is one small answer"
+        other = MapKey("ns", "other")
+        assert (await lua.control("POST", "/batch", _one_map_batch(9).replace("ns/m9", str(other))))[0] == 200
+        paths.clear()
+        assert set(await lua.transport.read()) == {KEY, other}
+        assert paths == ["/changes", "/table"]
+        await lua.nginx.restart()
+        paths.clear()
+        assert set(await lua.transport.read()) == {KEY, other}
+        assert paths[:2] == ["/changes", "/table"] and "/batch" in paths, "the restart is seen and the table restored"
+        assert lua.transport.stats.restarts_detected == 1
+
+
+@pytest.mark.slow
 async def test_a_name_that_does_not_resolve_rejects_only_its_map(tmp_path: Path) -> None:
     async with Backends(("a",)) as backends, lua_nginx(tmp_path) as lua:
         result = await lua.push({
@@ -448,6 +666,32 @@ async def test_names_are_re_resolved_and_a_moved_address_is_pushed(tmp_path: Pat
                 addresses["svc.test"] = ("127.0.0.2",)  # nothing listens there
                 await eventually(lambda: _served_addresses(lua), timeout=5)
             assert await measure(nginx.url, HOST, 5) == {"status:502": 5}
+        finally:
+            await transport.aclose()
+
+
+@pytest.mark.slow
+async def test_ip_literals_are_never_looked_up_and_a_name_is_looked_up_once_whatever_its_ports(tmp_path: Path) -> None:
+    lookups: list[str] = []
+
+    async def resolve(name: str, port: int) -> tuple[str, ...]:
+        lookups.append(name)
+        return ("127.0.0.1",)
+
+    async with running_lua_nginx(tmp_path) as nginx:
+        transport = LuaTransport(nginx.options(), resolve=resolve, resolve_interval=0.05, poll_interval=0.02)
+        lua = Lua(nginx, transport)
+        try:
+            await lua.push({
+                KEY: route(HOST, ("a", "http://127.0.0.1:1", 1), ("b", "http://[::1]:2", 1), ("c", "http://svc.test:3", 1)),
+                MapKey("ns", "n"): route("n.example.com", ("a", "http://127.0.0.1:4", 1), ("c", "http://svc.test:5", 1)),
+            })  # fmt: skip
+            assert lookups == ["svc.test"]
+            async with serving(transport):
+                await eventually(lambda: len(lookups) >= 3, timeout=5)
+            assert set(lookups) == {"svc.test"}, "only the name is re-resolved"
+            served = decode_entry(dict(line.split(" ", 1) for line in (await lua.control("GET", "/table"))[1]["lines"])["ns/m"])[1]
+            assert served == {"127.0.0.1": ("127.0.0.1",), "::1": ("::1",), "svc.test": ("127.0.0.1",)}
         finally:
             await transport.aclose()
 
