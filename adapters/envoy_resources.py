@@ -8,10 +8,11 @@ once, deterministically, with a version that is a digest of its bytes. No I/O, n
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from envoy.config.cluster.v3 import cluster_pb2
@@ -73,14 +74,31 @@ class Resource:
         return any_pb2.Any(type_url=type_url, value=self.body)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, eq=False)
 class MapResources:
-    """One map's part: equal exactly when Envoy would serve the same (the resources' bytes)."""
+    """One map's part: equal exactly when Envoy would serve the same (the resources' bytes). Its
+    clusters, four fifths of rendering, are built when first asked for: a first publish builds
+    each batch of them while Envoy is still adding the batch before."""
 
-    clusters: tuple[Resource, ...]
+    key: MapKey
+    route: Route
     route_config: Resource
     scope: Resource
-    route: Route = field(compare=False)
+    ca_file: Path
+
+    @functools.cached_property
+    def clusters(self) -> tuple[Resource, ...]:
+        return tuple(
+            _resource(cluster_name(self.key, b.cluster), _cluster(cluster_name(self.key, b.cluster), b.endpoint, self.ca_file))
+            for b in self.route.backends
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MapResources):
+            return NotImplemented
+        return (self.route_config, self.scope) == (other.route_config, other.scope) and self.clusters == other.clusters
+
+    __hash__ = None  # type: ignore[assignment]  # equal by bytes, built lazily: not a dict key
 
 
 def _digest(body: bytes) -> str:
@@ -198,10 +216,6 @@ class XdsRenderer:
         return None
 
     def render(self, key: MapKey, route: Route) -> MapResources:
-        clusters = tuple(
-            _resource(cluster_name(key, b.cluster), _cluster(cluster_name(key, b.cluster), b.endpoint, self.ca_file))
-            for b in route.backends
-        )
         config = _resource(map_name(key), _route_config(key, route, self.rewrite_host))
         config = Resource(config.name, _route_version(route, config.body), config.body)
-        return MapResources(clusters, config, _resource(map_name(key), _scope(key, route.hostname)), route)
+        return MapResources(key, route, config, _resource(map_name(key), _scope(key, route.hostname)), self.ca_file)

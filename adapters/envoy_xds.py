@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -81,6 +81,22 @@ class _Item:
     part: MapResources | None
     resources: tuple[Resource, ...] = ()
     removed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Posted:
+    """A response queued for the stream: Envoy's answer (its error text, or None for an ACK),
+    how many resources it carried, and how long its ACK may take."""
+
+    answer: asyncio.Future[str | None]
+    count: int
+    timeout: float
+
+
+def _batches(items: Iterable[_Item], size: int) -> Iterator[list[_Item]]:
+    iterator = iter(items)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
 
 
 class _Behind(Exception):
@@ -224,15 +240,17 @@ class _Session:
         target = {k: part for k in keys if (part := self.transport._target.get(k)) is not None}
         keys -= {k for k in keys if k in self.nacks and self.nacks[k][0] == target.get(k)}
         await self._await_subscription(CLUSTER_TYPE)
-        # 1. New and changed clusters, ACKed before any route names them.
-        adds = []
-        for key in sorted(keys):
-            part = target.get(key)
-            if part is not None:
-                changed = tuple(r for r in part.clusters if self.held[CLUSTER_TYPE].get(r.name) != r.version)
-                if changed:
-                    adds.append(_Item(key, part, changed))
-        keys -= await self._push(CLUSTER_TYPE, adds)
+
+        # 1. New and changed clusters, ACKed before any route names them; built batch by batch.
+        def cluster_adds() -> Iterator[_Item]:
+            for key in sorted(keys):
+                part = target.get(key)
+                if part is not None:
+                    changed = tuple(r for r in part.clusters if self.held[CLUSTER_TYPE].get(r.name) != r.version)
+                    if changed:
+                        yield _Item(key, part, changed)
+
+        keys -= await self._push(CLUSTER_TYPE, cluster_adds())
         await self._await_subscription(SCOPE_TYPE)
         # 2. Scopes of withdrawn maps leave first, so their host is free for another map's scope.
         gone = [_Item(k, None, removed=(map_name(k),)) for k in sorted(keys) if k not in target and map_name(k) in self.held[SCOPE_TYPE]]
@@ -283,29 +301,32 @@ class _Session:
             await asyncio.wait_for(self.wake.wait(), 0.05)
         self.wake.set()
 
-    async def _push(self, type_url: str, items: list[_Item]) -> set[MapKey]:
+    async def _push(self, type_url: str, items: Iterable[_Item]) -> set[MapKey]:
         """Send `items` (batched; one map per response in steady state) and wait for each ACK. A
-        NACKed batch is resent map by map; returns the maps Envoy refused."""
-        if not items:
+        NACKed batch is resent map by map; returns the maps Envoy refused. The next batch is
+        taken from `items` while Envoy applies the one sent."""
+        batches = _batches(items, self.transport.batch_maps)
+        batch = next(batches, None)
+        if batch is None:
             if type_url in self.owed_first:
                 await self._send(type_url, [])
             return set()
         refused: set[MapKey] = set()
-        size = self.transport.batch_maps
-        for start in range(0, len(items), size):
-            batch = items[start : start + size]
-            error = await self._send(type_url, batch)
-            if error is None:
-                continue
-            if len(batch) == 1:
+        while batch is not None:
+            posted = await self._post(type_url, batch)
+            await asyncio.sleep(0)  # the stream hands the response to gRPC before more is built
+            upcoming = next(batches, None)
+            error = await self._confirm(type_url, batch, posted)
+            if error is not None and len(batch) == 1:
                 self._refused(type_url, batch[0].key, batch[0].part, error)
                 refused.add(batch[0].key)
-                continue
-            for item in batch:
-                error = await self._send(type_url, [item])
-                if error is not None:
-                    self._refused(type_url, item.key, item.part, error)
-                    refused.add(item.key)
+            elif error is not None:
+                for item in batch:
+                    error = await self._send(type_url, [item])
+                    if error is not None:
+                        self._refused(type_url, item.key, item.part, error)
+                        refused.add(item.key)
+            batch = upcoming
         return refused
 
     def _refused(self, type_url: str, key: MapKey, part: MapResources | None, error: str) -> None:
@@ -315,6 +336,10 @@ class _Session:
 
     async def _send(self, type_url: str, items: list[_Item]) -> str | None:
         """One response; returns Envoy's error text on a NACK, None on an ACK. Raises _Behind."""
+        return await self._confirm(type_url, items, await self._post(type_url, items))
+
+    async def _post(self, type_url: str, items: list[_Item]) -> _Posted:
+        """Queue one response for the stream; its ACK is awaited by `_confirm`."""
         nonce = f"{next(self.nonces)}"
         response = discovery_pb2.DeltaDiscoveryResponse(type_url=type_url, nonce=nonce, system_version_info=nonce)
         count = 0
@@ -328,15 +353,22 @@ class _Session:
         self.pending = (nonce, future)
         self.owed_first.discard(type_url)
         self.sent += count
-        timeout = self.transport.ack_timeout + self.transport.seconds_per_resource * count
+        posted = _Posted(future, count, self.transport.ack_timeout + self.transport.seconds_per_resource * count)
         try:
             if self.outbox.full():
-                await asyncio.wait_for(self.outbox.put(response), timeout)
+                await asyncio.wait_for(self.outbox.put(response), posted.timeout)
             else:
                 self.outbox.put_nowait(response)  # the usual case, without a task for the put
-            error = await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError as exc:
-            raise _Behind(f"no answer to {count} {_KIND[type_url]} resources in {timeout:.1f}s") from exc
+            self.pending = None
+            raise _Behind(f"could not send {count} {_KIND[type_url]} resources in {posted.timeout:.1f}s") from exc
+        return posted
+
+    async def _confirm(self, type_url: str, items: list[_Item], posted: _Posted) -> str | None:
+        try:
+            error = await asyncio.wait_for(posted.answer, posted.timeout)
+        except asyncio.TimeoutError as exc:
+            raise _Behind(f"no answer to {posted.count} {_KIND[type_url]} resources in {posted.timeout:.1f}s") from exc
         finally:
             self.pending = None
         if error is None:
