@@ -4,6 +4,7 @@ a fresh engine on the same gateway each time it is called (a restart)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from adapters import ADAPTERS, Engine
-from adapters.envoy import EnvoyOptions, bootstrap, run_envoy
+from adapters.envoy import EnvoyOptions, bootstrap, run_envoy, xds_bootstrap
 from adapters.json_file import JsonOptions
 from publisher.model import MAX_WEIGHT, Backend, MapKey, Publication, Reason
 from tests.adapters.nginx_fixtures import running_nginx
@@ -55,6 +56,41 @@ async def envoy_files(tmp_path: Path) -> AsyncIterator[EngineFactory]:
 
 
 @contextlib.asynccontextmanager
+async def envoy_xds(tmp_path: Path) -> AsyncIterator[EngineFactory]:
+    """Each engine is a sidecar start: its own xDS server on the same port, which the one Envoy
+    reconnects to and lists what it holds. An Envoy has one control plane at a time, so a new
+    engine serves once the one before it has stopped (where other gateways let two readers in)."""
+    xds, listen, admin = free_port(), free_port(), free_port()
+    boot = tmp_path / "bootstrap.yaml"
+    boot.write_text(xds_bootstrap(xds_host="127.0.0.1", xds_port=xds, listen_host="127.0.0.1", listen_port=listen,
+                                  admin_host="127.0.0.1", admin_port=admin))
+    engines: list[Engine[Any]] = []
+    servers: list[asyncio.Task[None]] = []
+
+    def serving_engine() -> Engine[Any]:
+        engine = ADAPTERS["envoy"].engine("envoy", EnvoyOptions(envoy_xds_listen=f"127.0.0.1:{xds}"))
+        before = engines[-1] if engines else None
+
+        async def serve() -> None:
+            if before is not None:
+                await before.aclose()  # closing it again later does nothing
+            await engine.serve()
+
+        engines.append(engine)
+        servers.append(asyncio.create_task(serve()))
+        return engine
+
+    serving_engine()  # Envoy starts with a control plane, as a sidecar beside it would have
+    try:
+        async with run_envoy(boot, admin_url=f"http://127.0.0.1:{admin}", log_path=tmp_path / "envoy.log"):
+            yield serving_engine
+    finally:
+        for server in servers:
+            server.cancel()
+        await asyncio.gather(*servers, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
 async def nginx_lua(tmp_path: Path) -> AsyncIterator[EngineFactory]:
     from tests.adapters.nginx_fixtures import running_lua_nginx
 
@@ -77,11 +113,11 @@ async def httproute(tmp_path: Path) -> AsyncIterator[EngineFactory]:
 
 
 GATEWAYS = {
-    "envoy-files": envoy_files, "httproute": httproute, "json-dir": json_dir, "json-file": json_file,
+    "envoy-files": envoy_files, "envoy-xds": envoy_xds, "httproute": httproute, "json-dir": json_dir, "json-file": json_file,
     "nginx-lua": nginx_lua, "nginx-reload": nginx_reload,
 }
 # Gateways that start a real process.
-SLOW = {"nginx-lua", "nginx-reload", "envoy-files"}
+SLOW = {"nginx-lua", "nginx-reload", "envoy-files", "envoy-xds"}
 
 
 @pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else []) for name in sorted(GATEWAYS)])
