@@ -22,9 +22,10 @@ Latency per update is stamp -> the moment it is seen from outside the sidecar:
 - envoy: Envoy's admin /config_dump?resource=dynamic_route_configs shows them in the map's
   virtual host's weighted_clusters; dumped each time the RDS version_text readout changes (the
   readout is polled with a pause of twice the last read, as each query takes Envoy's main thread);
-- envoy-xds: the same dump shows them in the map's own route configuration (`ome|<ns>|<name>`);
-  a dump masked to each configuration's name and version is polled, and only the configurations
-  whose version moved are dumped whole (same pause);
+- envoy-xds: Envoy ACKs them: a gRPC relay between Envoy and the sidecar (Envoy's bootstrap names
+  the relay) reads each route response it forwards and stamps its maps when Envoy's next request
+  ACKs that response's nonce; it loads Envoy not at all, and reports when each kind of resource
+  was first sent and last ACKed during the first publish;
 - nginx: the status listener serves a new config version, and the file NGINX was reloaded with
   (kept by version as it is written) holds the weights;
 - nginx-lua: the control listener's table holds them in the map's entry: one /table read-back,
