@@ -113,6 +113,8 @@ def test_xds_bootstrap_points_envoy_at_delta_ads_with_scoped_routes():
     config = yaml.safe_load(xds_bootstrap(xds_host="127.0.0.1", xds_port=18000, listen_host="0.0.0.0", listen_port=8080))
     ads = config["dynamic_resources"]["ads_config"]
     assert ads["api_type"] == "DELTA_GRPC" and ads["set_node_on_first_message_only"] is True
+    # An Envoy started before its sidecar retries at most half a second apart, not 2 s.
+    assert ads["grpc_services"][0]["envoy_grpc"]["retry_policy"]["retry_back_off"] == {"base_interval": "0.1s", "max_interval": "0.5s"}
     assert config["deferred_stat_options"] == {"enable_deferred_creation_stats": True}
     assert config["stats_flush_on_admin"] is True
     hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
