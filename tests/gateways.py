@@ -16,10 +16,20 @@ from aiohttp import web
 BACKEND_HEADER = "x-ome-backend"
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free on 127.0.0.1 now, and never one this process handed out before: the kernel may
+    give a just-released port again, and a test that took two for two servers then started both on
+    one (the README recipe's Envoy found its listener taken by the sidecar's)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
