@@ -488,13 +488,19 @@ class XdsTransport:
         try:
             yield
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            # It stops counting at once, and the rest is shielded: gRPC may cancel the handler
+            # again while it waits, which left a stopped server's Envoy counted as connected.
             self._sessions.discard(session)
-            async with session.changed:
-                session.changed.notify_all()
-            log.info("envoy disconnected", extra={"envoy": session.name})
+            await asyncio.shield(self._detach(session, tasks))
+
+    async def _detach(self, session: _Session, tasks: list[asyncio.Task[None]]) -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._sessions.discard(session)  # in case its reader added it back before it stopped
+        async with session.changed:
+            session.changed.notify_all()  # a write waiting on this Envoy stops waiting
+        log.info("envoy disconnected", extra={"envoy": session.name})
 
     def _cut(self, session: _Session, exc: Exception) -> None:
         """End a stream that failed or fell behind: it stops counting, and its Envoy reconnects."""

@@ -469,3 +469,31 @@ def test_the_stats_matcher_keeps_every_stat_but_our_clusters_own():
     assert not pattern.fullmatch("cluster.ome|prod|chat|worker-a.lb_healthy_panic")
     assert not pattern.fullmatch("http.ome.rds.ome|prod|chat.config_reload")
     assert re.compile(_not_prefixed("cluster.ome|")).fullmatch("http.ome.rds.ome|prod|chat.config_reload")
+
+
+async def test_a_stream_cancelled_twice_while_it_ends_leaves_its_envoy_uncounted():
+    """gRPC may cancel a handler again while it cleans up: the Envoy once stayed counted as
+    connected after its server had stopped, so the sidecar stayed ready with no Envoy at all."""
+    from adapters.envoy_xds import _Session
+
+    transport = XdsTransport("127.0.0.1:0", RENDERER)
+    session = _Session(transport, "ipv4:127.0.0.1:1", node="envoy-a")
+    transport._sessions.add(session)
+
+    async def silent_requests():
+        await asyncio.Event().wait()
+        yield  # pragma: no cover - never reached
+
+    async def handler() -> None:
+        async with transport._attached(session, silent_requests()):
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(handler())
+    await asyncio.sleep(0.01)
+    assert transport.unready() is None
+    task.cancel()
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.sleep(0.01)
+    assert session not in transport._sessions and transport.unready() == "no Envoy connected"
