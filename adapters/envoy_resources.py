@@ -77,14 +77,14 @@ class Resource:
 @dataclass(frozen=True, eq=False)
 class MapResources:
     """One map's part: equal exactly when Envoy would serve the same (the resources' bytes). Its
-    clusters, four fifths of rendering, are built when first asked for: a first publish builds
-    each batch of them while Envoy is still adding the batch before."""
+    clusters and route configuration, nearly all of rendering, are built when first asked for:
+    a first publish builds each batch of them while Envoy is still applying the batch before."""
 
     key: MapKey
     route: Route
-    route_config: Resource
     scope: Resource
     ca_file: Path
+    rewrite_host: bool
 
     @functools.cached_property
     def clusters(self) -> tuple[Resource, ...]:
@@ -92,6 +92,11 @@ class MapResources:
             _resource(cluster_name(self.key, b.cluster), _cluster(cluster_name(self.key, b.cluster), b.endpoint, self.ca_file))
             for b in self.route.backends
         )
+
+    @functools.cached_property
+    def route_config(self) -> Resource:
+        config = _resource(map_name(self.key), _route_config(self.key, self.route, self.rewrite_host))
+        return Resource(config.name, _route_version(self.route, config.body), config.body)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, MapResources):
@@ -216,6 +221,4 @@ class XdsRenderer:
         return None
 
     def render(self, key: MapKey, route: Route) -> MapResources:
-        config = _resource(map_name(key), _route_config(key, route, self.rewrite_host))
-        config = Resource(config.name, _route_version(route, config.body), config.body)
-        return MapResources(key, route, config, _resource(map_name(key), _scope(key, route.hostname)), self.ca_file)
+        return MapResources(key, route, _resource(map_name(key), _scope(key, route.hostname)), self.ca_file, self.rewrite_host)

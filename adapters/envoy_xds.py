@@ -264,10 +264,15 @@ class _Session:
         ]
         failed = await self._push(SCOPE_TYPE, scopes)
         keys -= failed
-        routes = [k for k in sorted(keys) if k in target and self.held[ROUTE_TYPE].get(map_name(k)) != target[k].route_config.version]
+        # A route configuration Envoy holds no version of is not built to be compared, only to be sent.
+        held_routes = self.held[ROUTE_TYPE]
+        routes = [
+            k for k in sorted(keys)
+            if k in target and ((held := held_routes.get(map_name(k))) is None or held != target[k].route_config.version)
+        ]
         if routes:
             await self._await_route_subscriptions(routes)
-            items = [_Item(k, target[k], (target[k].route_config,)) for k in routes if map_name(k) in self.routes_wanted]
+            items = (_Item(k, target[k], (target[k].route_config,)) for k in routes if map_name(k) in self.routes_wanted)
             keys -= await self._push(ROUTE_TYPE, items)
         # 4. Clusters no route names any more.
         stale = []
