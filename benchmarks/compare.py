@@ -538,11 +538,16 @@ class XdsTap(Detector):
     METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
 
     def __init__(self, upstream: str) -> None:
+        # Imported here, once: the other modes run without the xds extra.
         import grpc
+        from envoy.config.route.v3 import route_pb2
+        from envoy.service.discovery.v3 import discovery_pb2
 
+        from adapters.envoy_resources import ROUTE_TYPE
         from adapters.envoy_xds import _SERVER_OPTIONS
 
         self.grpc, self.upstream, self.options = grpc, upstream, _SERVER_OPTIONS
+        self.route_pb2, self.discovery_pb2, self.route_type = route_pb2, discovery_pb2, ROUTE_TYPE
         self.acked: dict[int, int] = {}  # since the last read()
         self.acked_at: dict[int, float] = {}  # map index -> wall time its latest weight was ACKed
         self.streams = 0
@@ -562,22 +567,17 @@ class XdsTap(Detector):
 
     def _routes(self, data: bytes) -> tuple[str, str, dict[int, int]]:
         """The response's nonce, kind, and the route weights it carries."""
-        from envoy.config.route.v3 import route_pb2
-        from envoy.service.discovery.v3 import discovery_pb2
-
-        from adapters.envoy_resources import ROUTE_TYPE
-
-        response = discovery_pb2.DeltaDiscoveryResponse.FromString(data)
+        response = self.discovery_pb2.DeltaDiscoveryResponse.FromString(data)
         kind = response.type_url.rpartition(".")[2]
         count = len(response.resources) + len(response.removed_resources)
         if count:
             line = self.timeline.setdefault(kind, [time.time(), 0.0, 0, 0.0])
             line[2] += count
-        if response.type_url != ROUTE_TYPE:
+        if response.type_url != self.route_type:
             return response.nonce, kind, {}
         weights = {}
         for resource in response.resources:
-            config = route_pb2.RouteConfiguration.FromString(resource.resource.value)
+            config = self.route_pb2.RouteConfiguration.FromString(resource.resource.value)
             match = re.fullmatch(rf"ome\|{NAMESPACE}\|m(\d{{5}})", config.name)
             clusters = config.virtual_hosts[0].routes[0].route.weighted_clusters.clusters if config.virtual_hosts else []
             for cluster in clusters:
@@ -586,8 +586,6 @@ class XdsTap(Detector):
         return response.nonce, kind, weights
 
     async def _relay(self, requests: Any, context: Any) -> Any:
-        from envoy.service.discovery.v3 import discovery_pb2
-
         self.streams += 1
         pending: dict[str, tuple[str, dict[int, int], float]] = {}  # nonce -> kind, the route weights it carried, sent at
         # A channel per stream: its first connection attempt is immediate, as Envoy's own would be.
@@ -596,7 +594,7 @@ class XdsTap(Detector):
 
             async def forward_requests() -> None:
                 async for data in requests:
-                    request = discovery_pb2.DeltaDiscoveryRequest.FromString(data)
+                    request = self.discovery_pb2.DeltaDiscoveryRequest.FromString(data)
                     carried = pending.pop(request.response_nonce, None)
                     if carried and not request.HasField("error_detail") and carried[0] in self.timeline:
                         line = self.timeline[carried[0]]
