@@ -471,6 +471,12 @@ def _add_envoy_bootstrap(subparsers: Any) -> None:
     parser.add_argument("--listen", required=True, metavar="HOST:PORT", help="address of the traffic listener")
     parser.add_argument("--admin", metavar="HOST:PORT", help="address of Envoy's admin interface (default: none)")
     parser.add_argument("--envoy-route-config", default="ome-global", metavar="NAME", help="file mode: route configuration name (default: ome-global)")
+    parser.add_argument(
+        "--backend-stats",
+        action="store_true",
+        help="xDS mode: keep each map backend's upstream_* stats (Envoy keeps no per-map cluster stats by default: "
+        "at 10,000 maps they make its first load about 2.5 s slower)",
+    )
     parser.set_defaults(run=_envoy_bootstrap)
 
 
@@ -486,7 +492,13 @@ def _envoy_bootstrap(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     if xds is not None:
         text = xds_bootstrap(
-            xds_host=xds[0], xds_port=xds[1], listen_host=listen_host, listen_port=listen_port, admin_host=admin[0], admin_port=admin[1]
+            xds_host=xds[0],
+            xds_port=xds[1],
+            listen_host=listen_host,
+            listen_port=listen_port,
+            admin_host=admin[0],
+            admin_port=admin[1],
+            backend_stats=args.backend_stats,
         )
     else:
         text = bootstrap(

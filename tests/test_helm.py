@@ -74,6 +74,7 @@ EXTRAS = {
 # The option sets that change what is rendered; each is rendered, linted and validated.
 OPTION_SETS: dict[str, dict[str, Any]] = {
     "envoy-xds": {},
+    "envoy-xds-backend-stats": {"adapter": {"envoy": {"backendStats": True}}},
     "envoy-files": {"adapter": {"envoy": {"mode": "files", "rewriteHost": True}}},
     "nginx-lua": {"adapter": {"name": "nginx"}},
     "nginx-lua-own-secret": {"adapter": {"name": "nginx", "nginx": {"controlSecret": {"name": "nginx-control", "key": "token"}, "caFile": "/etc/ssl/corporate/ca.pem"}}},

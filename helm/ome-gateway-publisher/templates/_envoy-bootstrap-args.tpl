@@ -7,6 +7,9 @@ xds mode points Envoy at the sidecar's xDS server; files mode at the files the s
 {{- define "ome-gateway-publisher.envoyBootstrapArgs" -}}
 {{- if eq .Values.adapter.envoy.mode "xds" }}
 - {{ printf "--xds=127.0.0.1:%d" (int .Values.adapter.envoy.xdsPort) | quote }}
+{{- if .Values.adapter.envoy.backendStats }}
+- --backend-stats
+{{- end }}
 {{- else }}
 - --envoy-dir=/run/ome-gateway
 - {{ printf "--envoy-route-config=%s" .Values.adapter.envoy.routeConfig | quote }}
