@@ -546,7 +546,11 @@ class XdsTap(Detector):
         from adapters.envoy_resources import ROUTE_TYPE
         from adapters.envoy_xds import _SERVER_OPTIONS
 
-        self.grpc, self.upstream, self.options = grpc, upstream, _SERVER_OPTIONS
+        # Each stream's channel connects at once, as Envoy does when it retries: channels sharing
+        # gRPC's global subchannel pool waited out its reconnect backoff (1 s, then 1.6x) after
+        # the sidecar was down, so an Envoy reached a just-started sidecar up to 1.8 s late.
+        self.grpc, self.upstream = grpc, upstream
+        self.options = [*_SERVER_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
         self.route_pb2, self.discovery_pb2, self.route_type = route_pb2, discovery_pb2, ROUTE_TYPE
         self.acked: dict[int, int] = {}  # since the last read()
         self.acked_at: dict[int, float] = {}  # map index -> wall time its latest weight was ACKed

@@ -3,6 +3,7 @@ update it sends is confirmed, and it prints its report lines. No timing is asser
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import subprocess
@@ -81,6 +82,46 @@ def test_a_mode_whose_flag_the_sidecar_lacks_is_named_as_unsupported():
         "this sidecar does not support mode future (`ome-publisher run --help` lists no --no-such-flag)"
     )
     assert compare.unsupported(compare.MODES["json"]) is None
+
+
+async def test_the_xds_relay_reaches_a_sidecar_at_once_after_it_was_down():
+    """The relay's channels shared gRPC's global subchannel pool: after a failed connect, a new
+    stream waited out the subchannel's reconnect backoff, so an Envoy retrying every 0.5 s reached
+    a just-started sidecar up to 1.8 s late, and some first publishes measured that."""
+    import grpc
+    from envoy.service.discovery.v3 import discovery_pb2
+
+    from adapters.envoy_resources import CLUSTER_TYPE, XdsRenderer
+    from adapters.envoy_xds import XdsTransport
+    from tests.gateways import free_port
+
+    sidecar = f"127.0.0.1:{free_port()}"
+    tap = _load_script().XdsTap(sidecar)
+    await tap.start()
+    first = discovery_pb2.DeltaDiscoveryRequest(type_url=CLUSTER_TYPE)
+    first.node.id = "envoy-a"
+
+    async def one_response() -> discovery_pb2.DeltaDiscoveryResponse:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{tap.port}") as channel:
+            call = channel.stream_stream(tap.METHOD, request_serializer=lambda m: m.SerializeToString(),
+                                         response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)()  # fmt: skip
+            await call.write(first)
+            return await asyncio.wait_for(call.read(), 10)
+
+    transport = XdsTransport(sidecar, XdsRenderer())
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as down:
+            await one_response()  # nothing listens there yet
+        assert down.value.code() == grpc.StatusCode.UNAVAILABLE
+        serving = asyncio.create_task(transport.serve())
+        await asyncio.wait_for(transport.started(), 10)
+        response = await one_response()  # the first try after the sidecar came up gets through
+        assert response.type_url == CLUSTER_TYPE
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+    finally:
+        await transport.aclose()
+        await tap.aclose()
 
 
 def test_unknown_mode_is_refused_with_the_known_ones():
