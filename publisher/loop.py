@@ -34,8 +34,9 @@ from publisher.source import Stores
 
 log = logging.getLogger(__name__)
 
-# Deciding a map takes about 30 us: a slice of 256 holds the event loop for under 10 ms.
-RESYNC_SLICE = 256
+# Deciding a map takes about 30 us: a slice of 256 holds the event loop for under 10 ms. A pass
+# yields after each slice, and a resync feeds its backlog to the queue a slice at a time.
+DECIDE_SLICE = 256
 # Until the first sync is done the heap only grows (every object listed is kept), so the cyclic
 # collector's default 700-allocation trigger only rescans survivors: at 10,000 maps it was half of
 # the first list's CPU and of deciding. Collections still run, 140x less often.
@@ -254,7 +255,11 @@ class Publisher:
         """Decide `pending`, make one gateway write for every route that changed, queue reports."""
         if not pending:
             return
-        outcomes = {key: self._decide_guarded(key) for key in pending}
+        outcomes: dict[MapKey, Outcome] = {}
+        for count, key in enumerate(pending, 1):
+            outcomes[key] = self._decide_guarded(key)
+            if count % DECIDE_SLICE == 0:
+                await asyncio.sleep(0)  # a first pass of 10,000 maps lets the gateway's tasks and the server run
         confirmed = self.adapter.confirmed
         changes: dict[MapKey, Publication | None] = {}
         for key, outcome in outcomes.items():
@@ -485,9 +490,9 @@ class Publisher:
 
     def _feed_resync_backlog(self) -> None:
         if self._resync_backlog and not len(self.queue):
-            for key in self._resync_backlog[-RESYNC_SLICE:]:
+            for key in self._resync_backlog[-DECIDE_SLICE:]:
                 self.queue.add(key)
-            del self._resync_backlog[-RESYNC_SLICE:]
+            del self._resync_backlog[-DECIDE_SLICE:]
 
     async def reconcile(self) -> None:
         """Read the gateway back and write back whatever drifted from what it confirmed."""
