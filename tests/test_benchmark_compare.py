@@ -93,7 +93,7 @@ async def test_the_xds_relay_reaches_a_sidecar_at_once_after_it_was_down():
 
     from adapters.envoy_resources import CLUSTER_TYPE, XdsRenderer
     from adapters.envoy_xds import XdsTransport
-    from tests.gateways import free_port
+    from tests.gateways import eventually, free_port
 
     sidecar = f"127.0.0.1:{free_port()}"
     tap = _load_script().XdsTap(sidecar)
@@ -117,11 +117,17 @@ async def test_the_xds_relay_reaches_a_sidecar_at_once_after_it_was_down():
         await asyncio.wait_for(transport.started(), 10)
         response = await one_response()  # the first try after the sidecar came up gets through
         assert response.type_url == CLUSTER_TYPE
+        await tap.aclose()  # the relayed stream ends, and the sidecar lets its Envoy go
+        await eventually(lambda: transport.unready() is not None and not _running("_detach"))
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
     finally:
         await transport.aclose()
         await tap.aclose()
+
+
+def _running(name: str) -> bool:
+    return any(task.get_coro().__name__ == name for task in asyncio.all_tasks() if not task.done())
 
 
 def test_unknown_mode_is_refused_with_the_known_ones():
