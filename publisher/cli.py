@@ -490,6 +490,10 @@ def _envoy_bootstrap(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"ome-publisher envoy-bootstrap: {exc}", file=sys.stderr)
         return EXIT_INPUT
+    if args.backend_stats and xds is None:
+        # File mode keeps every stat already: the flag would change nothing.
+        print("ome-publisher envoy-bootstrap: --backend-stats is for --xds (with --envoy-dir Envoy keeps every stat)", file=sys.stderr)
+        return EXIT_INPUT
     if xds is not None:
         text = xds_bootstrap(
             xds_host=xds[0],

@@ -134,6 +134,16 @@ def test_the_default_stats_matcher_checks_token_prefixes_only():
     assert "inclusion_list" in kept["stats_config"]["stats_matcher"]
 
 
+def test_envoy_bootstrap_takes_backend_stats_in_xds_mode_only(tmp_path, capsys):
+    from publisher.cli import main
+
+    assert main(["envoy-bootstrap", "--xds", "127.0.0.1:18000", "--listen", "0.0.0.0:8080", "--backend-stats"]) == 0
+    matcher = yaml.safe_load(capsys.readouterr().out)["stats_config"]["stats_matcher"]
+    assert "inclusion_list" in matcher
+    assert main(["envoy-bootstrap", "--envoy-dir", str(tmp_path), "--listen", "0.0.0.0:8080", "--backend-stats"]) == 2
+    assert "--backend-stats is for --xds" in capsys.readouterr().err
+
+
 # --- a real Envoy --------------------------------------------------------------------------------------
 
 
