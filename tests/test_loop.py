@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -35,6 +36,25 @@ def make_publisher(gateway: MemoryGateway | None = None, **options) -> tuple[Pub
     stores = Stores.empty()
     engine, gateway = memory_engine(gateway)
     return Publisher(stores, engine, LoopOptions(adapter_name=engine.name, **options)), stores, gateway
+
+
+class OneMapSource:
+    """A source that lists the chat map, gives its first full view and then watches forever;
+    `before`, when given, runs first (the list in progress)."""
+
+    def __init__(self, publisher: Publisher, stores: Stores, before: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.publisher, self.stores, self.before = publisher, stores, before
+
+    async def run(self) -> None:
+        if self.before is not None:
+            await self.before()
+        put_map(self.stores, make_map())
+        self.publisher.changed([CHAT], at=0.0)
+        self.publisher.synced()
+        await asyncio.Event().wait()
+
+    def problem(self) -> None:
+        return None
 
 
 def weights(adapter: MemoryGateway, key: MapKey) -> list[int]:
@@ -277,18 +297,7 @@ def test_ready_needs_start_sync_and_a_recent_success():
 @pytest.mark.parametrize("leader", [None])
 async def test_once_publishes_from_a_source(leader):
     publisher, stores, adapter = make_publisher()
-
-    class OneShotSource:
-        async def run(self) -> None:
-            put_map(stores, make_map())
-            publisher.changed([CHAT], at=0.0)
-            publisher.synced()
-            await asyncio.Event().wait()
-
-        def problem(self) -> None:
-            return None
-
-    await loop.once(publisher, OneShotSource())
+    await loop.once(publisher, OneMapSource(publisher, stores))
     assert weights(adapter, CHAT) == [2, 3]
 
 
@@ -520,19 +529,11 @@ async def test_the_first_list_runs_with_rare_collections_and_the_default_comes_b
     during_list: list[tuple[int, ...]] = []
     release = asyncio.Event()
 
-    class GatedSource:
-        async def run(self) -> None:
-            during_list.append(gc.get_threshold())
-            await release.wait()
-            put_map(stores, make_map())
-            publisher.changed([CHAT], at=0.0)
-            publisher.synced()
-            await asyncio.Event().wait()
+    async def listing() -> None:
+        during_list.append(gc.get_threshold())
+        await release.wait()
 
-        def problem(self) -> None:
-            return None
-
-    task = asyncio.create_task(loop.run(publisher, GatedSource()))
+    task = asyncio.create_task(loop.run(publisher, OneMapSource(publisher, stores, before=listing)))
     try:
         while not during_list:
             await asyncio.sleep(0.01)
