@@ -17,6 +17,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import helm_python as helm
@@ -303,14 +304,26 @@ def test_no_rule_names_a_job() -> None:
             assert f'ome_io_gateway_publisher_instance="{INSTANCE}"' in rule["expr"], rule["alert"]
 
 
+class _OneEnvoy:
+    """An xDS transport with one Envoy connected, for the per-Envoy series."""
+
+    def envoys(self) -> list[Any]:
+        return [SimpleNamespace(node="ome-gateway-envoy", peer="ipv4:127.0.0.1", nacks={}, unacked_since=None, sent=0)]
+
+    def served(self, key: Any) -> dict[str, str | None]:
+        return {}
+
+
 def _exported_names() -> set[str]:
-    """Every series name the sidecar's registry can export, NGINX Lua mode's included."""
+    """Every series name the sidecar's registry can export, NGINX Lua mode's and xDS mode's included."""
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     metrics.watch_nginx_table(LuaStats(bytes_capacity=1 << 20, bytes_free=1 << 19))
+    metrics.watch_envoys(_OneEnvoy())
     try:
         return {family.name + suffix for family in metrics.REGISTRY.collect() for suffix in suffixes[family.type]}
     finally:
         metrics.watch_nginx_table(None)
+        metrics.watch_envoys(None)
 
 
 def _dashboard_queries() -> list[str]:
