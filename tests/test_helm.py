@@ -88,6 +88,9 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "replicas-leader-election": {"replicas": 3, "leaderElection": {"enabled": True}, "controlPlane": {"inCluster": True}},
     "monitoring": MONITORING,
     "monitoring-per-map-none": {"metrics": {**MONITORING["metrics"], "perMap": "none"}},
+    "monitoring-own-rules": {"metrics": {**MONITORING["metrics"], "prometheusRule": {
+        "enabled": True, "runbookBaseUrl": "https://wiki.example.com/ome-gateway",
+        "additionalRules": [{"alert": "ManyHeld", "expr": "sum(ome_gateway_publisher_maps{state=\"held\"}) > 100", "for": "15m"}]}}},
     "extras-envoy": EXTRAS,
     "extras-nginx": {**EXTRAS, "adapter": {"name": "nginx"}},
     "no-drain": {"gateway": {"drain": {"enabled": False}}},
