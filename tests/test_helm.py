@@ -40,7 +40,7 @@ from tests.gateways import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "ome-gateway-publisher"
-TEMPLATES = sorted((CHART / "templates").iterdir())
+TEMPLATES = sorted(path for path in (CHART / "templates").rglob("*") if path.is_file())
 RELEASE = "eu-west"
 NAMESPACE = "ome-gateway"
 FLAG = re.compile(r"^(--[a-z][a-z0-9-]*)")
@@ -894,7 +894,7 @@ def test_every_value_is_read_by_a_template() -> None:
     assert not unread, f"values.yaml keys no template reads: {unread}"
 
 
-@pytest.mark.parametrize("template", TEMPLATES, ids=[template.name for template in TEMPLATES])
+@pytest.mark.parametrize("template", TEMPLATES, ids=[str(template.relative_to(CHART / "templates")) for template in TEMPLATES])
 def test_template_has_no_tabs_and_balanced_actions(template: Path) -> None:
     text = template.read_text()
     assert "\t" not in text
