@@ -196,6 +196,14 @@ CASES: dict[str, Case] = {
          _series("ome_gateway_publisher_map_held", TARGET, "_x6 1x10", reason="VerificationFailed", **MAP)],
         {"8m": [], "11m": [({**TARGET, **MAP}, "TrafficMap llm/chat held for over 10m")]},
     ),
+    # Through the chart's ServiceMonitor with honorLabels false (its default) the pod's namespace
+    # wins and the map's is exported_namespace (issue 23, finding 9): the summary still names the map.
+    "map-held-scraped-without-honor-labels": Case(
+        "OmeGatewayPublisherMapHeld",
+        [_series("ome_gateway_publisher_map_held", {**TARGET, "namespace": "ome-gateway"}, "1x15", reason="ProbeStale",
+                 exported_namespace="llm", name="chat")],
+        {"11m": [({**TARGET, "namespace": "ome-gateway", "exported_namespace": "llm", "name": "chat"}, "TrafficMap llm/chat held for over 10m")]},
+    ),
     "map-held-briefly": Case(
         "OmeGatewayPublisherMapHeld",
         [_series("ome_gateway_publisher_map_held", TARGET, "1x4 stale", reason="ProbeStale", **MAP)],

@@ -91,6 +91,11 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "monitoring-own-rules": {"metrics": {**MONITORING["metrics"], "prometheusRule": {
         "enabled": True, "runbookBaseUrl": "https://wiki.example.com/ome-gateway",
         "additionalRules": [{"alert": "ManyHeld", "expr": "sum(ome_gateway_publisher_maps{state=\"held\"}) > 100", "for": "15m"}]}}},
+    "monitoring-options": {"metrics": {"serviceMonitor": {
+        "enabled": True, "namespace": "monitoring", "scrapeTimeout": "10s", "honorLabels": True,
+        "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}],
+        "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "python_.*", "action": "drop"}]}}},
+    "images-by-digest": {"image": {"digest": "sha256:" + "ab" * 32}, "gateway": {"envoy": {"image": {"digest": "sha256:" + "cd" * 32}}}},
     "extras-envoy": EXTRAS,
     "extras-nginx": {**EXTRAS, "adapter": {"name": "nginx"}},
     "no-drain": {"gateway": {"drain": {"enabled": False}}},
