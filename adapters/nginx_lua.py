@@ -149,6 +149,8 @@ def copy_lua_modules(directory: Path) -> None:
     """This package's Lua modules copied into `directory` (made if missing), for an NGINX that does
     not see this package's files, e.g. in another container of the pod."""
     directory.mkdir(parents=True, exist_ok=True)
+    if directory.resolve() == LUA_DIR.resolve():
+        return  # already there
     for module in sorted(LUA_DIR.glob("*.lua")):
         shutil.copyfile(module, directory / module.name)
 
