@@ -496,8 +496,13 @@ def _xds_stats_matcher(backend_stats: bool) -> dict[str, Any]:
 
 
 def _ads() -> dict[str, Any]:
-    # Without a control plane Envoy starts serving (404 for every host) after this, not after 15 s.
-    return {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "5s"}
+    # How long Envoy's start waits for each subscription's first answer before it serves without:
+    # CDS, then the scoped routes, one after the other, so an Envoy whose sidecar is not up serves
+    # 404 for every host after twice this (Envoy's default, 15 s each, made it 30 s; 5 s made it 10).
+    # A sidecar that is up answers in milliseconds, and what comes later applies as any update
+    # (the pod is not ready before the sidecar has confirmed Envoy's first ACK either way). Not 0:
+    # to Envoy that means wait forever.
+    return {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "2s"}
 
 
 def _listener(host: str, port: int, hcm: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import ipaddress
 import json
 import logging
 import re
+import shutil
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -144,11 +145,23 @@ def _map_key(text: str) -> MapKey:
     return MapKey(namespace, name)
 
 
+def copy_lua_modules(directory: Path) -> None:
+    """This package's Lua modules copied into `directory` (made if missing), for an NGINX that does
+    not see this package's files, e.g. in another container of the pod."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if directory.resolve() == LUA_DIR.resolve():
+        return  # already there
+    for module in sorted(LUA_DIR.glob("*.lua")):
+        shutil.copyfile(module, directory / module.name)
+
+
 def http_snippet(
-    *, listen: str, control_listen: str, secret_file: Path, shared_dict_size: str = "32m", ca_file: Path | None = None
+    *, listen: str, control_listen: str, secret_file: Path, shared_dict_size: str = "32m", ca_file: Path | None = None,
+    lua_dir: Path = LUA_DIR,
 ) -> str:
     """The text to include inside `http {}`: the table, the catch-all server, the two upstreams
-    and the control listener. Raises ValueError on a value NGINX would read as syntax."""
+    and the control listener, with the Lua modules from `lua_dir` (this package's, or a copy where
+    NGINX sees it: `copy_lua_modules`). Raises ValueError on a value NGINX would read as syntax."""
     from adapters.nginx import _check_listen
 
     _check_listen(listen)
@@ -156,14 +169,14 @@ def http_snippet(
     if not _SIZE.fullmatch(shared_dict_size):
         raise ValueError(f"{shared_dict_size!r} is not an NGINX size such as 32m")
     ca_file = ca_file or DEFAULT_CA_FILE
-    for path in (secret_file, ca_file, LUA_DIR):
+    for path in (secret_file, ca_file, lua_dir):
         if not re.fullmatch(r"[A-Za-z0-9_./+-]+", str(path)):
             raise ValueError(f"{str(path)!r}: only letters, digits and _./+- are allowed in a path here")
     return f"""\
 # Written by `ome-publisher nginx-config`; include inside http {{}}. The main nginx.conf must load,
 # outside http {{}} (Debian's libnginx-mod-http-lua does it in /etc/nginx/modules-enabled/):
 {"".join(f"#   load_module {module};{chr(10)}" for module in LOAD_MODULES)}\
-lua_package_path "{LUA_DIR}/?.lua;;";
+lua_package_path "{lua_dir}/?.lua;;";
 # Sized for the fleet: about 660 bytes per map of 4 backends, plus up to 0.25 MB for the change
 # log /changes reads (32m: ~45,000 maps).
 lua_shared_dict ome_routes {shared_dict_size};

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from adapters.base import Rejected, Unavailable
 from adapters.nginx import NginxOptions
 from adapters.nginx_lua import (
+    LUA_DIR,
     LuaPart,
     LuaRenderer,
     LuaStats,
@@ -103,6 +104,19 @@ def test_nginx_config_command_prints_the_snippet_and_the_load_module_lines(capsy
         assert line in out
     assert main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", "/s", "--load-modules"]) == 0
     assert "load_module modules/ngx_http_lua_module.so;" in capsys.readouterr().out
+
+
+def test_nginx_config_lua_dir_copies_the_modules_and_names_the_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 23, finding 9: the chart's init container rewrote the snippet's module path with sed."""
+    copy = tmp_path / "nginx" / "lua"
+    assert main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", "/s", "--lua-dir", str(copy)]) == 0
+    assert f'lua_package_path "{copy}/?.lua;;";' in capsys.readouterr().out
+    shipped = sorted(path.name for path in LUA_DIR.glob("*.lua"))
+    assert shipped and sorted(path.name for path in copy.iterdir()) == shipped
+    assert all((copy / name).read_bytes() == (LUA_DIR / name).read_bytes() for name in shipped)
+    (tmp_path / "file").write_text("")
+    assert main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", "/s", "--lua-dir", str(tmp_path / "file" / "lua")]) == 2
+    assert "--lua-dir" in capsys.readouterr().err
 
 
 def test_options_mode_lua_by_default_reload_when_a_conf_file_is_given(tmp_path: Path) -> None:
