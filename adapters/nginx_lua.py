@@ -318,6 +318,9 @@ class LuaTransport:
         self._version = 0
         self._entries: dict[MapKey, str] = {}
         self._parts: dict[MapKey, LuaPart] = {}  # the same maps, decoded
+        # The boot id `_entries` were confirmed under: kept when `_boot` is forgotten, so a table
+        # that no longer matches its checksum is repaired from them.
+        self._entries_boot: str | None = None
         self._hashes: dict[MapKey, int] = {}
         self._sum = 0
         # name -> (addresses, when resolved): what the pushed entries use.
@@ -429,14 +432,25 @@ class LuaTransport:
             raise Unavailable(f"nginx control listener: the table does not read back: {exc!r}") from exc
         hashes = {key: _entry_hash(key, text) for key, text in entries.items()}
         total = sum(hashes.values()) % _CHECKSUM_MODULUS
-        if f"{total:013x}" != answer.get("checksum"):
-            raise Unavailable("nginx control listener: the table does not match its own checksum")
-        self._boot, self._version, self._sum = boot, int(answer.get("version", 0)), total
-        self._entries, self._parts, self._hashes = entries, parts, hashes
         now = self._clock()
         for name, addresses in names.items():
             if _ip_literal(name) is None:
                 self._names.setdefault(name, (addresses, now))
+        if f"{total:013x}" != answer.get("checksum"):
+            await self._repair(boot, entries, parts)
+            return
+        self._boot, self._version, self._sum = boot, int(answer.get("version", 0)), total
+        self._entries, self._parts, self._hashes, self._entries_boot = entries, parts, hashes, boot
+
+    async def _repair(self, boot: str, entries: dict[MapKey, str], parts: dict[MapKey, LuaPart]) -> None:
+        """The table does not match its own checksum (a batch NGINX could not undo, a hand edit):
+        replace it whole by what NGINX last confirmed to us under this boot, or, with nothing
+        confirmed yet, by the entries it holds, so its checksum, hostnames and entries agree again."""
+        if self._entries_boot == boot:
+            entries, parts = dict(self._entries), dict(self._parts)
+        log.warning("nginx table does not match its checksum: replacing it whole", extra={"boot": boot, "maps": len(entries)})
+        await self._push(entries, parts, [], boot=boot, replace=True)
+        log.info("nginx table repaired", extra={"boot": boot, "maps": len(entries)})
 
     async def _unchanged(self) -> bool:
         """Whether NGINX holds exactly what it confirmed to us (boot, version, checksum), asked of
@@ -503,8 +517,14 @@ class LuaTransport:
             reason = {400: "invalid", 507: "table_full"}.get(refused.status, f"http_{refused.status}")
             self.stats.failures[reason] += 1
             log.warning("nginx refused batch", extra={"reason": reason, "maps": len(sets) + len(deletes), "error": str(refused)})
+            if replace:
+                # A whole table the engine confirmed, refused (a restart with a smaller dict): no
+                # map is to blame, and splitting it would only refuse each map in turn.
+                raise Unavailable(f"nginx refused the whole confirmed table: {refused}") from None
             if refused.status in (400, 507):
                 raise Rejected(f"nginx refused the batch: {refused}") from None
+            # What NGINX holds is unknown (a 500: a batch it could not undo): read it whole.
+            self._boot = None
             raise Unavailable(f"nginx control listener: {refused}") from None
         except Unavailable:
             self.stats.failures["unreachable"] += 1
@@ -523,7 +543,7 @@ class LuaTransport:
         self._entries.update(sets)
         self._parts.update(parts)
         self._hashes.update(hashes)
-        self._boot, self._version, self._sum = boot, version, expected_sum
+        self._boot, self._version, self._sum, self._entries_boot = boot, version, expected_sum, boot
         self.stats.pushes += 1
 
     def _entry_text(self, part: LuaPart) -> str:
