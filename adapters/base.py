@@ -206,6 +206,19 @@ def duplicate_hostname(parts: Mapping[MapKey, Any], what: str) -> str | None:
     return None
 
 
+# Envoy refuses a route whose weighted_clusters weights sum past a uint32 (file and xDS mode alike).
+ENVOY_MAX_WEIGHT_SUM = 2**32 - 1
+
+
+def envoy_weight_sum_problem(route: Route) -> str | None:
+    """Why Envoy would refuse `route`'s weights on every push, or None: for both Envoy renderers'
+    `problem()`, so such a map is InvalidPlan up front."""
+    total = sum(backend.weight for backend in route.backends)
+    if total > ENVOY_MAX_WEIGHT_SUM:
+        return f"the weights sum to {total}, but Envoy takes a sum of at most {ENVOY_MAX_WEIGHT_SUM}"
+    return None
+
+
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Replace `path` with `data` so a reader sees the old file or the new one, never a part.
 

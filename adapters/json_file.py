@@ -72,10 +72,20 @@ def _whole(value: Any) -> int:
     return value
 
 
+# The longest file name Linux filesystems take; `_replace` adds 5 characters for its temp file.
+NAME_MAX = 255
+
+
 class JsonRenderer:
-    """Each map's route as one encoded JSON object."""
+    """Each map's route as one encoded JSON object; with `per_map_files`, each in a file named
+    after the map (--json-dir), whose name must fit the filesystem."""
+
+    def __init__(self, *, per_map_files: bool = False) -> None:
+        self._per_map_files = per_map_files
 
     def problem(self, key: MapKey, route: Route) -> str | None:
+        if self._per_map_files and len(_temp_name(map_file(key)).encode()) > NAME_MAX:
+            return f"the map's file name {map_file(key)} is longer than the {NAME_MAX - 5} characters a --json-dir file name can have"
         return None
 
     def render(self, key: MapKey, route: Route) -> bytes:
@@ -199,12 +209,16 @@ class JsonDirTransport(TransportDefaults):
             raise Unavailable(f"cannot write in {self._dir}: {exc}") from exc
 
 
+def _temp_name(name: str) -> str:
+    return f".{name}.tmp"
+
+
 def _replace(path: Path, data: bytes) -> None:
     """Replace `path` by rename, then read it back. Cheaper than write_atomic, which the per-map
     files do not need: the engine is their one writer (a fixed temp name is safe), and it reads
     every file back at start and rewrites what a crash lost, so no fsync either (two fsyncs cost
     more than the whole rest of an update)."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(_temp_name(path.name))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         os.write(fd, data)
@@ -218,6 +232,6 @@ def _replace(path: Path, data: bytes) -> None:
 
 def build(options: JsonOptions) -> tuple[JsonRenderer, JsonFileTransport | JsonDirTransport]:
     if options.json_dir is not None:
-        return JsonRenderer(), JsonDirTransport(options.json_dir)
+        return JsonRenderer(per_map_files=True), JsonDirTransport(options.json_dir)
     assert options.json_path is not None
     return JsonRenderer(), JsonFileTransport(options.json_path)

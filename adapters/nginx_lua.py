@@ -40,6 +40,9 @@ LOAD_MODULES = ("modules/ndk_http_module.so", "modules/ngx_http_lua_module.so")
 DEFAULT_CA_FILE = Path("/etc/ssl/certs/ca-certificates.crt")
 # Mirrors MAX_ADDRESSES in ome_table.lua: more addresses only lengthen retries.
 MAX_ADDRESSES = 16
+# Mirrors MAX_BACKENDS in ome_table.lua, which refuses a longer entry on every push: checked in
+# `problem()`, so such a map is InvalidPlan up front, not ApplyFailed and retried forever.
+MAX_BACKENDS = 64
 _CHECKSUM_MODULUS = 2**52
 _SIZE = re.compile(r"^[0-9]{1,6}[km]$")
 
@@ -95,6 +98,9 @@ class LuaRenderer:
         self._rewrite_host = rewrite_host
 
     def problem(self, key: MapKey, route: Route) -> str | None:
+        """Everything ome_table.lua refuses that the shared checks let through."""
+        if len(route.backends) > MAX_BACKENDS:
+            return f"{len(route.backends)} backends, but the NGINX Lua table takes at most {MAX_BACKENDS} per map"
         for backend in route.backends:
             endpoint = parse_endpoint(backend.endpoint)
             if endpoint.path not in ("", "/"):

@@ -114,3 +114,18 @@ async def test_corrupted_output_serves_nothing_and_heals(tmp_path, mode):
     assert await engine(tmp_path, mode).start() == {}
     assert await adapter.reconcile() == {MapKey("prod", "a")}
     assert served_names(tmp_path, mode) == ["a"]
+
+
+async def test_a_map_whose_file_name_the_filesystem_cannot_hold_is_invalid_up_front(tmp_path):
+    """Issue 21, finding 12: a name over the filesystem's limit failed every --json-dir write
+    (Unavailable, for every map) instead of being held."""
+    too_long, longest = (Publication("prod", "m" * length, f"m{length}.example.com", 1, 1, (Backend("a", "http://a.example.com", 1),))
+                         for length in (241, 240))
+    held = engine(tmp_path, "dir").check(too_long)
+    assert held is not None and held.reason == Reason.INVALID_PLAN and "file name" in held.message
+    assert engine(tmp_path, "file").check(too_long) is None
+    adapter = engine(tmp_path, "dir")
+    assert adapter.check(longest) is None
+    await adapter.start()
+    assert not (await adapter.apply({longest.key: longest})).rejected
+    assert served_names(tmp_path, "dir") == ["m" * 240]

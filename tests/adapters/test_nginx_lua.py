@@ -19,6 +19,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.base import Rejected, Unavailable
+from adapters.engine import Engine
 from adapters.nginx import NginxOptions
 from adapters.nginx_lua import (
     LuaPart,
@@ -33,7 +34,7 @@ from adapters.nginx_lua import (
 from publisher import app, metrics
 from publisher.cli import main
 from publisher.config import RunConfig
-from publisher.model import Backend, MapKey, Route
+from publisher.model import Backend, MapKey, Publication, Reason, Route
 from tests.adapters.nginx_fixtures import RunningLuaNginx, running_lua_nginx
 from tests.gateways import Backends, assert_measured_split, eventually, measure
 
@@ -58,6 +59,16 @@ def test_problem_refuses_an_endpoint_path_and_allows_mixed_schemes() -> None:
     renderer = LuaRenderer()
     assert renderer.problem(KEY, route(HOST, ("a", "http://10.0.0.1/v1", 1))) is not None
     assert renderer.problem(KEY, route(HOST, ("a", "http://10.0.0.1", 1), ("b", "https://b.example.net", 1))) is None
+
+
+def test_more_backends_than_the_lua_table_takes_is_invalid_plan_up_front(tmp_path: Path) -> None:
+    """Issue 21, finding 12: 65 backends passed every check, then NGINX refused the map on every
+    push (ApplyFailed, retried forever). `test_the_backend_limit_is_the_lua_tables` pins the 64."""
+    engine = Engine("nginx", LuaRenderer(), LuaTransport(NginxOptions(nginx_secret_file=tmp_path / "s")))
+    backends = tuple(Backend(f"c{i}", "http://127.0.0.1:1", 1) for i in range(65))
+    held = engine.check(Publication("ns", "m", HOST, 1, 1, backends))
+    assert held is not None and held.reason == Reason.INVALID_PLAN and "at most 64" in held.message
+    assert engine.check(Publication("ns", "m", HOST, 1, 1, backends[:64])) is None
 
 
 def test_entry_text_is_canonical_and_reads_back() -> None:
@@ -930,3 +941,11 @@ async def test_the_batch_lock_never_expires_and_is_taken_over_only_from_a_proces
         assert (await lua.control("GET", "/state"))[1]["version"] == 1
         source = (Path(__file__).parents[2] / "adapters/nginx_lua/ome_control.lua").read_text()
         assert 'safe_add("meta:lock", mine)' in source, "taken with no expiry"
+
+
+@pytest.mark.slow
+async def test_the_backend_limit_is_the_lua_tables(tmp_path: Path) -> None:
+    async with lua_nginx(tmp_path) as lua:
+        await lua.push({MapKey("ns", "m0"): _grown(64)})
+        with pytest.raises(Rejected, match="at most 64"):
+            await lua.push({MapKey("ns", "m0"): _grown(65)})
