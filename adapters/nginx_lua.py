@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from adapters.base import Rejected, Unavailable, WriteResult
+from adapters.base import NotConnected, Rejected, Unavailable, WriteResult
 from adapters.nginx import NginxOptions
 from publisher.model import Backend, MapKey, Route, parse_endpoint
 
@@ -57,6 +57,10 @@ RESOLVE_TIMEOUT = 5.0
 POLL_INTERVAL = 0.25
 # Below this share of free table bytes the transport warns, before batches start to be refused.
 FREE_WARNING_SHARE = 0.1
+# Until NGINX first answers (it may start after the sidecar), the read-back retries after this,
+# doubling up to the cap; the cap also bounds serve()'s polls while NGINX does not answer.
+FIRST_ANSWER_RETRY = 0.1
+RETRY_CAP = 1.0
 
 Resolver = Callable[[str, int], Awaitable[tuple[str, ...]]]
 
@@ -331,22 +335,39 @@ class LuaTransport:
         self._sum = 0
         # name -> (addresses, when resolved): what the pushed entries use.
         self._names: dict[str, tuple[tuple[str, ...], float]] = {}
-        self._unready: str | None = "the NGINX control listener has not answered yet"
+        # The failure of the last control request, None once one succeeds again.
+        self._problem: str | None = None
         self._low_on_room = False
         self.stats = LuaStats()
 
     # -- Transport protocol --
 
     async def read(self) -> dict[MapKey, Route]:
-        async with self._lock:
-            if self._boot is None or not await self._unchanged():
-                await self._sync()
-            return {key: part.route() for key, part in self._parts.items()}
+        """What NGINX serves. Until NGINX has answered once, this waits for it (the sidecar may
+        start first), retrying with backoff; after that, a failure is Unavailable."""
+        retry = FIRST_ANSWER_RETRY
+        while True:
+            async with self._lock:
+                try:
+                    if self._boot is None or not await self._unchanged():
+                        await self._sync()
+                    return {key: part.route() for key, part in self._parts.items()}
+                except Unavailable as exc:
+                    if self._entries_boot is not None:
+                        raise
+                    self._note_problem(str(exc))
+            await asyncio.sleep(retry)
+            retry = min(RETRY_CAP, retry * 2)
 
     async def write(self, parts: Mapping[MapKey, LuaPart], changes: Mapping[MapKey, LuaPart | None]) -> WriteResult:
         async with self._lock:
             if self._boot is None:
-                await self._sync()
+                try:
+                    await self._sync()
+                except Unavailable as exc:
+                    if self._entries_boot is None:
+                        raise NotConnected(f"nginx control listener has not answered yet: {exc}") from exc
+                    raise
             rejected = await self._resolve_names(changes, force=frozenset())
             sets: dict[MapKey, str] = {}
             set_parts: dict[MapKey, LuaPart] = {}
@@ -369,19 +390,28 @@ class LuaTransport:
         return 0.0
 
     def unready(self) -> str | None:
-        return self._unready
+        """Only until NGINX first confirmed its table: after that, a control listener that does
+        not answer is not a reason to be unready (NGINX keeps serving its table), and the loop's
+        own window of three resync intervals without a confirmed pass decides."""
+        if self._entries_boot is not None:
+            return None
+        return self._problem or "the NGINX control listener has not answered yet"
 
     async def serve(self) -> None:
         """Until cancelled: watch the boot id and restore the table after a restart; re-resolve
         names every resolve interval and push the maps whose addresses moved."""
+        delay = self._poll_interval
         while True:
             try:
                 async with self._lock:
                     await self._check_boot()
                     await self._refresh_names()
+                delay = self._poll_interval
             except (Unavailable, Rejected) as exc:
-                self._set_unready(str(exc))
-            await asyncio.sleep(self._poll_interval)
+                self._note_problem(str(exc))
+                # An NGINX that does not answer, or refuses the restore, is asked less often.
+                delay = min(max(RETRY_CAP, self._poll_interval), delay * 2)
+            await asyncio.sleep(delay)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -414,7 +444,7 @@ class LuaTransport:
             raise Unavailable("nginx control listener refused the shared secret")
         if status != 200:
             raise _Refused(status, answer)
-        self._set_unready(None)
+        self._note_problem(None)
         return answer, rest
 
     async def _sync(self) -> None:
@@ -618,10 +648,12 @@ class LuaTransport:
             log.warning("nginx table almost full", extra={"bytes_free": free, "bytes_capacity": capacity})
         self._low_on_room = low
 
-    def _set_unready(self, reason: str | None) -> None:
-        if reason != self._unready and reason is not None:
+    def _note_problem(self, reason: str | None) -> None:
+        if reason is not None and self._problem is None:
             log.warning("nginx control listener unavailable", extra={"error": reason})
-        self._unready = reason
+        elif reason is None and self._problem is not None:
+            log.info("nginx control listener answering again")
+        self._problem = reason
 
 
 def build(options: NginxOptions) -> tuple[LuaRenderer, LuaTransport]:

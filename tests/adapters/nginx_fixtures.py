@@ -264,9 +264,10 @@ class RunningLuaNginx:
 
 @contextlib.asynccontextmanager
 async def running_lua_nginx(
-    directory: Path, *, workers: int = 2, shared_dict_size: str = "4m", ca_file: Path | None = None
+    directory: Path, *, workers: int = 2, shared_dict_size: str = "4m", ca_file: Path | None = None, start: bool = True
 ) -> AsyncIterator[RunningLuaNginx]:
-    """NGINX with the Lua modules, serving the nginx-config snippet with an empty table."""
+    """NGINX with the Lua modules, serving the nginx-config snippet with an empty table; with
+    `start=False`, configured on its ports but not started (a test starts it later)."""
     (directory / "tmp").mkdir(parents=True, exist_ok=True)
     secret_file = directory / "secret"
     secret_file.write_text("test-secret-0123456789abcdef\n")
@@ -280,7 +281,8 @@ async def running_lua_nginx(
     nginx = RunningLuaNginx(directory, main_conf, secret_file, listen_port, control_port, eval_port)
     nginx.configure(shared_dict_size=shared_dict_size, ca_file=ca_file)
     try:
-        await nginx.start()
+        if start:
+            await nginx.start()
         yield nginx
     finally:
         await nginx.stop()

@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.base import Rejected, Unavailable
+from adapters.base import NotConnected, Rejected, Unavailable
 from adapters.engine import Engine
 from adapters.nginx import NginxOptions
 from adapters.nginx_lua import (
@@ -713,16 +713,28 @@ async def _served_addresses(lua: Lua) -> bool:
 
 
 @pytest.mark.slow
-async def test_a_stopped_nginx_is_unavailable(tmp_path: Path) -> None:
-    async with running_lua_nginx(tmp_path) as nginx:
-        options = nginx.options()
-    transport = LuaTransport(options, resolve=fake_resolve)
-    try:
-        with pytest.raises(Unavailable):
-            await transport.read()
-        assert transport.unready() is not None
-    finally:
-        await transport.aclose()
+async def test_an_nginx_not_answered_yet_is_waited_for_and_one_that_stops_answering_is_unavailable(tmp_path: Path) -> None:
+    """Issue 21, finding 7: the first read failed at once (Unavailable), and the sidecar exited 2
+    when it started before NGINX."""
+    async with running_lua_nginx(tmp_path, start=False) as nginx:
+        transport = LuaTransport(nginx.options(), resolve=fake_resolve)
+        try:
+            part = LuaRenderer().render(KEY, route(HOST, ("a", "http://127.0.0.1:1", 1)))
+            with pytest.raises(NotConnected):
+                await transport.write({KEY: part}, {KEY: part})
+            assert "not answered" in (transport.unready() or "")
+            reading = asyncio.create_task(transport.read())
+            await nginx.start()
+            assert await asyncio.wait_for(reading, 10) == {}
+            assert transport.unready() is None
+            await transport.write({KEY: part}, {KEY: part})
+            await nginx.stop()
+            with pytest.raises(Unavailable) as raised:
+                await transport.read()
+            assert not isinstance(raised.value, NotConnected)
+            assert transport.unready() is None, "NGINX keeps serving its table: the loop's window decides"
+        finally:
+            await transport.aclose()
 
 
 # --- https: per-request SNI, verified, never a connection verified for another name ---------------------
