@@ -395,7 +395,8 @@ class LuaTransport:
         own window of three resync intervals without a confirmed pass decides."""
         if self._entries_boot is not None:
             return None
-        return self._problem or "the NGINX control listener has not answered yet"
+        waiting = "the NGINX control listener has not answered yet"
+        return f"{waiting}: {self._problem}" if self._problem else waiting
 
     async def serve(self) -> None:
         """Until cancelled: watch the boot id and restore the table after a restart; re-resolve

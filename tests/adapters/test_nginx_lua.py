@@ -36,7 +36,7 @@ from publisher.cli import main
 from publisher.config import RunConfig
 from publisher.model import Backend, MapKey, Publication, Reason, Route
 from tests.adapters.nginx_fixtures import RunningLuaNginx, running_lua_nginx
-from tests.gateways import Backends, assert_measured_split, eventually, measure
+from tests.gateways import Backends, assert_measured_split, eventually, free_port, measure
 
 KEY = MapKey("ns", "m")
 HOST = "m.example.com"
@@ -961,3 +961,93 @@ async def test_the_backend_limit_is_the_lua_tables(tmp_path: Path) -> None:
         await lua.push({MapKey("ns", "m0"): _grown(64)})
         with pytest.raises(Rejected, match="at most 64"):
             await lua.push({MapKey("ns", "m0"): _grown(65)})
+
+
+# --- Issue 21, findings 10 and 7: readiness while NGINX cannot be read, and start-up before NGINX ------
+
+
+@dataclass
+class LuaSidecar:
+    port: int
+    task: asyncio.Task[object]
+
+    async def readyz(self) -> tuple[int, str]:
+        """(status, body) of /readyz; (0, why) while nothing answers."""
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+                async with session.get(f"http://127.0.0.1:{self.port}/readyz") as response:
+                    return response.status, await response.text()
+        except aiohttp.ClientError as exc:
+            return 0, repr(exc)
+
+
+@contextlib.asynccontextmanager
+async def lua_sidecar(nginx: RunningLuaNginx, backends: Backends, directory: Path, *, resync: float) -> AsyncIterator[LuaSidecar]:
+    """`ome-publisher run` in Lua mode on a directory holding the chat map (host chat.example.com,
+    all of it to worker-a)."""
+    import yaml
+
+    from tests.builders import make_entry, make_isvc, make_map
+
+    maps = directory / "maps"
+    maps.mkdir()
+    entries = [make_entry("worker-a", allocated=1, ready=1, weight=1, endpoint=backends.endpoint("worker-a"))]
+    (maps / "chat.yaml").write_text(yaml.safe_dump_all([make_isvc(host="chat.example.com"), make_map(entries=entries)]))
+    port = free_port()
+    config = RunConfig(source=f"dir:{maps}", adapter="nginx", nginx_mode="lua", nginx_control_url=nginx.control_url,
+                       nginx_secret_file=nginx.secret_file, listen=f"127.0.0.1:{port}", resync=resync)  # fmt: skip
+    task: asyncio.Task[object] = asyncio.create_task(app.run(config))
+    try:
+        yield LuaSidecar(port, task)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        metrics.watch_nginx_table(None)
+
+
+@pytest.mark.slow
+async def test_readyz_stays_200_while_the_control_listener_is_unreachable_until_three_resync_intervals_pass(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Finding 10: /readyz turned 503 within a second of the control listener becoming
+    unreachable, while NGINX kept serving; the README promises three resync intervals."""
+    async with Backends(("worker-a",)) as backends, running_lua_nginx(tmp_path / "nginx") as nginx:
+        async with lua_sidecar(nginx, backends, tmp_path, resync=1.0) as sidecar:
+            await eventually(lambda: _readyz_is(sidecar, 200), timeout=20)
+            await eventually(lambda: _served(nginx, {"worker-a": 4}), timeout=10)
+            await nginx.stop()
+            await eventually(lambda: any(r.getMessage() == "nginx control listener unavailable" for r in caplog.records), timeout=10)
+            status, body = await sidecar.readyz()
+            assert status == 200, body
+            await eventually(lambda: _readyz_is(sidecar, 503), timeout=30)
+            assert "last successful sync" in (await sidecar.readyz())[1]
+            await nginx.start()
+            await eventually(lambda: _readyz_is(sidecar, 200), timeout=30)
+            await eventually(lambda: _served(nginx, {"worker-a": 4}), timeout=10)
+            assert not sidecar.task.done()
+
+
+@pytest.mark.slow
+async def test_a_sidecar_started_before_nginx_waits_unready_then_publishes_once_nginx_answers(tmp_path: Path) -> None:
+    """Finding 7: the sidecar exited 2 within 40 ms when NGINX's control listener did not answer
+    yet, and the chart starts the sidecar first."""
+    async with Backends(("worker-a",)) as backends, running_lua_nginx(tmp_path / "nginx", start=False) as nginx:
+        async with lua_sidecar(nginx, backends, tmp_path, resync=60.0) as sidecar:
+            await eventually(lambda: _readyz_is(sidecar, 503, "not answered"), timeout=20)
+            assert not sidecar.task.done()
+            await nginx.start()
+            await eventually(lambda: _served(nginx, {"worker-a": 4}), timeout=20)
+            await eventually(lambda: _readyz_is(sidecar, 200), timeout=20)
+            assert not sidecar.task.done()
+
+
+async def _readyz_is(sidecar: LuaSidecar, status: int, text: str = "") -> bool:
+    if sidecar.task.done():
+        sidecar.task.result()  # raises what ended the sidecar
+        pytest.fail("the sidecar ended")
+    answer = await sidecar.readyz()
+    return answer[0] == status and text in answer[1]
+
+
+async def _served(nginx: RunningLuaNginx, expected: dict[str, int]) -> bool:
+    return await measure(nginx.url, "chat.example.com", sum(expected.values())) == expected
