@@ -381,6 +381,8 @@ class Publisher:
         self.reports.pop(key, None)
         self.provenance.pop(key, None)
         self.backoff.forget(key)
+        self.status_backoff.forget(key)
+        self._probe_notes.pop(key, None)
         metrics.forget_map(key)
 
     def _stale_probes(self, item: TrafficMap | InvalidObject | None) -> str | None:
