@@ -753,6 +753,9 @@ async def once(publisher: Publisher, source: Source, *, read_gateway: bool = Tru
         problem = source.problem()
         why = f": {problem}" if problem else ""
         stage = "the source's first full view" if not publisher.is_synced else "the gateway write and status writes"
+        if not publisher.started:
+            unready = publisher.adapter.unready()
+            stage = f"the gateway's read-back ({unready})" if unready else "the gateway's read-back"
         raise SyncTimeout(f"no result within {timeout:g}s, waiting for {stage}{why}") from None
 
 
