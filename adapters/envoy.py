@@ -32,7 +32,16 @@ import aiohttp
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from adapters.base import Rejected, TransportDefaults, Unavailable, WriteResult, duplicate_hostname, publication_problem, write_atomic
+from adapters.base import (
+    Rejected,
+    TransportDefaults,
+    Unavailable,
+    WriteResult,
+    duplicate_hostname,
+    envoy_weight_sum_problem,
+    publication_problem,
+    write_atomic,
+)
 from adapters.json_file import from_json as route_from_json
 from adapters.json_file import to_json as route_json
 from publisher.model import MapKey, Publication, Route, parse_endpoint
@@ -153,6 +162,9 @@ def shared_problem(key: MapKey, route: Route) -> str | None:
 
 def envoy_problem(route: Route) -> str | None:
     """What Envoy cannot be given about a route that passed the shared checks, or None."""
+    weights = envoy_weight_sum_problem(route)
+    if weights is not None:
+        return weights
     for backend in route.backends:
         endpoint = parse_endpoint(backend.endpoint)
         if endpoint.path not in ("", "/"):
