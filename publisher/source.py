@@ -55,6 +55,10 @@ class Store(Generic[T]):
     def get(self, key: MapKey) -> T | None:
         return self._objects.get(key)
 
+    def version(self, key: MapKey) -> str:
+        """The resourceVersion `key` was last seen at ("" when absent)."""
+        return self._versions.get(key, "")
+
     def keys(self) -> Iterable[MapKey]:
         return self._objects.keys()
 

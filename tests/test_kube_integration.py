@@ -12,7 +12,7 @@ import pytest
 
 from adapters import ADAPTERS
 from adapters.json_file import JsonOptions
-from publisher import loop
+from publisher import loop, status
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
 from publisher.source import KubeSource, Stores, WatchOptions
@@ -78,12 +78,13 @@ async def running(kubeconfig: Path, out: Path, *, instance: str = "eu", leader: 
                   report_status: bool = True, watch: WatchOptions | None = None) -> AsyncIterator[Publisher]:
     kube = await Kube.connect(kubeconfig)
     stores = Stores.empty()
+    sink = status.ConditionSink(kube, stores.maps, instance) if report_status else None
     publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)),
-                          LoopOptions(instance=instance, report_status=report_status, resync=3600), kube=kube)
+                          LoopOptions(instance=instance, resync=3600), status_sink=sink)
     # Short backoff: the fake answers at once, and tests wait on reconnects.
     watch = watch or WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5)
     source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
-    task = asyncio.create_task(loop.run(publisher, source, leader=leader))
+    task = asyncio.create_task(loop.run(publisher, source, leader=leader, kube=kube))
     try:
         await eventually(lambda: publisher.is_synced or task.done())
         if task.done():

@@ -1,12 +1,23 @@
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
-from publisher.model import Condition, Reason, validate
-from publisher.status import Report, condition_for, condition_type, field_manager
+from publisher.kube import Kube
+from publisher.loop import LoopOptions, Publisher
+from publisher.model import Condition, MapKey, Reason, parse_traffic_map, validate
+from publisher.source import Stores, parse_isvc
+from publisher.status import ConditionSink, Report, condition_for, condition_type, field_manager
+from tests.fakes.kube_api import FakeKubeAPI
+from tests.fakes.memory_adapter import memory_engine
+from tests.test_kube_integration import ISVC, TM, ours, seed
+
+FIELD_MANAGER = "ome-gateway-publisher-eu"
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -47,3 +58,56 @@ def test_transition_time_moves_only_with_status(report, moves):
     condition = condition_for(report, "eu", existing(), NOW)
     assert condition is not None
     assert (condition["lastTransitionTime"] == "2026-11-30T12:00:00Z") == moves
+
+
+# --- issue 20: the condition sink against the fake API server -----------------------------------
+
+
+def cache(stores: Stores, api: FakeKubeAPI, name: str = "chat") -> MapKey:
+    """What the watch cache holds of the map and its InferenceService: the server's objects now."""
+    raw, isvc = api.get(TM, "prod", name), api.get(ISVC, "prod", name)
+    item = parse_traffic_map(raw)
+    stores.maps.upsert(item.key, item, raw["metadata"]["resourceVersion"])
+    stores.isvcs.upsert(item.key, parse_isvc(isvc), isvc["metadata"]["resourceVersion"])
+    return item.key
+
+
+async def decide_and_report(publisher: Publisher, keys: list[MapKey]) -> None:
+    """One pass over `keys`, as an event for each would give, and the status writes it queues."""
+    publisher.changed(keys, at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    await publisher.write_reports(publisher.status_queue.take_ready())
+
+
+@contextlib.asynccontextmanager
+async def driven(kubeconfig: Path, instance: str = "eu") -> AsyncIterator[tuple[Publisher, Stores]]:
+    """A publisher with the condition sink, driven pass by pass by the test (no source, no tasks)."""
+    kube = await Kube.connect(kubeconfig)
+    try:
+        stores = Stores.empty()
+        engine, _ = memory_engine()
+        sink = ConditionSink(kube, stores.maps, instance)
+        publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name, instance=instance), status_sink=sink)
+        await publisher.start()
+        publisher.synced()
+        yield publisher, stores
+    finally:
+        await kube.close()
+
+
+async def test_a_cache_lagging_our_own_write_is_not_written_from_again(kube_api, kubeconfig):
+    # Issue 20, finding 1: re-decided before the watch delivered our write, the map looked as if it
+    # had no condition of ours, and it was written again (with a new lastTransitionTime, a change
+    # and an event for every other region).
+    seed(kube_api)
+    async with driven(kubeconfig) as (publisher, stores):
+        key = cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        assert ours(kube_api)["reason"] == "Published"
+        # Another region's event makes us decide again; the cache does not have our write yet.
+        await decide_and_report(publisher, [key])
+        assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 1
+        # The watch catches up; a decision from then on compares with what the cache holds.
+        cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 1
