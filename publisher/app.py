@@ -207,6 +207,7 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
         gate=gate.GateOptions(published_gate=config.ome_published_gate),
         host_template=config.host_template,
         resync=config.resync,
+        status_delay=config.status_delay,
         probe_max_age=config.probe_max_age,
     )
     stores = Stores.empty()

@@ -128,6 +128,9 @@ class LoopOptions:
     host_template: str = plan.DEFAULT_HOST_TEMPLATE
     # Resync re-reads the gateway and repairs drift; a minute bounds how long drift can last.
     resync: float = 60.0
+    # A not-published verdict is written once it has stood this long: between OME's two writes of
+    # a change (entries, then Routable) a map is held for milliseconds, news to no one (issue 20).
+    status_delay: float = 0.5
     backoff_base: float = 0.5
     backoff_cap: float = 60.0
     # None: stale probe results are not looked for.
@@ -173,6 +176,8 @@ class Publisher:
         self.provenance: dict[MapKey, Publication] = {}
         self.states: dict[MapKey, MapState] = {}
         self.reports: dict[MapKey, status.Report] = {}
+        # Since when each map's verdict has been other than published, for status_delay.
+        self._unpublished_since: dict[MapKey, float] = {}
         self.is_synced = False
         self.synced_event = asyncio.Event()
         self.started = False
@@ -352,7 +357,21 @@ class Publisher:
             if failed is None:
                 self._forget(key)
         elif self.status_sink is not None:
-            self.reports[key] = report
+            self._queue_report(key, report)
+
+    def _queue_report(self, key: MapKey, report: status.Report) -> None:
+        """The latest verdict wins; a published one is written at once, any other once it has
+        stood for status_delay (the gateway is not waiting: this is only what the status says)."""
+        self.reports[key] = report
+        if report.published:
+            self._unpublished_since.pop(key, None)
+            self.status_queue.add(key)
+            return
+        since = self._unpublished_since.setdefault(key, self.clock())
+        wait = since + self.options.status_delay - self.clock()
+        if wait > 0:
+            self.status_queue.add_after(key, wait)
+        else:
             self.status_queue.add(key)
 
     def _keeping(self, key: MapKey, message: str) -> str:
@@ -370,6 +389,7 @@ class Publisher:
             self._count(state.state, -1)
         if self.reports.pop(key, None) is not None:
             self.status_queue.add(key)  # the sink forgets it
+        self._unpublished_since.pop(key, None)
         self.provenance.pop(key, None)
         self.backoff.forget(key)
         metrics.forget_map(key)
@@ -417,12 +437,22 @@ class Publisher:
 
     # --- status ---------------------------------------------------------------------------------
 
-    async def write_reports(self, keys: Iterable[MapKey]) -> None:
-        """Hand the sink the current verdict of each key (None: the map is gone); what fails is
-        retried with backoff. Only the leader writes."""
+    async def write_reports(self, keys: Iterable[MapKey], *, at_once: bool = False) -> None:
+        """Hand the sink the current verdict of each key (None: the map is gone); a verdict that
+        has not stood for status_delay yet waits, unless `at_once`; what fails is retried with
+        backoff. Only the leader writes."""
         if self.status_sink is None or not self.leading:
             return
-        batch = {key: self.reports.get(key) for key in keys}
+        batch: dict[MapKey, status.Report | None] = {}
+        now = self.clock()
+        for key in keys:
+            report = self.reports.get(key)
+            if report is not None and not report.published and not at_once:
+                wait = self._unpublished_since.get(key, now) + self.options.status_delay - now
+                if wait > 0:
+                    self.status_queue.add_after(key, wait)
+                    continue
+            batch[key] = report
         if not batch:
             return
         failed = await self.status_sink.write(batch)
@@ -752,4 +782,4 @@ async def _once(publisher: Publisher, source: Source, *, read_gateway: bool) -> 
     await publisher.sync_once(publisher.queue.take_ready())
     if publisher.status_sink is not None and publisher.leading:
         await publisher.status_sink.start()
-        await publisher.write_reports(publisher.status_queue.take_ready())
+        await publisher.write_reports(list(publisher.reports), at_once=True)

@@ -13,6 +13,7 @@ from publisher.loop import LoopOptions, Publisher
 from publisher.model import Condition, MapKey, Reason, parse_traffic_map, validate
 from publisher.source import Stores, parse_isvc
 from publisher.status import ConditionSink, Report, condition_for, condition_type, field_manager
+from tests.builders import make_condition, make_entry
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.fakes.memory_adapter import memory_engine
 from tests.test_kube_integration import ISVC, TM, ours, seed
@@ -79,15 +80,24 @@ async def decide_and_report(publisher: Publisher, keys: list[MapKey]) -> None:
     await publisher.write_reports(publisher.status_queue.take_ready())
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @contextlib.asynccontextmanager
-async def driven(kubeconfig: Path, instance: str = "eu") -> AsyncIterator[tuple[Publisher, Stores]]:
+async def driven(kubeconfig: Path, instance: str = "eu", clock: FakeClock | None = None) -> AsyncIterator[tuple[Publisher, Stores]]:
     """A publisher with the condition sink, driven pass by pass by the test (no source, no tasks)."""
     kube = await Kube.connect(kubeconfig)
     try:
         stores = Stores.empty()
         engine, _ = memory_engine()
         sink = ConditionSink(kube, stores.maps, instance)
-        publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name, instance=instance), status_sink=sink)
+        publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name, instance=instance), status_sink=sink,
+                              clock=clock or FakeClock())
         await publisher.start()
         publisher.synced()
         yield publisher, stores
@@ -111,3 +121,63 @@ async def test_a_cache_lagging_our_own_write_is_not_written_from_again(kube_api,
         cache(stores, kube_api)
         await decide_and_report(publisher, [key])
         assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 1
+
+
+def ome_writes_entries(api: FakeKubeAPI, name: str = "chat") -> None:
+    """OME's first write of a change: worker-b scales to 4 replicas, new weights, the generation
+    moves; its Routable condition still speaks of the generation before."""
+    current = api.get(TM, "prod", name)
+    current["spec"]["entries"] = [make_entry("worker-a", allocated=4, ready=4, weight=1),
+                                  make_entry("worker-b", allocated=4, ready=4, factor="3", weight=3)]
+    api.update(current)
+
+
+def ome_writes_routable(api: FakeKubeAPI, name: str = "chat") -> None:
+    """OME's second write: the Routable condition for the map's generation now."""
+    current = api.get(TM, "prod", name)
+    routable = make_condition("Routable", observed_generation=current["metadata"]["generation"])
+    current["status"]["conditions"] = [c for c in current["status"]["conditions"] if c["type"] != "Routable"] + [routable]
+    api.update(current)
+
+
+async def test_a_hold_between_omes_two_writes_is_not_written(kube_api, kubeconfig):
+    # Issue 20, finding 2: deciding between OME's two writes holds the map RoutableOutdated for a
+    # few milliseconds; its False and the True after it were half the status writes.
+    seed(kube_api)
+    clock = FakeClock()
+    async with driven(kubeconfig, clock=clock) as (publisher, stores):
+        key = cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        ome_writes_entries(kube_api)
+        cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        assert publisher.states[key].reason == "RoutableOutdated"
+        clock.now += 0.01
+        ome_writes_routable(kube_api)
+        cache(stores, kube_api)
+        await decide_and_report(publisher, [key])  # published, generation 2: written at once
+        assert ours(kube_api)["observedGeneration"] == 2
+        clock.now += 1
+        await publisher.write_reports(publisher.status_queue.take_ready())
+    assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 2
+    assert ours(kube_api)["status"] == "True"
+
+
+async def test_a_hold_that_stands_is_written_after_the_delay_with_its_latest_verdict(kube_api, kubeconfig):
+    seed(kube_api)
+    clock = FakeClock()
+    async with driven(kubeconfig, clock=clock) as (publisher, stores):
+        key = cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        ome_writes_entries(kube_api)
+        cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        assert ours(kube_api)["status"] == "True"
+        clock.now += 0.3
+        await decide_and_report(publisher, [key])  # decided again while held: the delay runs from the first
+        clock.now += 0.2
+        await publisher.write_reports(publisher.status_queue.take_ready())
+        condition = ours(kube_api)
+        assert (condition["status"], condition["reason"]) == ("False", "RoutableOutdated")
+        assert publisher.adapter.confirmed[key] is not None  # the gateway keeps generation 1 meanwhile
+    assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 2
