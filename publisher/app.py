@@ -224,7 +224,7 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
         assert kube is not None
         one_pass = config.once or config.dry_run
         watch = WatchOptions(namespaces=config.namespace, label_selector=config.label_selector,
-                             refusals_fatal=one_pass, stale_after=config.source_stale_after)
+                             refusals_fatal=one_pass, stale_after=config.source_stale_after, instance=config.name)
         source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
     return publisher, source
 

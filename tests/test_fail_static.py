@@ -43,7 +43,7 @@ FIELD_MANAGER = "ome-gateway-publisher-eu"
 # Fast but in client-go's proportions: every attempt ends before the renew deadline, which ends
 # well before the lease does.
 FAST_LEASE = {"lease_duration": 6, "renew_deadline": 2, "retry_period": 1}
-FAST_WATCH = WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5, refusal_retry=0.2)
+FAST_WATCH = WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5, refusal_retry=0.2, instance="eu")
 
 
 @contextlib.asynccontextmanager
