@@ -181,3 +181,22 @@ async def test_a_hold_that_stands_is_written_after_the_delay_with_its_latest_ver
         assert (condition["status"], condition["reason"]) == ("False", "RoutableOutdated")
         assert publisher.adapter.confirmed[key] is not None  # the gateway keeps generation 1 meanwhile
     assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 2
+
+
+async def test_an_invalid_maps_condition_is_read_back_not_written_on_every_pass(kube_api, kubeconfig):
+    seed(kube_api)
+    clock = FakeClock()
+    async with driven(kubeconfig, clock=clock) as (publisher, stores):
+        key = cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        invalid = kube_api.get(TM, "prod", "chat")
+        invalid["spec"]["entries"][0]["weight"] = -1
+        kube_api.update(invalid)
+        cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        clock.now += 1
+        await publisher.write_reports(publisher.status_queue.take_ready())
+        assert ours(kube_api)["reason"] == "InvalidMap"
+        cache(stores, kube_api)  # the watch delivers our write
+        await decide_and_report(publisher, [key])
+    assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 2
