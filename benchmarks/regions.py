@@ -173,6 +173,8 @@ async def run_once(regions: int, maps: int, rate: int, seconds: float, status_mo
         stack.push_async_callback(observer.aclose)
         peak = Peak()
         peak.watch("fake API", fake.pid)
+        peak.sample()
+        loaded_cpu = peak.cpu("fake API")  # loading the maps is not the start's
         started = time.monotonic()
         bare = await spawn(stack, sys.executable, script, "_bare", str(kubeconfig), str(work / "bare.json"), log=work / "bare.log")
         peak.watch("bare watcher", bare.pid)
@@ -230,6 +232,8 @@ async def run_once(regions: int, maps: int, rate: int, seconds: float, status_mo
             result["start_watch_mb_per_watcher"] = round(observer.bytes / 1e6, 1)
             result["trafficmap_bytes"] = await map_bytes(session, url)
             cpu_before = {label: peak.cpu(label) for label in peak.roots}
+            result["start_cpu_s"] = {"sidecar_mean": round(sum(cpu_before[name] for name in names) / regions, 2),
+                                     "bare watcher": round(cpu_before["bare watcher"], 2), "fake API": round(cpu_before["fake API"] - loaded_cpu, 2)}
             events_before, bytes_before = observer.events, observer.bytes
             churn_start = time.monotonic()
             sender = await spawn(stack, sys.executable, script, "_sender", url, str(maps), str(rate), str(seconds), "dns",
@@ -298,6 +302,8 @@ def print_run(r: dict[str, Any]) -> None:
           f"(load average {r['load_average_start']:.2f} -> {r['load_average_end']:.2f})")
     print(f"  start: {r['start_writes']} status writes, {r['start_writes_per_map_per_sidecar']} per map per sidecar; settled {settled}; "
           f"{r['start_watch_events']} watch events, {r['start_watch_mb_per_watcher']} MB to each watcher")
+    print(f"  CPU until settled: sidecar {r['start_cpu_s']['sidecar_mean']} s (mean), bare watcher {r['start_cpu_s']['bare watcher']} s, "
+          f"fake API {r['start_cpu_s']['fake API']} s")
     print(f"  TrafficMap: {r['trafficmap_bytes_loaded']} B loaded, {r['trafficmap_bytes']} B settled, {r['trafficmap_bytes_end']} B at the end")
     print(f"  per change ({r['sent']} sent, {r['send_failures']} failed): {r['status_writes_per_change_per_sidecar']} status writes per sidecar, "
           f"{r['watch_events_per_change']} watch events ({r['watch_bytes_per_change']} B) to each watcher")
