@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from publisher.kube import Kube
+from publisher import loop
 from publisher.loop import LoopOptions, Publisher
 from publisher.model import Condition, MapKey, Reason, parse_traffic_map, validate
-from publisher.source import Stores, parse_isvc
+from publisher.source import KubeSource, Stores, WatchOptions, parse_isvc
 from publisher.status import ConditionSink, Report, condition_for, condition_type, field_manager
 from tests.builders import make_condition, make_entry
 from tests.fakes.kube_api import FakeKubeAPI
@@ -200,3 +201,17 @@ async def test_an_invalid_maps_condition_is_read_back_not_written_on_every_pass(
         cache(stores, kube_api)  # the watch delivers our write
         await decide_and_report(publisher, [key])
     assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 2
+
+
+async def test_once_writes_a_hold_without_waiting_for_the_delay(kube_api, kubeconfig):
+    seed(kube_api, routable=False)
+    kube = await Kube.connect(kubeconfig)
+    try:
+        stores = Stores.empty()
+        engine, _ = memory_engine()
+        publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name, instance="eu", status_delay=3600),
+                              status_sink=ConditionSink(kube, stores.maps, "eu"))
+        await loop.once(publisher, KubeSource(kube, stores, publisher, WatchOptions(instance="eu"), clock=publisher.clock), timeout=30)
+    finally:
+        await kube.close()
+    assert (ours(kube_api)["status"], ours(kube_api)["reason"]) == ("False", "RoutableOutdated")
