@@ -351,7 +351,99 @@ def project(runs: list[dict[str, Any]], regions: tuple[int, ...] = (20, 50), map
     return out
 
 
+async def loaded_map(regions: int) -> dict[str, Any]:
+    """One TrafficMap as the fake API server holds it once OME wrote it and `regions` regions
+    wrote their condition, each by server-side apply (so with every managedFields entry)."""
+    from tests.fakes.kube_api import FakeKubeAPI
+
+    async with FakeKubeAPI() as api, aiohttp.ClientSession() as session:
+        name, path = compare.map_name(0), f"{api.url}{TM_PATH}/{compare.map_name(0)}"
+        apply = {"force": "true"}
+        async with session.patch(f"{api.url}{compare.ISVC_PATH}/{name}", params={**apply, "fieldManager": "ome-controller"},
+                                 data=json.dumps(compare.isvc_body(0)), headers=compare.APPLY) as response:
+            uid = (await response.json())["metadata"]["uid"]
+        for suffix, manager, body in (("", "ome-trafficmap-controller", compare.tm_spec_body(0, uid, "dns")),
+                                      ("/status", "ome-trafficmap-routing", compare.tm_status_body(0, uid, 1))):
+            async with session.patch(path + suffix, params={**apply, "fieldManager": manager}, data=json.dumps(body),
+                                     headers=compare.APPLY) as response:
+                await response.read()
+        for region in range(regions):
+            condition = {"type": f"{CONDITION_PREFIX}region-{region}", "status": "True", "reason": "Published",
+                         "message": f"the json gateway serves generation 1 for {compare.hostname(0)}: w0=1, w1=1, w2=1, w3=1",
+                         "observedGeneration": 1, "lastTransitionTime": compare.now()}
+            body = {"apiVersion": compare.API, "kind": "TrafficMap", "metadata": {"name": name, "namespace": NAMESPACE},
+                    "status": {"conditions": [condition]}}
+            async with session.patch(path + "/status", params={**apply, "fieldManager": f"ome-gateway-publisher-region-{region}"},
+                                     data=json.dumps(body), headers=compare.APPLY) as response:
+                await response.read()
+        return api.get(f"{compare.API}/trafficmaps", NAMESPACE, name)
+
+
+def per_event_costs(raw: dict[str, Any], rounds: int = 2000) -> dict[str, float]:
+    """Microseconds per watch event of this map, in this process: what a bare watch pays to
+    decode it; what region-0's sidecar pays for an event that changes only another region's
+    condition (decode, digest, note the version); and what it paid before that was recognised
+    (decode, parse and validate, store, decide)."""
+    from publisher.kube import TRAFFIC_MAPS
+    from publisher.loop import LoopOptions, Publisher
+    from publisher.model import MapKey, parse_traffic_map
+    from publisher.source import Informer, Stores, WatchOptions, WatchState, parse_isvc, relevant_digest
+    from tests.fakes.memory_adapter import memory_engine
+
+    other = json.loads(json.dumps(raw))
+    conditions = other["status"]["conditions"]
+    foreign = next((c for c in conditions if c["type"] == f"{CONDITION_PREFIX}region-1"), None)
+    if foreign is not None:
+        foreign["status"], foreign["reason"] = "False", "RoutableOutdated"
+    lines = []
+    for version, obj in enumerate([raw, other] * (rounds // 2)):
+        obj = json.loads(json.dumps(obj))
+        obj["metadata"]["resourceVersion"] = str(1000 + version)
+        lines.append(json.dumps({"type": "MODIFIED", "object": obj}, separators=(",", ":")).encode())
+    isvc = parse_isvc(json.loads(json.dumps(compare.isvc_body(0) | {"metadata": {**compare.isvc_body(0)["metadata"], "uid": raw["status"]["sourceUID"], "generation": 1}})))
+
+    def timed(digest: Any) -> float:
+        stores = Stores.empty()
+        key = MapKey(NAMESPACE, compare.map_name(0))
+        assert isvc is not None
+        stores.isvcs.upsert(key, isvc, "1")
+        engine, _ = memory_engine()
+        publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name, instance="region-0"))
+
+        class Decides:
+            """The loop's part of an event: decide each changed map."""
+
+            def changed(self, keys: Any, *, at: float) -> None:
+                for changed in keys:
+                    publisher.decide(changed)
+
+            def synced(self) -> None:
+                return None
+
+        sink = Decides()
+        informer = Informer(None, TRAFFIC_MAPS, namespace=NAMESPACE, options=WatchOptions(), store=stores.maps,  # type: ignore[arg-type]
+                            parse=parse_traffic_map, sink=sink, on_synced=lambda: None, clock=time.monotonic, digest=digest)
+        state = WatchState("1")
+        informer._handle(state.feed(lines[0]))  # the object as listed
+        started = time.perf_counter()
+        for line in lines[1:]:
+            informer._handle(state.feed(line))
+        return 1e6 * (time.perf_counter() - started) / (len(lines) - 1)
+
+    started = time.perf_counter()
+    for line in lines:
+        json.loads(line)
+    bare = 1e6 * (time.perf_counter() - started) / len(lines)
+    noted = timed(lambda obj: relevant_digest(obj, f"{CONDITION_PREFIX}region-0"))
+    return {"event_bytes": len(lines[0]), "bare_decode_us": round(bare, 1), "noted_us": round(noted, 1), "parsed_and_decided_us": round(timed(None), 1)}
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.per_event:
+        for regions in [int(x) for x in args.regions.split(",")]:
+            costs = per_event_costs(await loaded_map(regions))
+            print("PER_EVENT " + json.dumps({"regions": regions, **costs}), flush=True)
+        return
     root = Path(args.sidecar_root).resolve() if args.sidecar_root else ROOT
     runs = []
     for regions in [int(x) for x in args.regions.split(",")]:
@@ -370,6 +462,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=30, help="how long the sender changes maps")
     parser.add_argument("--status-mode", default=None, help="passed to every sidecar as --status-mode (default: not passed)")
     parser.add_argument("--sidecar-root", default=None, help="run the sidecars from this checkout (e.g. main, for before-numbers)")
+    parser.add_argument("--per-event", action="store_true",
+                        help="instead: in-process cost of one watch event of a map carrying --regions conditions")
     return parser.parse_args()
 
 
