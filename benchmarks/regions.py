@@ -23,8 +23,10 @@ Per change, over the churn: status writes per sidecar (the sidecars' own counter
 watch events (what every watcher receives, the observer counts them), CPU of a sidecar (the mean
 over the R), of the bare watcher and of the fake API server; latency stamp -> served (every
 sidecar's json file, by inotify), stamp -> decoded by the bare watcher, stamp -> a region's
-condition True at the new generation. One `JSON {...}` line per R; with several R, a projection
-of the condition mode to more regions and maps from the per-event costs measured (see project()).
+condition True at the new generation; how long OME's two writes of a change took. One `JSON {...}`
+line per R; with several R in the condition mode, the in-process cost of one event of a map at
+R = 20 and 50 (`--per-event` measures it alone) and a projection to 10,000 maps and 100 changes/s
+there (see project()).
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ async def run_once(regions: int, maps: int, rate: int, seconds: float, status_mo
     result: dict[str, Any] = {"regions": regions, "maps": maps, "rate": rate, "seconds": seconds, "status_mode": status_mode or "default",
                               "sidecar_root": str(root), "load_average_start": os.getloadavg()[0]}
     names = [f"region-{i}" for i in range(regions)]
-    condition_mode = status_mode in (None, "condition")
+    condition_mode = status_mode_is_condition(status_mode)
     async with contextlib.AsyncExitStack() as stack:
         fake = await spawn(stack, sys.executable, script, "_fake", str(maps), "dns", log=work / "fake.log", stdout=asyncio.subprocess.PIPE)
         line = await asyncio.wait_for(fake.stdout.readline(), 300)
@@ -270,6 +272,9 @@ async def run_once(regions: int, maps: int, rate: int, seconds: float, status_mo
             if at is not None:
                 status_ms.append(1000 * (at - record["stamp"]))
     bare_ms = [1000 * (bare_seen[r["seq"]] - r["stamp"]) for r in sent if r["seq"] in bare_seen]
+    # OME's two writes of a change: a map is held between them, and a hold longer than the
+    # sidecar's --status-delay (500ms) is written. An API server starved of CPU spreads them.
+    two_writes_ms = [1000 * (r["written"] - r["stamp"]) for r in sent]
     quantiles = lambda values: {"p50": round(percentile(values, 0.5), 1), "p99": round(percentile(values, 0.99), 1)}  # noqa: E731
     sidecar_cpu = [cpu[name] for name in names]
     result |= {
@@ -282,6 +287,8 @@ async def run_once(regions: int, maps: int, rate: int, seconds: float, status_mo
                               "bare watcher": round(1000 * cpu["bare watcher"] / changes, 2),
                               "fake API": round(1000 * cpu["fake API"] / changes, 2)},
         "served_ms": quantiles(served_ms), "served_updates": len(served_ms), "bare_ms": quantiles(bare_ms),
+        "omes_two_writes_ms": quantiles(two_writes_ms),
+        "omes_two_writes_over_500ms": round(sum(1 for v in two_writes_ms if v > 500) / changes, 3),
         "status_ms": quantiles(status_ms), "status_updates": len(status_ms),
         "peak_rss_mb": {label: round(v) for label, v in peak.peaks.items() if label in ("fake API", "bare watcher", names[0])},
         "load_average_end": os.getloadavg()[0],
@@ -309,6 +316,8 @@ def print_run(r: dict[str, Any]) -> None:
           f"{r['watch_events_per_change']} watch events ({r['watch_bytes_per_change']} B) to each watcher")
     print(f"  CPU per change: sidecar {cpu['sidecar_mean']} ms (max {cpu['sidecar_max']}), bare watcher {cpu['bare watcher']} ms, "
           f"fake API {cpu['fake API']} ms")
+    print(f"  OME's two writes per change took p50 {r['omes_two_writes_ms']['p50']} ms, p99 {r['omes_two_writes_ms']['p99']} ms; "
+          f"{r['omes_two_writes_over_500ms']:.1%} over 500 ms (a hold that long is written)")
     print(f"  latency p50/p99: served {r['served_ms']['p50']}/{r['served_ms']['p99']} ms ({r['served_updates']} of {r['sent'] * r['regions']}), "
           f"bare decoded {r['bare_ms']['p50']}/{r['bare_ms']['p99']} ms, status {r['status_ms']['p50']}/{r['status_ms']['p99']} ms")
     if "logs" in r:
@@ -316,37 +325,38 @@ def print_run(r: dict[str, Any]) -> None:
     print("JSON " + json.dumps(r, sort_keys=True), flush=True)
 
 
-def project(runs: list[dict[str, Any]], regions: tuple[int, ...] = (20, 50), maps: int = 10_000, rate: float = 100.0) -> list[dict[str, Any]]:
-    """The condition mode at more regions, from the runs' per-event costs (least squares over R):
-    the TrafficMap's bytes grow by a fixed amount per region, a change sends every watcher
-    `events(R)` events, and a sidecar's CPU per change is a fixed part plus a cost per event. The
-    status writes per change per sidecar and the start's writes per map are taken as measured at
-    the largest R (the fix makes both independent of R). etcd takes every write of the whole object."""
-
-    def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-        n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(1e-12, sum((x - mx) ** 2 for x in xs))
-        return my - slope * mx, slope
-
+def project(runs: list[dict[str, Any]], costs: dict[int, dict[str, float]], maps: int = 10_000, rate: float = 100.0) -> list[dict[str, Any]]:
+    """The condition mode at more regions, from what the runs measured and the in-process cost of
+    one event of a map carrying that many regions' conditions (`costs`, per_event_costs by R).
+    A change is OME's two writes and one status write per region (`writes` per change per sidecar,
+    as measured at the largest R), every one a write of the whole object to etcd and an event of
+    it to every watcher. The TrafficMap grows by a fixed amount per region (least squares over the
+    runs). A sidecar pays, per change, what it paid at the smallest R (its own events, its gateway
+    write, its status write) plus each other region's event at the cost measured for that R:
+    noted now, parsed and decided before the prefilter."""
     rs = [float(r["regions"]) for r in runs]
-    size = fit(rs, [float(r["trafficmap_bytes_end"]) for r in runs])
-    events = fit(rs, [r["watch_events_per_change"] for r in runs])
-    cpu = fit([r["watch_events_per_change"] for r in runs], [r["cpu_ms_per_change"]["sidecar_mean"] for r in runs])
-    largest = max(runs, key=lambda r: r["regions"])
+    ys = [float(r["trafficmap_bytes_end"]) for r in runs]
+    mx, my = sum(rs) / len(rs), sum(ys) / len(ys)
+    per_region = sum((x - mx) * (y - my) for x, y in zip(rs, ys)) / max(1e-12, sum((x - mx) ** 2 for x in rs))
+    base = min(runs, key=lambda r: r["regions"])
+    writes = max(runs, key=lambda r: r["regions"])["status_writes_per_change_per_sidecar"]
     out = []
-    for count in regions:
-        object_bytes = size[0] + size[1] * count
-        per_change = events[0] + events[1] * count
-        writes = rate * per_change  # every event is a write of the whole object
+    for count, cost in sorted(costs.items()):
+        object_bytes = my + per_region * (count - mx)
+        events = 2 + count * writes
+        others = events - base["watch_events_per_change"]
+        own_ms = base["cpu_ms_per_change"]["sidecar_mean"]
         out.append({
-            "regions": count, "maps": maps, "changes_per_second": rate,
-            "trafficmap_bytes": round(object_bytes), "watch_events_per_change": round(per_change, 1),
-            "status_writes_per_second": round(rate * count * largest["status_writes_per_change_per_sidecar"]),
-            "etcd_write_mb_per_second": round(writes * object_bytes / 1e6, 1),
-            "watch_mb_per_second_per_watcher": round(writes * object_bytes / 1e6, 1),
-            "sidecar_cpu_share": round(rate * (cpu[0] + cpu[1] * per_change) / 1000, 2),
-            "start_writes": round(count * maps * largest["start_writes_per_map_per_sidecar"]),
-            "start_mb_per_watcher": round(count * maps * largest["start_writes_per_map_per_sidecar"] * object_bytes / 1e6),
+            "regions": count, "maps": maps, "changes_per_second": rate, "trafficmap_bytes": round(object_bytes),
+            "watch_events_per_change": round(events, 1), "status_writes_per_second": round(rate * count * writes),
+            "etcd_write_mb_per_second": round(rate * events * object_bytes / 1e6, 1),
+            "watch_mb_per_second_per_watcher": round(rate * events * object_bytes / 1e6, 1),
+            "api_server_watch_mb_per_second": round(rate * events * object_bytes * (count + 1) / 1e6),
+            "sidecar_cores": round(rate * (own_ms + others * cost["noted_us"] / 1000) / 1000, 2),
+            "sidecar_cores_without_prefilter": round(rate * (own_ms + others * cost["parsed_and_decided_us"] / 1000) / 1000, 2),
+            "bare_decode_cores": round(rate * events * cost["bare_decode_us"] / 1e6, 2),
+            "start_writes": count * maps,
+            "start_mb_per_watcher": round(count * maps * object_bytes / 2 / 1e6),  # the map grows from 0 to R conditions
         })  # fmt: skip
     return out
 
@@ -449,9 +459,16 @@ async def main(args: argparse.Namespace) -> None:
     for regions in [int(x) for x in args.regions.split(",")]:
         runs.append(await run_once(regions, args.maps, args.rate, args.seconds, args.status_mode, root))
         print_run(runs[-1])
-    if len(runs) > 1:
-        for row in project(runs):
+    if len(runs) > 1 and status_mode_is_condition(args.status_mode):
+        costs = {regions: per_event_costs(await loaded_map(regions)) for regions in (20, 50)}
+        for regions, cost in costs.items():
+            print("PER_EVENT " + json.dumps({"regions": regions, **cost}), flush=True)
+        for row in project(runs, costs):
             print("PROJECTION " + json.dumps(row, sort_keys=True), flush=True)
+
+
+def status_mode_is_condition(mode: str | None) -> bool:
+    return mode in (None, "condition")
 
 
 def parse_args() -> argparse.Namespace:
