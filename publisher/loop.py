@@ -5,7 +5,8 @@ once, decides each map from the newest objects, and hands the engine the maps wh
 a burst costs one write, and the applier is the only caller of the engine, so a resync's read-back
 runs between two writes, never beside one. A failed map backs off on its own key; an unexpected
 error holds that map alone. Reports go to a second queue drained by the status writer into a
-StatusSink, so a slow API server never delays the gateway. `sync_once` is one full pass; `run` schedules around it.
+StatusSink, so a slow API server never delays the gateway. `sync_once` is one full pass; `run`
+schedules around it.
 """
 
 from __future__ import annotations
