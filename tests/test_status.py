@@ -13,7 +13,7 @@ from publisher import loop
 from publisher.loop import LoopOptions, Publisher
 from publisher.model import Condition, MapKey, Reason, parse_traffic_map, validate
 from publisher.source import KubeSource, Stores, WatchOptions, parse_isvc
-from publisher.status import ConditionSink, Report, condition_for, condition_type, field_manager
+from publisher.status import ConditionSink, Report, caught_up, condition_for, condition_type, field_manager
 from tests.builders import make_condition, make_entry
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.fakes.memory_adapter import memory_engine
@@ -215,3 +215,9 @@ async def test_once_writes_a_hold_without_waiting_for_the_delay(kube_api, kubeco
     finally:
         await kube.close()
     assert (ours(kube_api)["status"], ours(kube_api)["reason"]) == ("False", "RoutableOutdated")
+
+
+@pytest.mark.parametrize(("seen", "written", "expected"), [("41", "42", False), ("42", "42", True), ("100", "42", True),
+                                                          ("", "42", False), ("abc", "abc", True), ("abd", "abc", False)])
+def test_the_cache_has_caught_up_with_a_write_at_its_version_or_a_newer_one(seen, written, expected):
+    assert caught_up(seen, written) is expected
