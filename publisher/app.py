@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from adapters import ADAPTERS
 from adapters.base import Adapter, ApplyResult, TransportDefaults, publication_problem
-from publisher import gate, loop, metrics
+from publisher import gate, loop, metrics, status
 from publisher.config import ConfigError, RunConfig, flag
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
@@ -159,7 +159,7 @@ async def run(config: RunConfig) -> Summary | None:
             await loop.once(publisher, source, read_gateway=not config.dry_run, timeout=config.timeout)
             return _summary(publisher, adapter)
         leader = LeaderOptions(config.effective_lease_namespace(), _identity(config)) if config.leader_elect else None
-        await loop.run(publisher, source, listen=config.listen_address, leader=leader)
+        await loop.run(publisher, source, listen=config.listen_address, leader=leader, kube=kube)
         return None
     finally:
         await asyncio.shield(_close(adapter, kube))
@@ -201,18 +201,19 @@ async def verify_cluster(config: RunConfig, names: frozenset[str] = frozenset(),
 
 def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[Publisher, loop.Source]:
     """The loop and the source of `run`, wired as `config` says."""
-    report_status = config.report_status and not config.dry_run and kube is not None
     options = LoopOptions(
         instance=config.name,
         adapter_name=config.adapter,
         gate=gate.GateOptions(published_gate=config.ome_published_gate),
         host_template=config.host_template,
         resync=config.resync,
-        report_status=report_status,
+        status_delay=config.status_delay,
         probe_max_age=config.probe_max_age,
     )
     stores = Stores.empty()
-    publisher = Publisher(stores, adapter, options, kube=kube)
+    writes_status = config.report_status and not config.dry_run
+    sink = status.ConditionSink(kube, stores.maps, config.name) if kube is not None and writes_status else None
+    publisher = Publisher(stores, adapter, options, status_sink=sink)
     source: loop.Source
     source_dir = config.source_dir
     if source_dir is not None:
@@ -223,7 +224,7 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
         assert kube is not None
         one_pass = config.once or config.dry_run
         watch = WatchOptions(namespaces=config.namespace, label_selector=config.label_selector,
-                             refusals_fatal=one_pass, stale_after=config.source_stale_after)
+                             refusals_fatal=one_pass, stale_after=config.source_stale_after, instance=config.name)
         source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
     return publisher, source
 

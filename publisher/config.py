@@ -22,7 +22,7 @@ from pydantic.fields import FieldInfo
 from adapters import ADAPTERS
 from publisher.gate import PublishedGate
 from publisher.metrics import PerMap
-from publisher.model import DURATION_EXAMPLES, DURATION_PARSERS, Duration, is_dns_label, parse_duration
+from publisher.model import DURATION_EXAMPLES, DURATION_PARSERS, Duration, Interval, is_dns_label, parse_duration
 
 ENV_PREFIX = "OME_PUBLISHER_"
 
@@ -61,6 +61,7 @@ class _RunCore(BaseModel):
     host_template: str = Field("{name}.{namespace}", description="Hostname of a map whose InferenceService has no ome.io/global-host annotation.")
     resync: Duration = Field(60.0, description="Re-read the gateway and re-decide every map this often, repairing drift (a minute bounds how long drift lasts).")
     report_status: bool = Field(True, description="Write this instance's condition on each TrafficMap.")
+    status_delay: Interval = Field(0.5, description="Write a verdict other than published once it has stood this long (0: at once): a map held for milliseconds between OME's two writes of a change is no news. The gateway never waits for it.")
     leader_elect: bool = Field(False, description="Only the holder of a Lease writes status; every replica still writes its own gateway.")
     lease_namespace: str | None = Field(None, description="Namespace of the Lease (default: $POD_NAMESPACE, else `default`).")
     listen: str = Field("0.0.0.0:9180", description="HOST:PORT for /metrics, /healthz, /readyz and /debug/maps (no gateway uses 9180).")

@@ -30,6 +30,9 @@ against `ome-publisher run --help`.
 - --leader-elect
 - {{ printf "--lease-namespace=%s" (include "ome-gateway-publisher.leaseNamespace" .) | quote }}
 {{- end }}
+{{- with .Values.statusDelay }}
+- {{ printf "--status-delay=%s" . | quote }}
+{{- end }}
 - {{ printf "--listen=0.0.0.0:%d" (int .Values.metrics.port) | quote }}
 - {{ printf "--metrics-per-map=%s" .Values.metrics.perMap | quote }}
 - {{ printf "--log-format=%s" .Values.log.format | quote }}
