@@ -127,6 +127,22 @@ async def list_reports(kube: Kube, namespaces: tuple[str, ...] = (), label_selec
     return items
 
 
+async def forget_region(kube: Kube, region: str, namespaces: tuple[str, ...] = ()) -> int:
+    """Delete every RegionReport of `region` in `namespaces` (all when empty): what is left of a
+    region that was removed. Returns how many were deleted. Raises KubeError."""
+    deleted = 0
+    for raw in await list_reports(kube, namespaces, f"{REGION_LABEL}={region}"):
+        metadata = raw["metadata"]
+        try:
+            await kube.delete(REGION_REPORTS, metadata["namespace"], metadata["name"])
+        except KubeError as exc:
+            if not exc.not_found:
+                raise
+            continue
+        deleted += 1
+    return deleted
+
+
 @dataclass
 class _Shard:
     """One RegionReport as the server last had it: entries by map name, and its resourceVersion
