@@ -25,6 +25,7 @@ from publisher.config import ConfigError, RunConfig, flag
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
 from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
+from publisher.region_report import ReportSink
 from publisher.source import DirectorySource, KubeSource, Stores, WatchOptions
 
 log = logging.getLogger(__name__)
@@ -201,7 +202,7 @@ async def verify_cluster(config: RunConfig, names: frozenset[str] = frozenset(),
 
 def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[Publisher, loop.Source]:
     """The loop and the source of `run`, wired as `config` says."""
-    report_status = config.report_status and not config.dry_run and kube is not None
+    report_status = config.effective_status_mode != "off" and not config.dry_run and kube is not None
     options = LoopOptions(
         instance=config.name,
         adapter_name=config.adapter,
@@ -213,6 +214,10 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
     )
     stores = Stores.empty()
     publisher = Publisher(stores, adapter, options, kube=kube)
+    if report_status and config.effective_status_mode == "report":
+        assert kube is not None
+        publisher.report_sink = ReportSink(kube, config.name, known=lambda key: stores.maps.get(key) is not None,
+                                           namespaces=config.namespace, wall_clock=publisher.wall_clock)
     source: loop.Source
     source_dir = config.source_dir
     if source_dir is not None:

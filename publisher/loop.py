@@ -154,6 +154,9 @@ class Publisher:
     batches, so a read-back never runs beside a write. The engine's confirmed routes are what the
     gateway serves; `provenance` records which Publication (generation) each came from."""
 
+    # The report status mode's sink (region_report.ReportSink), set by app.py; None: conditions.
+    report_sink: Any = None
+
     def __init__(
         self,
         stores: Stores,
@@ -373,6 +376,8 @@ class Publisher:
         if state is not None:
             self._count(state.state, -1)
         self.reports.pop(key, None)
+        if self.report_sink is not None:
+            self.status_queue.add(key)  # its verdict leaves the region's report
         self.provenance.pop(key, None)
         self.backoff.forget(key)
         metrics.forget_map(key)
@@ -422,6 +427,17 @@ class Publisher:
 
     async def write_reports(self, keys: Iterable[MapKey]) -> None:
         """Write the condition of each key whose map does not already carry it."""
+        if self.report_sink is not None:
+            if self.leading:
+                batch = {key: self.reports.get(key) for key in keys}
+                failed = await self.report_sink.write(batch)
+                for key in batch:
+                    if key in failed:
+                        log.warning("status write failed", extra={"map": str(key), "error": failed[key]})
+                        self.status_queue.add_after(key, self.status_backoff.delay(key))
+                    else:
+                        self.status_backoff.forget(key)
+            return
         semaphore = asyncio.Semaphore(self.options.status_concurrency)
 
         async def write(key: MapKey) -> None:

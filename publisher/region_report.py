@@ -180,6 +180,7 @@ class ReportSink:
         self._field_manager = status.field_manager(instance)
         self._shards: dict[ShardId, _Shard] = {}
         self._where: dict[MapKey, int] = {}
+        self._started = False
         self._swept = False
         self.writes = 0  # requests that changed a RegionReport, for tests and benchmarks
 
@@ -188,10 +189,12 @@ class ReportSink:
     async def start(self) -> None:
         """Read this region's RegionReports, so a restart rewrites only verdicts that changed.
         Raises KubeError."""
+        found = await list_reports(self._kube, self._namespaces, f"{REGION_LABEL}={self.region}")
         self._shards.clear()
         self._where.clear()
-        for raw in await list_reports(self._kube, self._namespaces, f"{REGION_LABEL}={self.region}"):
+        for raw in found:
             self._load(raw)
+        self._started = True
 
     def _load(self, raw: Mapping[str, Any]) -> None:
         parsed = parse_report(raw)
@@ -216,7 +219,14 @@ class ReportSink:
 
     async def write(self, reports: Mapping[MapKey, status.Report | None]) -> Mapping[MapKey, str]:
         """Write the shards whose verdicts changed, one request each (None: the map is gone).
-        Returns the keys that failed, with a one-line reason; the caller retries them."""
+        Returns the keys that failed, with a one-line reason; the caller retries them. Reads this
+        region's RegionReports first if `start` has not (an API server down at start-up delays
+        status, never the gateway)."""
+        if not self._started:
+            try:
+                await self.start()
+            except KubeError as exc:
+                return {key: f"reading this region's RegionReports: {exc}" for key in reports}
         if not self._swept:
             self._swept = True
             gone = {key: None for key in self._where if key not in reports and not self._known(key)}

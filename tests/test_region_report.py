@@ -11,11 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from adapters import ADAPTERS
+from adapters.json_file import JsonOptions
+from publisher import app, loop
+from publisher.config import RunConfig
 from publisher.kube import Kube
+from publisher.loop import LoopOptions, Publisher
 from publisher.model import MapKey, Reason
 from publisher.region_report import MAX_MESSAGE, SHARD_ENTRIES, ReportSink, forget_region
+from publisher.source import KubeSource, Stores, WatchOptions
 from publisher.status import Report
+from tests.builders import make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI
+from tests.gateways import eventually
 
 RR = "gateway-publisher.ome.io/v1alpha1/regionreports"
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -215,3 +223,51 @@ async def test_forgetting_a_region_deletes_its_reports_and_only_its(kube_api, ku
     assert {o["region"] for o in kube_api.objects(RR)} == {"us"} and len(kube_api.objects(RR)) == 3
     assert await forget_region(kube, "us", ("dev",)) == 1
     assert {o["metadata"]["namespace"] for o in kube_api.objects(RR)} == {"prod"}
+
+
+# --- the sidecar in report mode ------------------------------------------------------------------
+
+TM = "ome.io/v1beta1/trafficmaps"
+
+
+def seed_maps(api: FakeKubeAPI, names: list[str], namespace: str = "prod") -> None:
+    for name in names:
+        isvc = api.create(make_isvc(name, namespace=namespace))
+        api.create(make_map(name, namespace=namespace, generation=1, isvc_uid=isvc["metadata"]["uid"], observed_isvc_generation=1))
+
+
+async def test_the_sidecar_in_report_mode_writes_reports_and_no_condition(kube_api, kubeconfig, tmp_path):
+    seed_maps(kube_api, ["chat", "embed"])
+    config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, name="eu", status_mode="report")
+    summary = await app.run(config)
+    assert summary is not None and summary.all_published
+    assert kube_api.count("patch", path="/apis/ome.io/v1beta1/namespaces/prod/trafficmaps/chat/status") == 0
+    assert all(c["type"] != "gateway-publisher.ome.io/eu" for c in kube_api.get(TM, "prod", "chat")["status"]["conditions"])
+    assert {name: (e["status"], e["reason"], e["observedGeneration"]) for (_, name), e in stored(kube_api).items()} == {
+        "chat": ("True", "Published", 1), "embed": ("True", "Published", 1),
+    }
+    assert writes(kube_api) == 1  # both verdicts in one shard, one request
+    # Run again: the same verdicts, nothing written.
+    await app.run(config)
+    assert writes(kube_api) == 1
+
+
+async def test_a_running_sidecar_removes_a_deleted_maps_verdict(kube_api, kubeconfig, tmp_path):
+    seed_maps(kube_api, ["chat", "embed"])
+    client = await Kube.connect(kubeconfig)
+    stores = Stores.empty()
+    publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=tmp_path / "out.json")),
+                          LoopOptions(instance="eu", resync=3600), kube=client)
+    publisher.report_sink = ReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
+    source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
+    task = asyncio.create_task(loop.run(publisher, source))
+    try:
+        await eventually(lambda: set(stored(kube_api)) == {("prod", "chat"), ("prod", "embed")})
+        kube_api.delete(TM, "prod", "embed")
+        await eventually(lambda: set(stored(kube_api)) == {("prod", "chat")})
+        kube_api.delete(TM, "prod", "chat")
+        await eventually(lambda: kube_api.objects(RR) == [])  # the last map gone: its shard too
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.close()
