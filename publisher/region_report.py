@@ -1,7 +1,7 @@
 """The report status mode: each region's verdicts live off the TrafficMap, in RegionReports.
 
 A RegionReport (gateway-publisher.ome.io/v1alpha1, namespaced, shipped by the chart as a CRD) holds
-one region's verdicts on at most SHARD_ENTRIES maps of one namespace, in that namespace, named
+one region's verdicts on at most SHARD_ENTRIES (8) maps of one namespace, in that namespace, named
 `<region>-<index>` and labelled `gateway-publisher.ome.io/region: <region>`:
 
     region: eu-west
@@ -38,16 +38,16 @@ from publisher.model import Condition, MapKey, validate
 GROUP = "gateway-publisher.ome.io"
 REGION_REPORTS = Resource(GROUP, "v1alpha1", "regionreports", "RegionReport")
 REGION_LABEL = f"{GROUP}/region"
-# 32 entries: a typical verdict is about 210 B of JSON, so a full shard is about 7 KB (the bytes
-# etcd stores per verdict change, as a 5-region TrafficMap's are today); at worst (253-character
-# names, messages at MAX_MESSAGE) about 47 KB, 3% of etcd's 1.5 MiB request limit. A start-up of
-# 10,000 maps is 313 writes per region instead of 10,000.
-SHARD_ENTRIES = 32
+# etcd stores a whole object per write, so a shard's size is what one verdict change costs: a
+# typical verdict is 222 B of JSON, and a full shard of 8 about 2.4 KB with its metadata (32: 7.7
+# KB, 128: 29 KB). At worst (253-character names, messages at MAX_MESSAGE) a shard is 12 KB, under
+# 1% of etcd's 1.5 MiB request limit. A start-up of 10,000 maps is 1,250 writes per region, not 10,000.
+SHARD_ENTRIES = 8
 # A message longer than this is cut (the sidecar's log and /debug/maps keep it whole): with map
 # names of at most 253 characters, it is what bounds a shard's size.
 MAX_MESSAGE = 1024
 _ENTRY_FIELDS = ("observedGeneration", "status", "reason", "message", "lastTransitionTime")
-# Lists of this many objects a page: a region's reports at 10,000 maps are 313 objects.
+# Lists of this many objects a page: a region's reports at 10,000 maps are 1,250 objects.
 _PAGE = 500
 
 

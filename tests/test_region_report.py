@@ -113,7 +113,7 @@ async def test_shards_hold_at_most_shard_entries_maps_of_one_namespace(kube_api,
     long_message = "x" * (MAX_MESSAGE * 4)
     assert await sink.write({key: published(1, long_message) for key in many}) == {}
     objects = kube_api.objects(RR)
-    # One request per shard: 32 + 32 + 6 in prod, 3 in dev.
+    # One request per shard: two full and one of 6 in prod, one of 3 in dev.
     assert writes(kube_api) == len(objects) == 4
     assert sorted((o["metadata"]["namespace"], o["metadata"]["name"], len(o["maps"])) for o in objects) == [
         ("dev", "eu-0", 3), ("prod", "eu-0", SHARD_ENTRIES), ("prod", "eu-1", SHARD_ENTRIES), ("prod", "eu-2", 6),
