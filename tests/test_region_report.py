@@ -121,7 +121,7 @@ async def test_shards_hold_at_most_shard_entries_maps_of_one_namespace(kube_api,
     assert set(stored(kube_api)) == {(key.namespace, key.name) for key in many}
     # Bounded: a message is cut, so a full shard stays far under etcd's 1.5 MiB request limit.
     assert all(len(entry["message"]) == MAX_MESSAGE for entry in stored(kube_api).values())
-    assert max(len(json.dumps(o)) for o in objects) < 64 * 1024
+    assert max(len(json.dumps(o)) for o in objects) < 16 * 1024
 
 
 async def test_a_deleted_map_leaves_its_shard_and_an_empty_shard_is_deleted(kube_api, kube):
