@@ -4,6 +4,7 @@ sharded, garbage collected, never overwritten by another writer, and nothing rew
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -16,7 +17,7 @@ from adapters.json_file import JsonOptions
 from publisher import app, loop
 from publisher.config import RunConfig
 from publisher.kube import Kube
-from publisher.loop import LoopOptions, Publisher
+from publisher.loop import LeaderOptions, LoopOptions, Publisher
 from publisher.model import MapKey, Reason
 from publisher.region_report import MAX_MESSAGE, SHARD_ENTRIES, ReportSink, forget_region
 from publisher.source import KubeSource, Stores, WatchOptions
@@ -271,3 +272,43 @@ async def test_a_running_sidecar_removes_a_deleted_maps_verdict(kube_api, kubeco
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await client.close()
+
+
+@contextlib.asynccontextmanager
+async def sidecar(kubeconfig: Path, out: Path, *, leader: LeaderOptions | None = None) -> AsyncIterator[tuple[Publisher, ReportSink]]:
+    """Region eu's sidecar in report mode, running until the block ends."""
+    client = await Kube.connect(kubeconfig)
+    stores = Stores.empty()
+    publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)),
+                          LoopOptions(instance="eu", resync=3600), kube=client)
+    sink = ReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
+    publisher.report_sink = sink
+    source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
+    task = asyncio.create_task(loop.run(publisher, source, leader=leader))
+    try:
+        yield publisher, sink
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.close()
+
+
+async def test_of_two_leader_elected_replicas_only_the_leader_writes_reports(kube_api, kubeconfig, tmp_path):
+    seed_maps(kube_api, ["chat"])
+    fast = dict(lease_duration=4, renew_deadline=3, retry_period=1)
+    async with sidecar(kubeconfig, tmp_path / "a.json", leader=LeaderOptions("prod", "replica-a", **fast)) as (a, sink_a), \
+            sidecar(kubeconfig, tmp_path / "b.json", leader=LeaderOptions("prod", "replica-b", **fast)) as (b, sink_b):
+        await eventually(lambda: ("prod", "chat") in stored(kube_api))
+        assert a.leading != b.leading
+        leader, follower = (sink_a, sink_b) if a.leading else (sink_b, sink_a)
+        current = kube_api.get(TM, "prod", "chat")
+        current["spec"]["entries"][0]["probe"] = {"result": "Passed"}
+        bumped = kube_api.update(current)
+        for condition in bumped["status"]["conditions"]:
+            condition["observedGeneration"] = bumped["metadata"]["generation"]
+        bumped["status"]["observedTrafficMapGeneration"] = bumped["metadata"]["generation"]
+        kube_api.update(bumped)
+        await eventually(lambda: stored(kube_api)[("prod", "chat")]["observedGeneration"] == 2)
+        # The leader wrote the first verdict and the new one (and, until the regions' debounce, the
+        # hold between OME's two writes); the follower nothing.
+        assert leader.writes >= 2 and follower.writes == 0
