@@ -8,8 +8,8 @@ one region's verdicts on at most SHARD_ENTRIES (8) maps of one namespace, in tha
     maps:                       # map name -> the facts of the condition mode's condition
       chat: {observedGeneration: 3, status: "True", reason: Published, message: ..., lastTransitionTime: ...}
 
-No sidecar watches RegionReports, so a verdict is one write and no watch event anywhere, whatever
-the number of regions; a TrafficMap stays the size OME makes it. `maps` is atomic
+No sidecar watches RegionReports, so a verdict is one write that reaches no sidecar's watch,
+whatever the number of regions; a TrafficMap stays the size OME makes it. `maps` is atomic
 (x-kubernetes-map-type), so managedFields name one field, not every map.
 
 `ReportSink` is a region's one writer, driven by the Publisher's status-writer task while it
