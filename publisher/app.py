@@ -25,6 +25,7 @@ from publisher.config import ConfigError, RunConfig, flag
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
 from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
+from publisher.region_report import ReportSink
 from publisher.source import DirectorySource, KubeSource, Stores, WatchOptions
 
 log = logging.getLogger(__name__)
@@ -211,8 +212,14 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
         probe_max_age=config.probe_max_age,
     )
     stores = Stores.empty()
-    writes_status = config.report_status and not config.dry_run
-    sink = status.ConditionSink(kube, stores.maps, config.name) if kube is not None and writes_status else None
+    mode = "off" if config.dry_run or kube is None else config.effective_status_mode
+    sink: status.StatusSink | None = None
+    if mode == "condition":
+        assert kube is not None
+        sink = status.ConditionSink(kube, stores.maps, config.name)
+    elif mode == "report":
+        assert kube is not None
+        sink = ReportSink(kube, config.name, known=lambda key: stores.maps.get(key) is not None, namespaces=config.namespace)
     publisher = Publisher(stores, adapter, options, status_sink=sink)
     source: loop.Source
     source_dir = config.source_dir
