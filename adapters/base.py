@@ -55,6 +55,10 @@ class Unavailable(AdapterError):
     """The gateway could not be reached, or did not confirm in time: retry later."""
 
 
+class NotConnected(Unavailable):
+    """No gateway client is connected: nothing was written and nothing was lost; retry once one is."""
+
+
 @dataclass(frozen=True)
 class ApplyResult:
     """What one apply did.

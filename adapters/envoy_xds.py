@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import logging
+import socket
 import time
+import urllib.parse
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
-from adapters.base import Unavailable, WriteResult
+from adapters.base import NotConnected, Unavailable, WriteResult
 from adapters.envoy_resources import (
     CLUSTER_TYPE,
     ROUTE_TYPE,
@@ -30,6 +33,7 @@ from adapters.envoy_resources import (
     MapResources,
     Resource,
     XdsRenderer,
+    cluster_name,
     key_of,
     map_name,
     route_from_version,
@@ -52,6 +56,9 @@ _SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    # gRPC sets SO_REUSEPORT by default: a second sidecar on the same address would bind it too,
+    # and Envoys would split between the two.
+    ("grpc.so_reuseport", 0),
 ]
 
 
@@ -59,11 +66,15 @@ _SERVER_OPTIONS = [
 class EnvoyStatus:
     """One connected Envoy as operators see it.
 
-    node: Envoy's node id; peer: its address. nacks: refusals since it connected, by resource kind
-    (cluster, scope, route). unacked_since: monotonic time of the oldest change it has not ACKed,
-    or None when it serves everything it was given. sent: resources added or removed on this stream.
+    name: the instance label: the node id, qualified by the peer's host only when two connected
+    Envoys share a node id (and by its port only when they share the host too), so a reconnect from
+    a new ephemeral port makes no new series. node: Envoy's node id; peer: its address. nacks:
+    refusals since it connected, by resource kind (cluster, scope, route). unacked_since: monotonic
+    time of the oldest change it has not ACKed, or None when it serves everything it was given.
+    sent: resources added or removed on this stream.
     """
 
+    name: str
     node: str
     peer: str
     connected_at: float
@@ -103,6 +114,10 @@ class _Behind(Exception):
     """The Envoy did not answer a response in time: its stream is ended, and it reconnects."""
 
 
+class _Gone(Exception):
+    """The Envoy's stream ended: nothing more is sent to it, and nothing waits for its answer."""
+
+
 @dataclass(eq=False)
 class _Session:
     """One Envoy's stream: what it holds, what it subscribed, and the one response in flight."""
@@ -135,10 +150,11 @@ class _Session:
     pending: tuple[str, asyncio.Future[str | None]] | None = None
     nonces: itertools.count[int] = field(default_factory=itertools.count)
     cut: str | None = None  # why the sidecar ended this stream
+    closed: bool = False  # the stream ended: whatever waits on this Envoy stops waiting
 
     @property
     def name(self) -> str:
-        return f"{self.node}@{self.peer}"
+        return self.transport._name_of(self)
 
     # --- what Envoy told us --------------------------------------------------------------------------
 
@@ -191,7 +207,10 @@ class _Session:
         if version is None or name not in self.held[SCOPE_TYPE]:
             return None
         route = route_from_version(version)
-        if route is None or len(self.clusters_of.get(key, ())) != len(route.backends):
+        # Every cluster the route names must be held; a leftover one of an interrupted update is
+        # removed by the next convergence, and is no reason to count the map as not served.
+        held = self.held[CLUSTER_TYPE]
+        if route is None or any(cluster_name(key, b.cluster) not in held for b in route.backends):
             return None
         return route
 
@@ -238,6 +257,9 @@ class _Session:
             self.unacked_since = time.monotonic()
         # The parts as they are now: a write meanwhile marks its maps dirty for the next round.
         target = {k: part for k in keys if (part := self.transport._target.get(k)) is not None}
+        # A map this Envoy holds that the engine neither wrote nor withdrew is left as it is:
+        # nothing leaves an Envoy unless the engine asked (a restarted sidecar knows nothing yet).
+        keys = {k for k in keys if k in target or k in self.transport._withdrawn}
         keys -= {k for k in keys if k in self.nacks and self.nacks[k][0] == target.get(k)}
         await self._await_subscription(CLUSTER_TYPE)
 
@@ -301,6 +323,8 @@ class _Session:
     async def _wait_for_request(self) -> None:
         """Until Envoy's next request (or 50 ms); leaves `wake` set, as a request may have more
         for the next round than the one awaited."""
+        if self.closed:
+            raise _Gone("the stream ended")
         self.wake.clear()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.wake.wait(), 0.05)
@@ -336,7 +360,9 @@ class _Session:
 
     def _refused(self, type_url: str, key: MapKey, part: MapResources | None, error: str) -> None:
         self.nack_counts[_KIND[type_url]] += 1
-        self.nacks[key] = (part, f"envoy {self.name} refused the {_KIND[type_url]}: {error}")
+        message = f"envoy {self.name} refused the {_KIND[type_url]}: {error}"
+        self.nacks[key] = (part, message)
+        self.transport._refusal(key, part, message)
         log.warning("envoy refused a map", extra={"envoy": self.name, "map": str(key), "kind": _KIND[type_url], "error": error})
 
     async def _send(self, type_url: str, items: list[_Item]) -> str | None:
@@ -345,6 +371,8 @@ class _Session:
 
     async def _post(self, type_url: str, items: list[_Item]) -> _Posted:
         """Queue one response for the stream; its ACK is awaited by `_confirm`."""
+        if self.closed:
+            raise _Gone("the stream ended")
         nonce = f"{next(self.nonces)}"
         response = discovery_pb2.DeltaDiscoveryResponse(type_url=type_url, nonce=nonce, system_version_info=nonce)
         count = 0
@@ -385,13 +413,20 @@ class _Session:
         return error
 
     def end(self) -> None:
-        """End the stream: drop the queued response, if any, for the end mark."""
+        """End the stream: drop the queued response, if any, for the end mark, and release
+        whoever waits for this Envoy's answer (a write returns at once, not after its timeout)."""
+        if self.closed:
+            return
+        self.closed = True
         with contextlib.suppress(asyncio.QueueEmpty):
             self.outbox.get_nowait()
         self.outbox.put_nowait(None)
+        if self.pending is not None and not self.pending[1].done():
+            self.pending[1].set_exception(_Gone("the stream ended before its answer"))
+        self.wake.set()
 
     def status(self) -> EnvoyStatus:
-        return EnvoyStatus(self.node, self.peer, self.connected_at, dict(self.nack_counts), self.unacked_since, self.sent)
+        return EnvoyStatus(self.name, self.node, self.peer, self.connected_at, dict(self.nack_counts), self.unacked_since, self.sent)
 
 
 class _Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -412,10 +447,13 @@ class _Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 class XdsTransport:
     """The Transport of Envoy's xDS mode (adapters.base.Transport[MapResources]).
 
-    A write is confirmed when every connected Envoy ACKed it; a map any of them refuses is
-    reported rejected with Envoy's words and put back as it was for all of them. An Envoy that
-    does not answer a response within `ack_timeout` (plus `seconds_per_resource` each) has its
-    stream ended: it stops counting, reconnects, lists what it holds and is brought up to date.
+    A write is confirmed when every Envoy connected through the whole write acknowledged it, and
+    at least one did: with none connected it raises NotConnected, and when every one left before
+    it answered, Unavailable. A map any of them refuses is reported rejected with Envoy's words and
+    put back as it was for all of them; a refusal outside a write (an Envoy that connected later)
+    is kept for `refusals()`. An Envoy that does not answer a response within `ack_timeout` (plus
+    `seconds_per_resource` each) has its stream ended: it stops counting, reconnects, lists what it
+    holds and is brought up to date. Nothing an Envoy holds is removed unless the engine asked.
     """
 
     # Envoy answers a small response within milliseconds; a stuck one is cut after this.
@@ -433,7 +471,14 @@ class XdsTransport:
         self._listen = listen
         self._renderer = renderer
         self._target: dict[MapKey, MapResources] = {}
+        # Maps the engine asked to remove: the only ones taken from an Envoy that still lists them.
+        self._withdrawn: set[MapKey] = set()
         self._seeded = False
+        # The changes of the write in progress, whose refusals it returns; any other refusal waits
+        # in `_refusals` for the engine to ask.
+        self._writing: Mapping[MapKey, MapResources | None] | None = None
+        self._write_refusals: dict[MapKey, str] = {}
+        self._refusals: dict[MapKey, tuple[MapResources | None, str]] = {}
         self._generation = 0
         self._sessions: set[_Session] = set()
         self._server: grpc.aio.Server | None = None
@@ -443,11 +488,17 @@ class XdsTransport:
     # --- the server -----------------------------------------------------------------------------------
 
     async def serve(self) -> None:
+        """Listen on the xDS address and serve Envoys until cancelled. An address another process
+        holds raises OSError naming --envoy-xds-listen, as `--listen` is named for the HTTP server."""
         server = grpc.aio.server(options=_SERVER_OPTIONS)
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(_Servicer(self), server)
-        self.port = server.add_insecure_port(self._listen)
+        try:
+            self.port = server.add_insecure_port(self._listen)
+        except RuntimeError:  # gRPC says only "Failed to bind"; the reason comes from _bind_problem
+            self.port = 0
         if not self.port:
-            raise OSError(f"cannot listen on {self._listen}")
+            code, reason = _bind_problem(self._listen)
+            raise OSError(code, f"cannot listen on {self._listen}: {reason}", "--envoy-xds-listen")
         self._server = server
         await server.start()
         self._serving.set()
@@ -511,6 +562,8 @@ class XdsTransport:
         """End a stream that failed or fell behind: it stops counting, and its Envoy reconnects."""
         if session.cut is not None:
             return
+        if isinstance(exc, _Gone):
+            return  # its stream ended by itself: nothing to cut
         if not isinstance(exc, _Behind):
             log.error("xds stream failed", exc_info=exc, extra={"envoy": session.name})
         log.warning("ending an envoy's stream", extra={"envoy": session.name, "error": str(exc)})
@@ -528,12 +581,14 @@ class XdsTransport:
         return 0.0
 
     async def read(self) -> dict[MapKey, Route]:
-        """What every connected Envoy serves alike (a map they serve differently is left out);
-        nothing when no Envoy connects within `read_wait`: each one that connects later lists what
-        it holds and is brought to the target from there.
+        """What the connected Envoys serve: every map one of them serves, with the route most of
+        them hold (a tie goes to the Envoy first by name); nothing when no Envoy connects within
+        `read_wait`: each one that connects later lists what it holds, and keeps it until the
+        engine writes or withdraws it.
 
         The first read of a started transport also makes what it read the target, re-rendered, so
-        an Envoy connecting before the first write gets it, and nothing it holds is taken away."""
+        an Envoy connecting before the first write gets it, Envoys that disagree on a map converge
+        on the route the read reported, and nothing they hold is taken away."""
         deadline = time.monotonic() + self.read_wait
         while not self._sessions or not all(s.readable for s in self._sessions):
             if time.monotonic() > deadline:
@@ -541,27 +596,31 @@ class XdsTransport:
                     return {}
                 raise Unavailable("envoy: a connected Envoy has not listed what it holds")
             await asyncio.sleep(0.01)
-        served = self._served_by_all(list(self._sessions))
+        served = _served_by_most(sorted(self._sessions, key=lambda s: s.name))
         if not self._seeded:
             self._target = {key: self._renderer.render(key, r) for key, r in served.items()}
             self._seeded = True
+            for session in self._sessions:
+                session.dirty.update(self._target)
+                session.wake.set()
         return served
 
-    def _served_by_all(self, sessions: list[_Session]) -> dict[MapKey, Route]:
-        first, *others = sessions
-        served: dict[MapKey, Route] = {}
-        for name in first.held[SCOPE_TYPE]:
-            key = key_of(name)
-            if key is None:
-                continue
-            route = first.serves(key)
-            if route is not None and all(s.serves(key) == route for s in others):
-                served[key] = route
-        return served
+    def refusals(self) -> Mapping[MapKey, str]:
+        """Each map an Envoy refused outside a write since the last call (one that connected
+        later, or a refusal met while putting a refused map back), in that Envoy's words, while
+        the refused part is still what the engine asks for; the call drains them."""
+        refusals, self._refusals = self._refusals, {}
+        return {key: message for key, (part, message) in refusals.items() if self._target.get(key) == part}
+
+    def _refusal(self, key: MapKey, part: MapResources | None, message: str) -> None:
+        if self._writing is not None and key in self._writing and self._writing[key] == part:
+            self._write_refusals.setdefault(key, message)
+        else:
+            self._refusals[key] = (part, message)
 
     async def write(self, parts: Mapping[MapKey, MapResources], changes: Mapping[MapKey, MapResources | None]) -> WriteResult:
         if not self._sessions:
-            raise Unavailable("envoy: no Envoy connected")
+            raise NotConnected("envoy: no Envoy connected")
         before = {key: self._target.get(key) for key in changes}
         if self._seeded:
             self._apply(changes)
@@ -569,15 +628,17 @@ class XdsTransport:
         else:
             # The first write after a start that read nothing brings the whole state.
             self._target = dict(parts)
+            self._withdrawn.update(key for key, part in changes.items() if part is None)
             self._seeded = True
             changed = set(self._target) | set(changes)
-        sessions = await self._sync(changed)
-        rejected: dict[MapKey, str] = {}
-        for session in sessions:
-            for key in changes:
-                nack = session.nacks.get(key)
-                if nack is not None and nack[0] == changes[key]:
-                    rejected.setdefault(key, nack[1])
+        self._writing, self._write_refusals = changes, {}
+        try:
+            acknowledged = await self._sync(changed)
+            rejected = self._write_refusals
+        finally:
+            self._writing, self._write_refusals = None, {}
+        if not acknowledged:
+            raise Unavailable("envoy: every Envoy connected at the write's start left before it acknowledged the write")
         if rejected:
             # Every Envoy goes back to what it served for a refused map, so the fleet agrees.
             self._apply({key: before[key] for key in rejected})
@@ -588,11 +649,14 @@ class XdsTransport:
         for key, part in changes.items():
             if part is None:
                 self._target.pop(key, None)
+                self._withdrawn.add(key)
             else:
                 self._target[key] = part
+                self._withdrawn.discard(key)
 
     async def _sync(self, keys: set[MapKey]) -> list[_Session]:
-        """Mark `keys` on every connected Envoy and wait until each converged or left."""
+        """Mark `keys` on every connected Envoy and wait until each converged or left; returns
+        the Envoys that converged, connected from the start to the end."""
         self._generation += 1
         generation = self._generation
         sessions = list(self._sessions)
@@ -610,8 +674,8 @@ class XdsTransport:
             await asyncio.gather(*(self._step(session) for session in idle))
         for session in sessions:
             async with session.changed:
-                await session.changed.wait_for(lambda s=session: s.synced >= generation or s not in self._sessions)
-        return sessions
+                await session.changed.wait_for(lambda s=session: s.synced >= generation or s.closed or s not in self._sessions)
+        return [s for s in sessions if s.synced >= generation and not s.closed and s in self._sessions]
 
     async def _step(self, session: _Session) -> None:
         try:
@@ -626,8 +690,54 @@ class XdsTransport:
 
     def envoys(self) -> list[EnvoyStatus]:
         # list() copies the set in one step: /metrics calls this from a worker thread.
-        return sorted((s.status() for s in list(self._sessions)), key=lambda s: (s.node, s.peer))
+        return sorted((s.status() for s in list(self._sessions)), key=lambda s: (s.name, s.peer))
+
+    def _name_of(self, session: _Session) -> str:
+        """The Envoy's instance label (see EnvoyStatus.name), among the Envoys connected now."""
+        others = [s for s in list(self._sessions) if s is not session and s.node == session.node]
+        if not others:
+            return session.node
+        host = _peer_host(session.peer)
+        if any(_peer_host(s.peer) == host for s in others):
+            return f"{session.node}@{_peer_address(session.peer)}"
+        return f"{session.node}@{host}"
 
     def served(self, key: MapKey) -> dict[str, str | None]:
         """Envoy name -> the version of `key`'s route configuration it holds (None: not served)."""
         return {s.name: s.held[ROUTE_TYPE].get(map_name(key), "").split(" ")[0] or None for s in list(self._sessions)}
+
+
+def _served_by_most(sessions: list[_Session]) -> dict[MapKey, Route]:
+    """Every map one of `sessions` serves, with the route most of them serve (a tie: the first's)."""
+    votes: dict[MapKey, Counter[Route]] = {}
+    for session in sessions:
+        for name in session.held[SCOPE_TYPE]:
+            key = key_of(name)
+            if key is not None and (route := session.serves(key)) is not None:
+                votes.setdefault(key, Counter())[route] += 1
+    return {key: counts.most_common(1)[0][0] for key, counts in votes.items()}
+
+
+def _peer_address(peer: str) -> str:
+    """gRPC's peer string (`ipv4:127.0.0.1:42882`, `ipv6:%5B::1%5D:42882`) as host:port."""
+    return urllib.parse.unquote(peer.partition(":")[2] if peer.startswith(("ipv4:", "ipv6:")) else peer)
+
+
+def _peer_host(peer: str) -> str:
+    """The peer's address without its (ephemeral) port."""
+    return _peer_address(peer).rpartition(":")[0] or peer
+
+
+def _bind_problem(listen: str) -> tuple[int, str]:
+    """Why `listen` cannot be bound, in the kernel's words (gRPC's own error names no reason)."""
+    host, _, port = listen.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.bind(address)
+    except OSError as exc:
+        return exc.errno or errno.EADDRNOTAVAIL, exc.strerror or str(exc)
+    except ValueError:
+        return errno.EINVAL, "not HOST:PORT"
+    return errno.EADDRINUSE, "gRPC could not bind it"
