@@ -333,6 +333,7 @@ class XdsTransport:
         self._generation = 0
         self._sessions: set[_Session] = set()
         self._server: grpc.aio.Server | None = None
+        self._stopping: asyncio.Future[None] | None = None
         self._serving = asyncio.Event()
         self.port: int | None = None
 
@@ -355,9 +356,11 @@ class XdsTransport:
         self._serving.set()
         log.info("xds server listening", extra={"listen": self._listen, "port": self.port})
         try:
-            await server.wait_for_termination()
+            # Until cancelled: gRPC's wait_for_termination, cancelled, cancels the server's graceful
+            # stop too, and the old server kept its streams and its port.
+            await asyncio.Event().wait()
         finally:
-            await asyncio.shield(self._stop())
+            await self._stop()
 
     async def started(self) -> int:
         """Wait until `serve()` listens; the bound port (for a listen address with port 0)."""
@@ -366,10 +369,15 @@ class XdsTransport:
         return self.port
 
     async def _stop(self) -> None:
-        # Streams end; each Envoy keeps serving what it holds and reconnects to the next sidecar.
-        if self._server is not None:
+        """Streams end; each Envoy keeps serving what it holds and reconnects to the next sidecar.
+        The stop is one task, held here and shielded: a cancelled serve() and a later aclose()
+        both wait for it (a shielded stop nothing held was lost, and the server kept serving)."""
+        if self._stopping is None:
+            if self._server is None:
+                return
             server, self._server = self._server, None
-            await server.stop(self.shutdown_grace)
+            self._stopping = asyncio.ensure_future(server.stop(self.shutdown_grace))
+        await asyncio.shield(self._stopping)
 
     @contextlib.asynccontextmanager
     async def _attached(

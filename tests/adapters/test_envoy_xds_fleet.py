@@ -236,3 +236,22 @@ async def test_the_envoy_label_is_the_node_id_and_a_reconnect_makes_no_new_serie
                     assert len(labels) == 2 and all(label.startswith("gateway-0@127.0.0.1:") for label in labels)
         finally:
             metrics.watch_envoys(None)
+
+
+async def test_a_cancelled_server_ends_its_streams_and_frees_its_address():
+    """Cancelling gRPC's wait_for_termination cancelled the server's graceful stop: the stopped
+    sidecar kept its Envoys' streams and its port, so a restart on the address (no SO_REUSEPORT
+    now) could not bind it."""
+    listen = f"127.0.0.1:{free_port()}"
+    transport = XdsTransport(listen, RENDERER)
+    serving = asyncio.create_task(transport.serve())
+    await asyncio.wait_for(transport.started(), 10)
+    envoy = ScriptedEnvoy(transport.port, "envoy")
+    async with clients(envoy):
+        await connected(transport, 1)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await transport.aclose()
+        await eventually(lambda: not envoy.connected, timeout=10)
+    async with transport_on(listen) as restarted:
+        assert restarted.port == int(listen.rsplit(":", 1)[1])
