@@ -28,7 +28,7 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from adapters.base import NotConnected, Unavailable, WriteResult
 from adapters.envoy_resources import ROUTE_TYPE, MapResources, XdsRenderer, map_name
-from adapters.envoy_xds_plan import KIND, EnvoyState, Item, Send, plan, served_by_most
+from adapters.envoy_xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, plan, served_by_most
 from publisher.model import MapKey, Route
 
 log = logging.getLogger(__name__)
@@ -169,19 +169,26 @@ class _Session:
         # The target as it is now: a write meanwhile marks its maps dirty for the next round.
         target = {k: part for k in keys if (part := self.transport._target.get(k)) is not None}
         withdrawn = {k for k in keys if k in self.transport._withdrawn}
-        waiting_since: float | None = None
         while (step := plan(self.state, target, withdrawn, keys, seeded=seeded)) is not None:
             if isinstance(step, Send):
-                waiting_since = None
                 keys -= await self._push(step.type_url, step.items)
-                continue
-            waiting_since = waiting_since or time.monotonic()
-            if time.monotonic() - waiting_since <= self.transport.ack_timeout:
-                await self._wait_for_request()
-            elif step.keys:
+            elif not await self._await_request(step):
+                if not step.keys:
+                    raise _Behind(f"no {KIND[step.type_url]} subscription within {self.transport.ack_timeout:.1f}s")
                 keys -= step.keys  # sent once Envoy subscribes them: its request marks them dirty
-            else:
-                raise _Behind(f"no {KIND[step.type_url]} subscription within {self.transport.ack_timeout:.1f}s")
+
+    async def _await_request(self, step: AwaitRequest) -> bool:
+        """Until Envoy subscribed what `step` waits for (True), or `ack_timeout` passed (False).
+        Only the awaited names are checked per request, not the whole plan again: a first publish
+        brings one route subscription per batch of scopes."""
+        deadline = time.monotonic() + self.transport.ack_timeout
+        wanted = self.state.routes_wanted
+        names = [map_name(k) for k in step.keys]
+        while not (all(name in wanted for name in names) if names else step.type_url in self.state.subscribed):
+            if time.monotonic() > deadline:
+                return False
+            await self._wait_for_request()
+        return True
 
     async def _wait_for_request(self) -> None:
         """Until Envoy's next request (or 50 ms); leaves `wake` set, as a request may have more
