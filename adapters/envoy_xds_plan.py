@@ -62,6 +62,8 @@ Step = Send | AwaitRequest
 
 @dataclass
 class EnvoyState:
+    """What one Envoy holds, subscribed and refused, as its requests and answers said."""
+
     held: dict[str, dict[str, str]] = field(default_factory=lambda: {CLUSTER_TYPE: {}, SCOPE_TYPE: {}, ROUTE_TYPE: {}})
     clusters_of: dict[MapKey, set[str]] = field(default_factory=dict)
     subscribed: set[str] = field(default_factory=set)  # types Envoy asked for
