@@ -759,8 +759,9 @@ async def run(
 
 
 async def once(publisher: Publisher, source: Source, *, read_gateway: bool = True, timeout: float | None = None) -> None:
-    """One full sync: read the gateway, take the source's first full view, one gateway write,
-    then every status write. `read_gateway=False` plans against an empty gateway (dry run).
+    """One full sync: read the gateway, take the source's first full view, wait until the gateway
+    can be written (its own server, xDS, runs meanwhile), one gateway write, then every status
+    write. `read_gateway=False` plans against an empty gateway (dry run).
     Raises SyncTimeout when the whole pass takes longer than `timeout`, and what the source
     raised (e.g. a refusal) when it ends before its first full view."""
     publisher.source_problem = source.problem
@@ -770,14 +771,38 @@ async def once(publisher: Publisher, source: Source, *, read_gateway: bool = Tru
     except TimeoutError:
         problem = source.problem()
         why = f": {problem}" if problem else ""
-        stage = "the source's first full view" if not publisher.is_synced else "the gateway write and status writes"
+        unready = publisher.adapter.unready()
         if not publisher.started:
-            unready = publisher.adapter.unready()
             stage = f"the gateway's read-back ({unready})" if unready else "the gateway's read-back"
+        elif not publisher.is_synced:
+            stage = "the source's first full view"
+        else:
+            stage = f"the gateway: {unready}" if unready is not None else "the gateway write and status writes"
         raise SyncTimeout(f"no result within {timeout:g}s, waiting for {stage}{why}") from None
 
 
 async def _once(publisher: Publisher, source: Source, *, read_gateway: bool) -> None:
+    # The gateway's own server (xDS) runs through the pass, so an Envoy can connect and confirm.
+    gateway = asyncio.create_task(publisher.adapter.serve()) if read_gateway else None
+    try:
+        await _one_pass(publisher, source, gateway, read_gateway=read_gateway)
+    finally:
+        if gateway is not None:
+            gateway.cancel()
+            await asyncio.gather(gateway, return_exceptions=True)
+
+
+async def _gateway_ready(publisher: Publisher, gateway: asyncio.Task[None]) -> None:
+    """Until the gateway can be written (an Envoy connected): the one pass is written once, not
+    failed for a gateway that starts after the sidecar. What the gateway's server raised (its
+    address taken) ends the wait."""
+    while publisher.adapter.unready() is not None:
+        if gateway.done():
+            gateway.result()
+        await asyncio.sleep(0.05)
+
+
+async def _one_pass(publisher: Publisher, source: Source, gateway: asyncio.Task[None] | None, *, read_gateway: bool) -> None:
     source_task = asyncio.create_task(source.run())
     synced = asyncio.create_task(publisher.synced_event.wait())
     try:
@@ -793,6 +818,8 @@ async def _once(publisher: Publisher, source: Source, *, read_gateway: bool) -> 
         for task in (source_task, synced):
             task.cancel()
         await asyncio.gather(source_task, synced, return_exceptions=True)
+    if gateway is not None:
+        await _gateway_ready(publisher, gateway)
     await publisher.sync_once(publisher.queue.take_ready())
     if publisher.status_sink is not None and publisher.leading:
         await publisher.status_sink.start()

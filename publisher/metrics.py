@@ -122,8 +122,8 @@ def start(adapter: str) -> None:
 @runtime_checkable
 class EnvoyFleet(Protocol):
     """A gateway with Envoys connected to it (adapters.envoy_xds.XdsTransport): its `envoys()`
-    are statuses with node, peer, nacks (by resource kind), unacked_since (monotonic) and sent;
-    `served(key)` says which version of a map each Envoy serves (for /debug/maps)."""
+    are statuses with name (the `envoy` label), node, peer, nacks (by resource kind), unacked_since
+    (monotonic) and sent; `served(key)` says which version of a map each Envoy serves (for /debug/maps)."""
 
     def envoys(self) -> list[Any]: ...
 
@@ -151,7 +151,7 @@ class _EnvoyCollector:
         )
         sent = CounterMetricFamily(PREFIX + "xds_resources_sent", "Resources added or removed on an Envoy's stream.", labels=["envoy"])
         for envoy in envoys:
-            name = f"{envoy.node}@{envoy.peer}"
+            name = envoy.name
             for kind in ("cluster", "scope", "route"):
                 nacks.add_metric([name, kind], envoy.nacks.get(kind, 0))
             unacked.add_metric([name], 0.0 if envoy.unacked_since is None else now - envoy.unacked_since)

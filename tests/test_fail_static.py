@@ -33,7 +33,7 @@ from publisher.model import MapKey, parse_traffic_map
 from publisher.source import DirectorySource, Informer, KubeSource, Store, Stores, WatchOptions
 from tests.builders import make_entry, make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI
-from tests.gateways import eventually
+from tests.gateways import eventually, free_port
 from tests.test_kube_integration import TM, ISVC, ours, published, rescale, seed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -385,6 +385,24 @@ def test_a_listen_port_in_use_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.strip() == f"ome-publisher run: --listen: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+def test_an_xds_listen_address_in_use_is_one_line_and_exit_2(tmp_path, capsys):
+    """Issue 21 finding 7: as for --listen (gRPC no longer sets SO_REUSEPORT, so another sidecar
+    on the address is refused too: tests/adapters/test_envoy_xds_fleet.py)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        maps = tmp_path / "maps"
+        maps.mkdir()
+        code = main(["run", "--source", f"dir:{maps}", "--adapter", "envoy", "--envoy-xds-listen", f"127.0.0.1:{port}",
+                     "--listen", f"127.0.0.1:{free_port()}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    # After the HTTP server's "serving" line: the xDS server binds in the sidecar's task group.
+    assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("ome-publisher run:")] == [
+        f"ome-publisher run: --envoy-xds-listen: cannot listen on 127.0.0.1:{port}: Address already in use"], err
 
 
 # --- 9. the default port is no gateway's (the NGINX recipe is run in test_readme_recipes.py) ---------
