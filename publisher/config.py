@@ -22,7 +22,7 @@ from pydantic.fields import FieldInfo
 from adapters import ADAPTERS
 from publisher.gate import PublishedGate
 from publisher.metrics import PerMap
-from publisher.model import DURATION_PARSERS, Duration, is_dns_label, parse_duration
+from publisher.model import DURATION_PARSERS, DURATION_UNITS, Duration, is_dns_label, parse_duration, split_host_port
 
 ENV_PREFIX = "OME_PUBLISHER_"
 
@@ -148,13 +148,6 @@ def missing_paths(config: RunConfig) -> list[str]:
     return problems
 
 
-def split_host_port(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"{value!r} is not HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 def flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
@@ -165,7 +158,6 @@ def env_var(field_name: str) -> str:
 
 # Short spellings kubectl users expect.
 _SHORT_FLAGS = {"output": "-o", "namespace": "-n"}
-DURATION_UNITS = "a duration: 500ms, 60s, 2m, 1h"
 
 
 def _choices(annotation: Any) -> tuple[str, ...] | None:
