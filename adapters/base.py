@@ -55,6 +55,23 @@ class Unavailable(AdapterError):
     """The gateway could not be reached, or did not confirm in time: retry later."""
 
 
+def in_words(exc: BaseException) -> str:
+    """A failed call as a person says it: the path or the host:port it was about, then why. Never
+    the exception's repr (`ClientConnectorError(ConnectionKey(...))`, or `FileNotFoundError(2, ...)`,
+    whose repr drops the path)."""
+    if isinstance(exc, TimeoutError):
+        return str(exc) or "no answer in time"
+    if isinstance(exc, KeyError):
+        return f"no {exc}"
+    if isinstance(exc, OSError):
+        reason = os.strerror(exc.errno) if exc.errno else exc.strerror or " ".join(str(exc).split()) or type(exc).__name__
+        # aiohttp's connection errors are OSErrors that know the host and port they tried.
+        host, port = getattr(exc, "host", None), getattr(exc, "port", None)
+        where = exc.filename if exc.filename is not None else f"{host}:{port}" if host is not None else None
+        return f"{where}: {reason}" if where is not None else reason
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 @dataclass(frozen=True)
 class ApplyResult:
     """What one apply did.

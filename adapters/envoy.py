@@ -30,9 +30,9 @@ from typing import Annotated, Any
 
 import aiohttp
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from adapters.base import Rejected, TransportDefaults, Unavailable, WriteResult, duplicate_hostname, publication_problem, write_atomic
+from adapters.base import Rejected, TransportDefaults, Unavailable, WriteResult, duplicate_hostname, in_words, publication_problem, write_atomic
 from adapters.json_file import from_json as route_from_json
 from adapters.json_file import to_json as route_json
 from publisher.model import MapKey, Publication, Route, parse_endpoint
@@ -109,14 +109,19 @@ class EnvoyOptions(BaseModel):
         description="Send each backend its endpoint's host; off, as OME's own publisher passes the Host through.",
     )
 
+    @field_validator("envoy_xds_listen")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is not None:
+            host, _, port = value.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{value!r} is not HOST:PORT")
+        return value
+
     @model_validator(mode="after")
     def _one_transport(self) -> EnvoyOptions:
         if (self.envoy_xds_listen is None) == (self.envoy_dir is None):
             raise ValueError("give exactly one of --envoy-xds-listen (xDS server) and --envoy-dir (watched files)")
-        if self.envoy_xds_listen is not None:
-            host, _, port = self.envoy_xds_listen.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"envoy_xds_listen {self.envoy_xds_listen!r} is not HOST:PORT")
         return self
 
 
@@ -705,7 +710,7 @@ async def _translated(what: str) -> AsyncIterator[None]:
     try:
         yield
     except (OSError, aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
-        raise Unavailable(f"envoy: {what}: {exc!r}") from exc
+        raise Unavailable(f"envoy: {what}: {in_words(exc)}") from exc
 
 
 class _EnvoyRejected(Exception):

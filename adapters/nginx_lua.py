@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from adapters.base import Rejected, Unavailable, WriteResult
+from adapters.base import Rejected, Unavailable, WriteResult, in_words
 from adapters.nginx import NginxOptions
 from publisher.model import Backend, MapKey, Route, parse_endpoint
 
@@ -280,7 +280,7 @@ def _translated(doing: str) -> Iterator[None]:
     try:
         yield
     except (OSError, TimeoutError, aiohttp.ClientError, ValueError) as exc:
-        raise Unavailable(f"nginx control listener: {doing}: {exc!r}") from exc
+        raise Unavailable(f"nginx control listener: {doing}: {in_words(exc)}") from exc
 
 
 class LuaTransport:

@@ -401,6 +401,8 @@ def _healthy_cell(row: _Row) -> str:
 def _add_run(parser: argparse.ArgumentParser) -> None:
     from publisher import config
 
+    # Its options are many: the usage line points at --help instead of listing them all.
+    parser.usage = "%(prog)s [OPTION ...]  (--help lists every option)"
     parser.description = (
             "Runs the sidecar: watches TrafficMaps (and their InferenceServices), holds stale or "
             "inconsistent ones, and writes verified weights into the gateway through an adapter. "
@@ -458,7 +460,7 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 def _start_up_error(exc: BaseException) -> str | None:
     """The one line for a failure that stops `run` before it can serve (exit 2), or None for a bug."""
-    from adapters.base import AdapterError
+    from adapters.base import AdapterError, in_words
     from publisher import config
     from publisher.kube import KubeError
     from publisher.loop import ListenError, SyncTimeout
@@ -471,19 +473,10 @@ def _start_up_error(exc: BaseException) -> str | None:
     if isinstance(exc, (config.ConfigError, SourceRefused, SyncTimeout)):
         return str(exc)
     if isinstance(exc, AdapterError):
-        return _without_reprs(exc)
+        return str(exc)
     if isinstance(exc, OSError):
-        return f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc)
+        return in_words(exc)
     return None
-
-
-def _without_reprs(exc: BaseException) -> str:
-    """An adapter's message with a cause such as FileNotFoundError(2, '...') said in words."""
-    text = str(exc)
-    cause = exc.__cause__
-    if isinstance(cause, OSError) and cause.strerror:
-        text = text.replace(repr(cause), cause.strerror)
-    return text
 
 
 def _run_text(summary: app.Summary, *, dry_run: bool) -> str:

@@ -16,7 +16,7 @@ from enum import Enum
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from adapters import ADAPTERS
@@ -68,6 +68,9 @@ class _RunCore(BaseModel):
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Least severe level logged.")
     probe_max_age: Duration | None = Field(None, description="Report (not hold) a map whose probe.lastProbeTime is older than this.")
+
+    # Set by `load`: each option not given as a flag -> where its value came from, for messages.
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -260,41 +263,84 @@ def _from_environment(environ: dict[str, str]) -> dict[str, Any]:
     return values
 
 
-def _from_file(path: Path) -> dict[str, Any]:
+def _from_file(path: Path) -> dict[str, tuple[str, Any]]:
+    """Each option the file sets: its field name -> (the key as written, the value)."""
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--config {path}: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config {path}: {' '.join(str(exc).split())}") from exc
     if not isinstance(document, dict):
         raise ConfigError(f"--config {path}: expected a mapping of option names to values")
-    values: dict[str, Any] = {}
+    values: dict[str, tuple[str, Any]] = {}
     for key, value in document.items():
         name = str(key).replace("-", "_")
         if name not in RunConfig.model_fields or name == "config":
             raise ConfigError(f"--config {path}: unknown option {key!r}")
-        values[name] = value
+        values[name] = (str(key), value)
     return values
 
 
 def load(flags: dict[str, Any], environ: dict[str, str] | None = None) -> RunConfig:
-    """Merge file < environment < flags and validate. Raises ConfigError naming the option."""
+    """Merge file < environment < flags and validate, the chosen adapter's options included.
+    Raises ConfigError naming each bad option as a flag, and where its value came from when that
+    was the environment or the file."""
     environ = dict(os.environ) if environ is None else environ
     from_env = _from_environment(environ)
     config_path = flags.get("config") or from_env.get("config")
     merged: dict[str, Any] = {}
+    origins: dict[str, str] = {}  # an option not set by its flag: where its value came from
     if config_path:
-        merged.update(_from_file(Path(config_path)))
+        for name, (key, value) in _from_file(Path(config_path)).items():
+            merged[name] = value
+            origins[name] = f"key {key} of {config_path}"
     merged.update(from_env)
+    origins.update({name: f"from {env_var(name)}" for name in from_env})
     merged.update(flags)
+    for name in flags:
+        origins.pop(name, None)
     try:
-        return RunConfig.model_validate(merged)
+        config = RunConfig.model_validate(merged)
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            if not error["loc"]:
-                problems.append(str(error["msg"]).removeprefix("Value error, "))
-                continue
-            name = str(error["loc"][0])
-            shown = flag(name) if name in RunConfig.model_fields else name
-            problems.append(f"{shown}: {str(error['msg']).removeprefix('Value error, ')}")
-        raise ConfigError("; ".join(problems)) from exc
+        raise ConfigError(describe_errors(exc, origins)) from exc
+    config._origins.update(origins)
+    return config
+
+
+def adapter_options(config: RunConfig) -> Any:
+    """The chosen adapter's options model, validated with the values `config` has for it; a
+    ConfigError names the options as `load` does."""
+    options_model = ADAPTERS[config.adapter].options
+    values = {name: getattr(config, name) for name in options_model.model_fields if getattr(config, name, None) is not None}
+    try:
+        return options_model.model_validate(values)
+    except ValidationError as exc:
+        raise ConfigError(f"--adapter {config.adapter}: {describe_errors(exc, config._origins)}") from exc
+
+
+# A field name as a message may mention it: lower-case words joined by underscores.
+_FIELD_NAME = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+
+
+def describe_errors(exc: ValidationError, origins: dict[str, str]) -> str:
+    """pydantic's errors in the words of the command line: flags for field names, no "Value
+    error," prefix, and the environment variable or file key a value came from."""
+
+    def in_flags(text: str) -> str:
+        return _FIELD_NAME.sub(lambda m: flag(m.group()) if m.group() in RunConfig.model_fields else m.group(), text)
+
+    def named(name: str) -> str:
+        return f"{flag(name)} ({origins[name]})" if name in origins else flag(name)
+
+    problems = []
+    for error in exc.errors():
+        message = "required" if error["type"] == "missing" else in_flags(str(error["msg"]).removeprefix("Value error, "))
+        name = str(error["loc"][0]) if error["loc"] else None
+        if name is not None:
+            problems.append(f"{named(name) if name in RunConfig.model_fields else name}: {message}")
+            continue
+        # A rule about several options: say where those not given as flags came from.
+        mentioned = [n for n in origins if re.search(rf"{re.escape(flag(n))}\b(?!-)", message)]
+        problems.append(message + (f" ({', '.join(f'{flag(n)} {origins[n]}' for n in mentioned)})" if mentioned else ""))
+    return "; ".join(problems)
