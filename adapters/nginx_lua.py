@@ -40,6 +40,8 @@ LOAD_MODULES = ("modules/ndk_http_module.so", "modules/ngx_http_lua_module.so")
 DEFAULT_CA_FILE = Path("/etc/ssl/certs/ca-certificates.crt")
 # Mirrors MAX_ADDRESSES in ome_table.lua: more addresses only lengthen retries.
 MAX_ADDRESSES = 16
+# Mirrors ome_control.lua's init, which stops NGINX on a shorter secret (whitespace around it left out).
+SECRET_MIN_LENGTH = 16
 _CHECKSUM_MODULUS = 2**52
 _SIZE = re.compile(r"^[0-9]{1,6}[km]$")
 
@@ -142,6 +144,20 @@ def checksum(entries: Mapping[MapKey, str]) -> str:
 def _map_key(text: str) -> MapKey:
     namespace, _, name = text.partition("/")
     return MapKey(namespace, name)
+
+
+def secret_problem(path: Path) -> str | None:
+    """Why NGINX would refuse the control secret in `path` at its start (missing, unreadable, or
+    shorter than SECRET_MIN_LENGTH once stripped as ome_control.lua strips it), or None."""
+    try:
+        secret = path.read_bytes().strip()
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or exc}"
+    if len(secret) < SECRET_MIN_LENGTH:
+        return f"holds {len(secret)} characters; NGINX needs at least {SECRET_MIN_LENGTH}"
+    return None
 
 
 def http_snippet(

@@ -423,9 +423,9 @@ def _run(args: argparse.Namespace) -> int:
     except config.ConfigError as exc:
         print(f"ome-publisher run: {exc}", file=sys.stderr)
         return EXIT_INPUT
-    missing = config.missing_paths(run_config)
-    if missing:
-        print(f"ome-publisher run: {'; '.join(missing)}", file=sys.stderr)
+    problems = config.path_problems(run_config)
+    if problems:
+        print(f"ome-publisher run: {'; '.join(problems)}", file=sys.stderr)
         return EXIT_INPUT
     logs.configure(run_config.log_format, run_config.log_level)
     try:
@@ -567,11 +567,16 @@ def _add_nginx_config(parser: argparse.ArgumentParser) -> None:
 
 
 def _nginx_config(args: argparse.Namespace) -> int:
-    from adapters.nginx_lua import LOAD_MODULES, http_snippet
+    from adapters.nginx_lua import LOAD_MODULES, http_snippet, secret_problem
 
     if args.load_modules:
         print("".join(f"load_module {module};\n" for module in LOAD_MODULES), end="")
         return EXIT_OK
+    # NGINX reads the secret only when it starts: a snippet it would refuse is refused here.
+    problem = secret_problem(Path(args.secret_file))
+    if problem is not None:
+        print(f"ome-publisher nginx-config: --secret-file {args.secret_file}: {problem}", file=sys.stderr)
+        return EXIT_INPUT
     try:
         snippet = http_snippet(
             listen=args.listen,

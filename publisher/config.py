@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import tempfile
 from pathlib import Path
 from enum import Enum
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
@@ -105,11 +106,14 @@ class _RunCore(BaseModel):
     def _once_without_leader_election(self) -> _RunCore:
         # A one-shot pass cannot hold a Lease meaningfully: behind a live leader it would wait for a
         # lease that is renewed forever, and taking a free one for one pass makes the leaders churn.
-        if self.once and self.leader_elect and self.report_status and self.source == "kube":
+        if self.once and self.leader_elect:
             raise ValueError(
                 "--once cannot be combined with --leader-elect: a one-shot pass does not take the Lease; "
-                "add --no-report-status to leave status to the elected replicas, or drop --leader-elect"
+                "drop --leader-elect (with --no-report-status the pass leaves status to the elected replicas)"
             )
+        # The Lease lives on the API server, and only the kube source writes status.
+        if self.leader_elect and self.source != "kube":
+            raise ValueError(f"--leader-elect needs --source kube: with --source {self.source} there is no Lease and no status to write")
         return self
 
     @property
@@ -126,14 +130,16 @@ class _RunCore(BaseModel):
 
 
 
-def missing_paths(config: RunConfig) -> list[str]:
-    """Start-up check of every file the chosen source and adapter need: one problem per option,
-    naming it, so a typo exits 2 at once instead of failing the first gateway write."""
+def path_problems(config: RunConfig) -> list[str]:
+    """Start-up check of every file the chosen source and adapter need: inputs exist, outputs can
+    be written (a file made and removed there: permissions alone do not stop root, a read-only
+    mount does), NGINX's control secret is one NGINX takes. One problem per option, naming it, so a
+    typo exits 2 at once instead of failing the first gateway write, or NGINX's start."""
     needed: list[tuple[str, Path | None, str]] = [("kubeconfig", config.kubeconfig, "file")]
     if config.adapter == "json":
         needed += [("json_path", config.json_path, "parent"), ("json_dir", config.json_dir, "dir")]
     elif config.adapter == "nginx":
-        needed += [("nginx_conf_file", config.nginx_conf_file, "parent"), ("nginx_secret_file", config.nginx_secret_file, "file")]
+        needed += [("nginx_conf_file", config.nginx_conf_file, "parent"), ("nginx_secret_file", config.nginx_secret_file, "secret")]
     elif config.adapter == "envoy":
         needed += [("envoy_dir", config.envoy_dir, "dir"), ("envoy_ca_file", config.envoy_ca_file, "file")]
     elif config.adapter == "httproute":
@@ -142,13 +148,35 @@ def missing_paths(config: RunConfig) -> list[str]:
     for name, path, kind in needed:
         if path is None:
             continue
-        if kind == "file" and not path.is_file():
-            problems.append(f"{flag(name)} {path}: no such file")
-        elif kind == "dir" and not path.is_dir():
-            problems.append(f"{flag(name)} {path}: no such directory")
-        elif kind == "parent" and not path.absolute().parent.is_dir():
-            problems.append(f"{flag(name)} {path}: directory {path.absolute().parent} does not exist")
+        problem = _path_problem(path, kind)
+        if problem is not None:
+            problems.append(f"{flag(name)} {path}: {problem}")
     return problems
+
+
+def _path_problem(path: Path, kind: str) -> str | None:
+    if kind == "file":
+        return None if path.is_file() else "no such file"
+    if kind == "secret":
+        from adapters.nginx_lua import secret_problem
+
+        return secret_problem(path)
+    directory = path if kind == "dir" else path.absolute().parent
+    if not directory.is_dir():
+        return "no such directory" if kind == "dir" else f"directory {directory} does not exist"
+    unwritable = _unwritable(directory)
+    if unwritable is None:
+        return None
+    return f"cannot write there: {unwritable}" if kind == "dir" else f"cannot write in {directory}: {unwritable}"
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why no file can be made in `directory`, or None."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".ome-publisher-check-"):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
 
 
 def flag(field_name: str) -> str:

@@ -93,12 +93,14 @@ def test_http_snippet_refuses_values_nginx_would_read_as_syntax(overrides: dict)
         http_snippet(**arguments)
 
 
-def test_nginx_config_command_prints_the_snippet_and_the_load_module_lines(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", "/run/ome/secret",
+def test_nginx_config_command_prints_the_snippet_and_the_load_module_lines(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef\n")
+    code = main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", str(secret),
                  "--shared-dict-size", "64m", "--ca-file", "/etc/ome/ca.pem"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
-    for line in ["lua_shared_dict ome_routes 64m;", "listen 127.0.0.1:8082;", 'init("/run/ome/secret")',
+    for line in ["lua_shared_dict ome_routes 64m;", "listen 127.0.0.1:8082;", f'init("{secret}")',
                  "proxy_ssl_trusted_certificate /etc/ome/ca.pem;", "proxy_ssl_verify on;", "listen 8080 default_server;"]:  # fmt: skip
         assert line in out
     assert main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", "/s", "--load-modules"]) == 0
