@@ -168,6 +168,9 @@ class Transport(Protocol[PartT]):
     `read()`: what the gateway serves now. It never returns state the gateway does not serve (a
     file written but not confirmed, a table that a restart emptied); it raises `Unavailable` when
     it cannot tell.
+
+    A transport whose writes reload the gateway says so with a class attribute `reloads_gateway =
+    True`: only then does the sidecar export `reloads_total`.
     """
 
     async def read(self) -> dict[MapKey, Route]: ...

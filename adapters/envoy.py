@@ -724,6 +724,9 @@ class _EnvoyRejected(Exception):
 class EnvoyFileTransport(TransportDefaults):
     """The `Transport` of file mode: see the module docstring. The engine drives it, one call at a time."""
 
+    # Each write is a file Envoy reloads (WriteResult.reloads), counted in reloads_total.
+    reloads_gateway = True
+
     # How long Envoy gets to take one file beyond the work it carries: a rename of a small change
     # reloads within milliseconds; past the deadline the write is reported Unavailable and retried.
     confirm_timeout = 10.0

@@ -474,6 +474,9 @@ CONFIRMING_FOR = 0.3
 class NginxFileTransport:
     """The `Transport` of reload mode: see the module docstring. The engine drives it, one call at a time."""
 
+    # Each confirmed write is an NGINX reload (WriteResult.reloads), counted in reloads_total.
+    reloads_gateway = True
+
     # NGINX's reload time grows with the file: 10,000 maps (40,000 upstream servers) took 18-23 s
     # per reload on a loaded 2-core machine. Past `confirm_timeout` plus this per map, a reload
     # that never showed its version counts as refused (NGINX keeps the old config when it fails).

@@ -132,9 +132,14 @@ async def run(config: RunConfig) -> Summary | None:
     adapter: Adapter = build_adapter(config)
     if config.dry_run:
         adapter = DryRunAdapter(adapter)
-    metrics.start(config.adapter)
-    metrics.per_map(config.metrics_per_map)
     transport = getattr(adapter, "transport", None)
+    metrics.start(
+        config.adapter,
+        source="kube" if config.source == "kube" else "dir",
+        reloads=getattr(transport, "reloads_gateway", False),
+        status=config.report_status and not config.dry_run,
+    )
+    metrics.per_map(config.metrics_per_map)
     metrics.watch_envoys(transport if isinstance(transport, metrics.EnvoyFleet) else None)
     stats = getattr(transport, "stats", None)
     metrics.watch_nginx_table(stats if isinstance(stats, metrics.NginxTableStats) else None)

@@ -124,7 +124,8 @@ async def test_process_and_platform_metrics_are_exposed(aiohttp_client):
 
 
 def test_labelled_counters_start_at_zero_for_their_known_labels():
-    metrics.start("nginx")
+    metrics.start("nginx", reloads=True)
+    metrics.start("json", source="dir")
     publications = samples("publications_total")
     for result in ("published", "withdrawn", "failed"):
         assert publications[(("adapter", "nginx"), ("result", result))] == 0.0
