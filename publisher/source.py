@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import os
-import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from publisher.model import (
     parse_traffic_map,
     validate,
 )
+from publisher.retry import ReconnectBackoff
 
 log = logging.getLogger(__name__)
 
@@ -257,31 +257,6 @@ class WatchOptions:
     refusals_fatal: bool = False
     # Warn once when no list or watch has succeeded for this long (the gateway keeps serving).
     stale_after: float = 300.0
-
-
-class ReconnectBackoff:
-    """Capped exponential backoff with jitter, forgotten after a healthy connection.
-
-    `failed()` gives the next delay: initial, 2x, 4x, ... up to the cap, each scaled by a random
-    factor in [0.5, 1] so replicas that lost the API server together do not return in step.
-    `connected_for(seconds)` forgets the failures once a connection has lasted `reset_after`.
-    """
-
-    def __init__(self, initial: float, cap: float, reset_after: float, *, jitter: Callable[[], float] = random.random) -> None:
-        self._initial = initial
-        self._cap = cap
-        self._reset_after = reset_after
-        self._jitter = jitter
-        self.failures = 0
-
-    def failed(self) -> float:
-        delay = min(self._cap, self._initial * 2**self.failures)
-        self.failures += 1
-        return delay * (0.5 + self._jitter() / 2)
-
-    def connected_for(self, seconds: float) -> None:
-        if seconds >= self._reset_after:
-            self.failures = 0
 
 
 class Informer(Generic[T]):

@@ -55,6 +55,22 @@ def test_every_module_the_tests_import_comes_from_a_declared_distribution():
     assert not undeclared, "not in the project's dependencies or its [test] extra: " + ", ".join(undeclared)
 
 
+def test_every_declared_dependency_is_used_by_the_code():
+    # A dependency declared and imported nowhere (tenacity was) is an install cost for nothing.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    imported: set[str] = set()
+    for path in [*(ROOT / "publisher").glob("*.py"), *(ROOT / "adapters").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.partition(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported.add(node.module.partition(".")[0])
+    providers = packages_distributions()
+    used = {_normalised(dist) for module in imported for dist in providers.get(module, ())}
+    unused = [req for req in project["dependencies"] if _normalised(re.match(r"[A-Za-z0-9_.-]+", req).group()) not in used]
+    assert not unused, f"declared but imported by no module of publisher/ or adapters/: {unused}"
+
+
 def _readme_test_commands() -> list[str]:
     """The indented command lines of the README's "Run the tests" section."""
     section = (ROOT / "README.md").read_text().split("\n## Run the tests\n", 1)[1].split("\n## ", 1)[0]
