@@ -228,7 +228,7 @@ class Publisher:
         if self._state(key).reason != Reason.INTERNAL_ERROR:
             log.exception("map internal error", extra={"map": str(key), "doing": doing})
         metrics.INTERNAL_ERRORS.inc()
-        return Hold(Held(Reason.INTERNAL_ERROR, f"{doing} this map raised {exc!r}"))
+        return Hold(Held(Reason.INTERNAL_ERROR, f"{doing} this map raised {type(exc).__name__}: {exc}"))
 
     # --- one pass ------------------------------------------------------------------------------
 
