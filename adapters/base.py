@@ -55,6 +55,10 @@ class Unavailable(AdapterError):
     """The gateway could not be reached, or did not confirm in time: retry later."""
 
 
+class NotConnected(Unavailable):
+    """No gateway client is connected: nothing was written and nothing was lost; retry once one is."""
+
+
 def in_words(exc: BaseException) -> str:
     """A failed call as a person says it: the path or the host:port it was about, then why. Never
     the exception's repr (`ClientConnectorError(ConnectionKey(...))`, or `FileNotFoundError(2, ...)`,
@@ -219,6 +223,19 @@ def duplicate_hostname(parts: Mapping[MapKey, Any], what: str) -> str | None:
         owner = owners.setdefault(parts[key].hostname, key)
         if owner != key:
             return f"maps {owner} and {key} both claim {what} {parts[key].hostname}"
+    return None
+
+
+# Envoy refuses a route whose weighted_clusters weights sum past a uint32 (file and xDS mode alike).
+ENVOY_MAX_WEIGHT_SUM = 2**32 - 1
+
+
+def envoy_weight_sum_problem(route: Route) -> str | None:
+    """Why Envoy would refuse `route`'s weights on every push, or None: for both Envoy renderers'
+    `problem()`, so such a map is InvalidPlan up front."""
+    total = sum(backend.weight for backend in route.backends)
+    if total > ENVOY_MAX_WEIGHT_SUM:
+        return f"the weights sum to {total}, but Envoy takes a sum of at most {ENVOY_MAX_WEIGHT_SUM}"
     return None
 
 

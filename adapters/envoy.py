@@ -32,7 +32,17 @@ import aiohttp
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from adapters.base import Rejected, TransportDefaults, Unavailable, WriteResult, duplicate_hostname, in_words, publication_problem, write_atomic
+from adapters.base import (
+    Rejected,
+    TransportDefaults,
+    Unavailable,
+    WriteResult,
+    duplicate_hostname,
+    envoy_weight_sum_problem,
+    in_words,
+    publication_problem,
+    write_atomic,
+)
 from adapters.json_file import from_json as route_from_json
 from adapters.json_file import to_json as route_json
 from publisher.model import MapKey, Publication, Route, parse_endpoint
@@ -158,6 +168,9 @@ def shared_problem(key: MapKey, route: Route) -> str | None:
 
 def envoy_problem(route: Route) -> str | None:
     """What Envoy cannot be given about a route that passed the shared checks, or None."""
+    weights = envoy_weight_sum_problem(route)
+    if weights is not None:
+        return weights
     for backend in route.backends:
         endpoint = parse_endpoint(backend.endpoint)
         if endpoint.path not in ("", "/"):
@@ -501,8 +514,13 @@ def _xds_stats_matcher(backend_stats: bool) -> dict[str, Any]:
 
 
 def _ads() -> dict[str, Any]:
-    # Without a control plane Envoy starts serving (404 for every host) after this, not after 15 s.
-    return {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "5s"}
+    # How long Envoy's start waits for each subscription's first answer before it serves without:
+    # CDS, then the scoped routes, one after the other, so an Envoy whose sidecar is not up serves
+    # 404 for every host after twice this (Envoy's default, 15 s each, made it 30 s; 5 s made it 10).
+    # A sidecar that is up answers in milliseconds, and what comes later applies as any update
+    # (the pod is not ready before the sidecar has confirmed Envoy's first ACK either way). Not 0:
+    # to Envoy that means wait forever.
+    return {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "2s"}
 
 
 def _listener(host: str, port: int, hcm: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import ipaddress
 import json
 import logging
 import re
+import shutil
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -27,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from adapters.base import Rejected, Unavailable, WriteResult, in_words
+from adapters.base import NotConnected, Rejected, Unavailable, WriteResult, in_words
 from adapters.nginx import NginxOptions
 from publisher.model import Backend, MapKey, Route, parse_endpoint
 
@@ -40,6 +41,9 @@ LOAD_MODULES = ("modules/ndk_http_module.so", "modules/ngx_http_lua_module.so")
 DEFAULT_CA_FILE = Path("/etc/ssl/certs/ca-certificates.crt")
 # Mirrors MAX_ADDRESSES in ome_table.lua: more addresses only lengthen retries.
 MAX_ADDRESSES = 16
+# Mirrors MAX_BACKENDS in ome_table.lua, which refuses a longer entry on every push: checked in
+# `problem()`, so such a map is InvalidPlan up front, not ApplyFailed and retried forever.
+MAX_BACKENDS = 64
 # Mirrors ome_control.lua's init, which stops NGINX on a shorter secret (whitespace around it left out).
 SECRET_MIN_LENGTH = 16
 _CHECKSUM_MODULUS = 2**52
@@ -56,6 +60,10 @@ RESOLVE_TIMEOUT = 5.0
 POLL_INTERVAL = 0.25
 # Below this share of free table bytes the transport warns, before batches start to be refused.
 FREE_WARNING_SHARE = 0.1
+# Until NGINX first answers (it may start after the sidecar), the read-back retries after this,
+# doubling up to the cap; the cap also bounds serve()'s polls while NGINX does not answer.
+FIRST_ANSWER_RETRY = 0.1
+RETRY_CAP = 1.0
 
 Resolver = Callable[[str, int], Awaitable[tuple[str, ...]]]
 
@@ -97,6 +105,9 @@ class LuaRenderer:
         self._rewrite_host = rewrite_host
 
     def problem(self, key: MapKey, route: Route) -> str | None:
+        """Everything ome_table.lua refuses that the shared checks let through."""
+        if len(route.backends) > MAX_BACKENDS:
+            return f"{len(route.backends)} backends, but the NGINX Lua table takes at most {MAX_BACKENDS} per map"
         for backend in route.backends:
             endpoint = parse_endpoint(backend.endpoint)
             if endpoint.path not in ("", "/"):
@@ -160,11 +171,23 @@ def secret_problem(path: Path) -> str | None:
     return None
 
 
+def copy_lua_modules(directory: Path) -> None:
+    """This package's Lua modules copied into `directory` (made if missing), for an NGINX that does
+    not see this package's files, e.g. in another container of the pod."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if directory.resolve() == LUA_DIR.resolve():
+        return  # already there
+    for module in sorted(LUA_DIR.glob("*.lua")):
+        shutil.copyfile(module, directory / module.name)
+
+
 def http_snippet(
-    *, listen: str, control_listen: str, secret_file: Path, shared_dict_size: str = "32m", ca_file: Path | None = None
+    *, listen: str, control_listen: str, secret_file: Path, shared_dict_size: str = "32m", ca_file: Path | None = None,
+    lua_dir: Path = LUA_DIR,
 ) -> str:
     """The text to include inside `http {}`: the table, the catch-all server, the two upstreams
-    and the control listener. Raises ValueError on a value NGINX would read as syntax."""
+    and the control listener, with the Lua modules from `lua_dir` (this package's, or a copy where
+    NGINX sees it: `copy_lua_modules`). Raises ValueError on a value NGINX would read as syntax."""
     from adapters.nginx import _check_listen
 
     _check_listen(listen)
@@ -172,14 +195,14 @@ def http_snippet(
     if not _SIZE.fullmatch(shared_dict_size):
         raise ValueError(f"{shared_dict_size!r} is not an NGINX size such as 32m")
     ca_file = ca_file or DEFAULT_CA_FILE
-    for path in (secret_file, ca_file, LUA_DIR):
+    for path in (secret_file, ca_file, lua_dir):
         if not re.fullmatch(r"[A-Za-z0-9_./+-]+", str(path)):
             raise ValueError(f"{str(path)!r}: only letters, digits and _./+- are allowed in a path here")
     return f"""\
 # Written by `ome-publisher nginx-config`; include inside http {{}}. The main nginx.conf must load,
 # outside http {{}} (Debian's libnginx-mod-http-lua does it in /etc/nginx/modules-enabled/):
 {"".join(f"#   load_module {module};{chr(10)}" for module in LOAD_MODULES)}\
-lua_package_path "{LUA_DIR}/?.lua;;";
+lua_package_path "{lua_dir}/?.lua;;";
 # Sized for the fleet: about 660 bytes per map of 4 backends, plus up to 0.25 MB for the change
 # log /changes reads (32m: ~45,000 maps).
 lua_shared_dict ome_routes {shared_dict_size};
@@ -334,26 +357,46 @@ class LuaTransport:
         self._version = 0
         self._entries: dict[MapKey, str] = {}
         self._parts: dict[MapKey, LuaPart] = {}  # the same maps, decoded
+        # The boot id `_entries` were confirmed under: kept when `_boot` is forgotten, so a table
+        # that no longer matches its checksum is repaired from them.
+        self._entries_boot: str | None = None
         self._hashes: dict[MapKey, int] = {}
         self._sum = 0
         # name -> (addresses, when resolved): what the pushed entries use.
         self._names: dict[str, tuple[tuple[str, ...], float]] = {}
-        self._unready: str | None = "the NGINX control listener has not answered yet"
+        # The failure of the last control request, None once one succeeds again.
+        self._problem: str | None = None
         self._low_on_room = False
         self.stats = LuaStats()
 
     # -- Transport protocol --
 
     async def read(self) -> dict[MapKey, Route]:
-        async with self._lock:
-            if self._boot is None or not await self._unchanged():
-                await self._sync()
-            return {key: part.route() for key, part in self._parts.items()}
+        """What NGINX serves. Until NGINX has answered once, this waits for it (the sidecar may
+        start first), retrying with backoff; after that, a failure is Unavailable."""
+        retry = FIRST_ANSWER_RETRY
+        while True:
+            async with self._lock:
+                try:
+                    if self._boot is None or not await self._unchanged():
+                        await self._sync()
+                    return {key: part.route() for key, part in self._parts.items()}
+                except Unavailable as exc:
+                    if self._entries_boot is not None:
+                        raise
+                    self._note_problem(str(exc))
+            await asyncio.sleep(retry)
+            retry = min(RETRY_CAP, retry * 2)
 
     async def write(self, parts: Mapping[MapKey, LuaPart], changes: Mapping[MapKey, LuaPart | None]) -> WriteResult:
         async with self._lock:
             if self._boot is None:
-                await self._sync()
+                try:
+                    await self._sync()
+                except Unavailable as exc:
+                    if self._entries_boot is None:
+                        raise NotConnected(f"nginx control listener has not answered yet: {exc}") from exc
+                    raise
             rejected = await self._resolve_names(changes, force=frozenset())
             sets: dict[MapKey, str] = {}
             set_parts: dict[MapKey, LuaPart] = {}
@@ -376,19 +419,29 @@ class LuaTransport:
         return 0.0
 
     def unready(self) -> str | None:
-        return self._unready
+        """Only until NGINX first confirmed its table: after that, a control listener that does
+        not answer is not a reason to be unready (NGINX keeps serving its table), and the loop's
+        own window of three resync intervals without a confirmed pass decides."""
+        if self._entries_boot is not None:
+            return None
+        waiting = "the NGINX control listener has not answered yet"
+        return f"{waiting}: {self._problem}" if self._problem else waiting
 
     async def serve(self) -> None:
         """Until cancelled: watch the boot id and restore the table after a restart; re-resolve
         names every resolve interval and push the maps whose addresses moved."""
+        delay = self._poll_interval
         while True:
             try:
                 async with self._lock:
                     await self._check_boot()
                     await self._refresh_names()
+                delay = self._poll_interval
             except (Unavailable, Rejected) as exc:
-                self._set_unready(str(exc))
-            await asyncio.sleep(self._poll_interval)
+                self._note_problem(str(exc))
+                # An NGINX that does not answer, or refuses the restore, is asked less often.
+                delay = min(max(RETRY_CAP, self._poll_interval), delay * 2)
+            await asyncio.sleep(delay)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -421,7 +474,7 @@ class LuaTransport:
             raise Unavailable("nginx control listener refused the shared secret")
         if status != 200:
             raise _Refused(status, answer)
-        self._set_unready(None)
+        self._note_problem(None)
         return answer, rest
 
     async def _sync(self) -> None:
@@ -445,14 +498,25 @@ class LuaTransport:
             raise Unavailable(f"nginx control listener: the table does not read back: {exc!r}") from exc
         hashes = {key: _entry_hash(key, text) for key, text in entries.items()}
         total = sum(hashes.values()) % _CHECKSUM_MODULUS
-        if f"{total:013x}" != answer.get("checksum"):
-            raise Unavailable("nginx control listener: the table does not match its own checksum")
-        self._boot, self._version, self._sum = boot, int(answer.get("version", 0)), total
-        self._entries, self._parts, self._hashes = entries, parts, hashes
         now = self._clock()
         for name, addresses in names.items():
             if _ip_literal(name) is None:
                 self._names.setdefault(name, (addresses, now))
+        if f"{total:013x}" != answer.get("checksum"):
+            await self._repair(boot, entries, parts)
+            return
+        self._boot, self._version, self._sum = boot, int(answer.get("version", 0)), total
+        self._entries, self._parts, self._hashes, self._entries_boot = entries, parts, hashes, boot
+
+    async def _repair(self, boot: str, entries: dict[MapKey, str], parts: dict[MapKey, LuaPart]) -> None:
+        """The table does not match its own checksum (a batch NGINX could not undo, a hand edit):
+        replace it whole by what NGINX last confirmed to us under this boot, or, with nothing
+        confirmed yet, by the entries it holds, so its checksum, hostnames and entries agree again."""
+        if self._entries_boot == boot:
+            entries, parts = dict(self._entries), dict(self._parts)
+        log.warning("nginx table does not match its checksum: replacing it whole", extra={"boot": boot, "maps": len(entries)})
+        await self._push(entries, parts, [], boot=boot, replace=True)
+        log.info("nginx table repaired", extra={"boot": boot, "maps": len(entries)})
 
     async def _unchanged(self) -> bool:
         """Whether NGINX holds exactly what it confirmed to us (boot, version, checksum), asked of
@@ -519,8 +583,14 @@ class LuaTransport:
             reason = {400: "invalid", 507: "table_full"}.get(refused.status, f"http_{refused.status}")
             self.stats.failures[reason] += 1
             log.warning("nginx refused batch", extra={"reason": reason, "maps": len(sets) + len(deletes), "error": str(refused)})
+            if replace:
+                # A whole table the engine confirmed, refused (a restart with a smaller dict): no
+                # map is to blame, and splitting it would only refuse each map in turn.
+                raise Unavailable(f"nginx refused the whole confirmed table: {refused}") from None
             if refused.status in (400, 507):
                 raise Rejected(f"nginx refused the batch: {refused}") from None
+            # What NGINX holds is unknown (a 500: a batch it could not undo): read it whole.
+            self._boot = None
             raise Unavailable(f"nginx control listener: {refused}") from None
         except Unavailable:
             self.stats.failures["unreachable"] += 1
@@ -539,7 +609,7 @@ class LuaTransport:
         self._entries.update(sets)
         self._parts.update(parts)
         self._hashes.update(hashes)
-        self._boot, self._version, self._sum = boot, version, expected_sum
+        self._boot, self._version, self._sum, self._entries_boot = boot, version, expected_sum, boot
         self.stats.pushes += 1
 
     def _entry_text(self, part: LuaPart) -> str:
@@ -608,10 +678,12 @@ class LuaTransport:
             log.warning("nginx table almost full", extra={"bytes_free": free, "bytes_capacity": capacity})
         self._low_on_room = low
 
-    def _set_unready(self, reason: str | None) -> None:
-        if reason != self._unready and reason is not None:
+    def _note_problem(self, reason: str | None) -> None:
+        if reason is not None and self._problem is None:
             log.warning("nginx control listener unavailable", extra={"error": reason})
-        self._unready = reason
+        elif reason is None and self._problem is not None:
+            log.info("nginx control listener answering again")
+        self._problem = reason
 
 
 def build(options: NginxOptions) -> tuple[LuaRenderer, LuaTransport]:

@@ -566,12 +566,14 @@ def _add_nginx_config(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--secret-file", required=True, metavar="PATH", help="the shared secret, the same file as --nginx-secret-file")
     parser.add_argument("--shared-dict-size", default="32m", metavar="SIZE", help="routing table size, ~600 B per map (default: 32m)")
     parser.add_argument("--ca-file", metavar="PATH", help="CA bundle for https backends (default: the system bundle)")
+    parser.add_argument("--lua-dir", metavar="DIR", help="copy the Lua modules into DIR (made if missing) and load them from there, "
+                        "for an NGINX that does not see this package's files (default: load them from the package)")
     parser.add_argument("--load-modules", action="store_true", help="print the load_module lines for the main nginx.conf instead")
     parser.set_defaults(run=_nginx_config)
 
 
 def _nginx_config(args: argparse.Namespace) -> int:
-    from adapters.nginx_lua import LOAD_MODULES, http_snippet, secret_problem
+    from adapters.nginx_lua import LOAD_MODULES, LUA_DIR, copy_lua_modules, http_snippet, secret_problem
 
     if args.load_modules:
         print("".join(f"load_module {module};\n" for module in LOAD_MODULES), end="")
@@ -581,6 +583,7 @@ def _nginx_config(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"ome-publisher nginx-config: --secret-file {args.secret_file}: {problem}", file=sys.stderr)
         return EXIT_INPUT
+    lua_dir = Path(args.lua_dir).absolute() if args.lua_dir else LUA_DIR
     try:
         snippet = http_snippet(
             listen=args.listen,
@@ -588,10 +591,17 @@ def _nginx_config(args: argparse.Namespace) -> int:
             secret_file=Path(args.secret_file),
             shared_dict_size=args.shared_dict_size,
             ca_file=Path(args.ca_file) if args.ca_file else None,
+            lua_dir=lua_dir,
         )
     except ValueError as exc:
         print(f"ome-publisher nginx-config: {exc}", file=sys.stderr)
         return EXIT_INPUT
+    if args.lua_dir:
+        try:
+            copy_lua_modules(lua_dir)
+        except OSError as exc:
+            print(f"ome-publisher nginx-config: --lua-dir {lua_dir}: {exc.strerror}", file=sys.stderr)
+            return EXIT_INPUT
     print(snippet, end="")
     return EXIT_OK
 

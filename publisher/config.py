@@ -211,12 +211,13 @@ def _is_duration(annotation: Any, metadata: list[Any]) -> bool:
 
 
 def format_duration(seconds: float) -> str:
+    """`seconds` in the duration grammar, largest unit first: 90 -> 1m30s, 0.5 -> 500ms."""
     if seconds < 1:
         return f"{seconds * 1000:g}ms"
-    for unit, size in (("h", 3600.0), ("m", 60.0)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
+    hours, rest = divmod(seconds, 3600.0)
+    minutes, rest = divmod(rest, 60.0)
+    parts = [f"{value:g}{unit}" for value, unit in ((hours, "h"), (minutes, "m"), (rest, "s")) if value]
+    return "".join(parts)
 
 
 def _with_adapter_options(core: type[_RunCore]) -> type[_RunCore]:

@@ -263,9 +263,9 @@ class Publisher:
                 metrics.APPLY_DURATION.labels(adapter=self.adapter.name).observe(self.clock() - started)
             if failure is None:
                 self._record_apply(before, result, pending)
-        if failure is None:
-            self.last_success = self.clock()
-            metrics.LAST_SUCCESS.labels(adapter=self.adapter.name).set(time.time())
+        if failure is None and (changes or self.last_success is None):
+            # A first pass with nothing to write stands on the read-back start() confirmed.
+            self._gateway_confirmed()
         for key in result.released:
             self.queue.add(key)
         failed_keys = frozenset(changes) if failure is not None else frozenset()
@@ -274,6 +274,12 @@ class Publisher:
                 self._settle(key, outcome, failed_keys, failure, result)
             except Exception as exc:  # noqa: BLE001 - the boundary, as in deciding
                 self._settle(key, self._internal_error(key, "reporting on", exc), failed_keys, failure, result)
+
+    def _gateway_confirmed(self) -> None:
+        """The gateway answered a write or a read-back: what readiness counts. A pass that had
+        nothing to write confirms nothing about the gateway."""
+        self.last_success = self.clock()
+        metrics.LAST_SUCCESS.labels(adapter=self.adapter.name).set(time.time())
 
     def _record_apply(self, before: Mapping[MapKey, Route | None], result: ApplyResult, pending: Mapping[MapKey, float | None]) -> None:
         if result.reloads:
@@ -356,6 +362,8 @@ class Publisher:
         self.reports.pop(key, None)
         self.provenance.pop(key, None)
         self.backoff.forget(key)
+        self.status_backoff.forget(key)
+        self._probe_notes.pop(key, None)
         metrics.forget_map(key)
 
     def _stale_probes(self, item: TrafficMap | InvalidObject | None) -> str | None:
@@ -482,6 +490,7 @@ class Publisher:
         except AdapterError as exc:
             log.warning("resync read failed", extra={"adapter": self.adapter.name, "error": str(exc)})
             return
+        self._gateway_confirmed()
         if drift:
             log.warning("gateway drift repaired", extra={"adapter": self.adapter.name, "maps": len(drift)})
 
@@ -508,10 +517,11 @@ class Publisher:
     def ready(self) -> tuple[bool, str]:
         """Ready once the gateway was read, the source gave its first full view and the gateway
         confirmed a pass. After that the API server plays no part (fail static: the gateway keeps
-        serving what it holds); only a gateway that stops confirming passes makes it unready."""
-        if not self.started:
-            return False, "gateway not read yet"
+        serving what it holds); only a gateway that confirms no write or read-back for three
+        resync intervals makes it unready (one that cannot be read meanwhile keeps serving)."""
         unready = self.adapter.unready()
+        if not self.started:
+            return False, f"gateway not read yet: {unready}" if unready else "gateway not read yet"
         if unready is not None:
             return False, unready
         if not self.is_synced:
@@ -724,6 +734,9 @@ async def once(publisher: Publisher, source: Source, *, read_gateway: bool = Tru
         problem = source.problem()
         why = f": {problem}" if problem else ""
         stage = "the source's first full view" if not publisher.is_synced else "the gateway write and status writes"
+        if not publisher.started:
+            unready = publisher.adapter.unready()
+            stage = f"the gateway's read-back ({unready})" if unready else "the gateway's read-back"
         raise SyncTimeout(f"no result within {timeout:g}s, waiting for {stage}{why}") from None
 
 

@@ -90,14 +90,56 @@ class Store(Generic[T]):
         return changed
 
 
+def service_of(key: MapKey, item: MapObject) -> MapKey:
+    """The InferenceService a map names (spec.service, in its namespace); an invalid map's is its
+    own name, as the loop decides it."""
+    return MapKey(key.namespace, item.spec.service if isinstance(item, TrafficMap) else key.name)
+
+
+class MapStore(Store[MapObject]):
+    """The maps, also indexed by the InferenceService each names, so a change of one wakes the
+    maps that name it, whatever they are called (O(maps that name it))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_service: dict[MapKey, set[MapKey]] = {}
+
+    def naming(self, service: MapKey) -> frozenset[MapKey]:
+        """The maps whose spec.service is `service`."""
+        return frozenset(self._by_service.get(service, ()))
+
+    def upsert(self, key: MapKey, obj: MapObject, version: str) -> bool:
+        old = self.get(key)
+        if not super().upsert(key, obj, version):
+            return False
+        if old is not None:
+            self._unindex(key, old)
+        self._by_service.setdefault(service_of(key, obj), set()).add(key)
+        return True
+
+    def delete(self, key: MapKey) -> bool:
+        old = self.get(key)
+        if old is not None:
+            self._unindex(key, old)
+        return super().delete(key)
+
+    def _unindex(self, key: MapKey, item: MapObject) -> None:
+        service = service_of(key, item)
+        naming = self._by_service.get(service)
+        if naming is not None:
+            naming.discard(key)
+            if not naming:
+                del self._by_service[service]
+
+
 @dataclass
 class Stores:
-    maps: Store[MapObject]
+    maps: MapStore
     isvcs: Store[InferenceService]
 
     @classmethod
     def empty(cls) -> Stores:
-        return cls(maps=Store(), isvcs=Store())
+        return cls(maps=MapStore(), isvcs=Store())
 
 
 class ChangeSink(Protocol):
@@ -109,16 +151,17 @@ class ChangeSink(Protocol):
 
 
 class _MappedOnly:
-    """Passes on the keys of InferenceServices that have a TrafficMap of their name. Any other
-    InferenceService can change no decision (a map's own events cover its arrival and deletion),
-    and passing it on would only have the loop decide, and log, the withdrawal of nothing."""
+    """Passes on, for each changed InferenceService, the keys of the maps that name it in
+    spec.service. Any other InferenceService can change no decision (a map's own events cover its
+    arrival and deletion), and passing it on would only have the loop decide, and log, the
+    withdrawal of nothing."""
 
-    def __init__(self, sink: ChangeSink, maps: Store[Any]) -> None:
+    def __init__(self, sink: ChangeSink, maps: MapStore) -> None:
         self._sink = sink
         self._maps = maps
 
     def changed(self, keys: Iterable[MapKey], *, at: float) -> None:
-        mapped = [key for key in keys if self._maps.get(key) is not None]
+        mapped = {mapped for key in keys for mapped in self._maps.naming(key)}
         if mapped:
             self._sink.changed(mapped, at=at)
 
@@ -183,6 +226,8 @@ class WatchState:
             if code == 410:
                 return Relist(str(obj.get("reason") or "Expired"))
             raise WatchError(f"watch error {code}: {obj.get('message') if isinstance(obj, dict) else obj}")
+        if not isinstance(obj, dict):
+            raise WatchError(f"watch event without an object: {line[:200]!r}")
         version = _version(obj)
         if version:
             self.resource_version = version
@@ -377,6 +422,9 @@ class Informer(Generic[T]):
                 limit=self._options.page_size,
                 continue_token=token,
             )
+            if not isinstance(page, dict) or not isinstance(page.get("items") or [], list) or not isinstance(page.get("metadata") or {}, dict):
+                # A 2xx that is not a list (a proxy's page that parsed): as transient as no answer.
+                raise KubeError(0, "InvalidResponse", f"the list of {self._resource.plural} is not a list of objects")
             entries.extend(self._entries(page.get("items") or ()))
             metadata = page.get("metadata") or {}
             if not token:
@@ -392,7 +440,7 @@ class Informer(Generic[T]):
 
     def _entries(self, items: Iterable[dict[str, Any]]) -> Iterable[tuple[MapKey, T, str]]:
         for raw in items:
-            key = object_key(raw)
+            key = object_key(raw) if isinstance(raw, dict) else None
             obj = self._parse(raw) if key is not None else None
             if key is not None and obj is not None:
                 yield key, obj, _version(raw)
@@ -577,8 +625,8 @@ class DirectorySource:
         maps = [item for state in self._files.values() for item in state.maps]
         isvcs = [item for state in self._files.values() for item in state.isvcs]
         map_keys = self._stores.maps.replace(maps)
-        # As _MappedOnly: an InferenceService without a map of its name changes no decision.
-        isvc_keys = {key for key in self._stores.isvcs.replace(isvcs) if self._stores.maps.get(key) is not None}
+        # As _MappedOnly: an InferenceService that no map names changes no decision.
+        isvc_keys = {mapped for key in self._stores.isvcs.replace(isvcs) for mapped in self._stores.maps.naming(key)}
         keys = map_keys | isvc_keys
         if keys:
             self._sink.changed(keys, at=started)

@@ -72,12 +72,12 @@ def test_unknown_key_in_the_file_is_refused(tmp_path):
         load({"config": str(file)}, environ={})
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("60s", 60.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), ("1.5", 1.5), (3, 3.0)])
+@pytest.mark.parametrize(("text", "seconds"), [("60s", 60.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), ("1m30s", 90.0), (1.5, 1.5), (3, 3.0)])
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["0s", "-1s", "1d", "", "fast"])
+@pytest.mark.parametrize("text", ["0s", "-1s", "1d", "", "fast", "1.5"])
 def test_bad_durations(text):
     with pytest.raises(ValueError):
         parse_duration(text)

@@ -14,7 +14,8 @@ from importlib.metadata import packages_distributions
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROJECT_PACKAGES = {"publisher", "adapters", "tests", "benchmarks"}
+# The project's own modules: its packages, and the scripts in tools/ that tests import by path.
+PROJECT_PACKAGES = {"publisher", "adapters", "tests", "benchmarks", *(path.stem for path in (ROOT / "tools").glob("*.py"))}
 
 
 def _normalised(name: str) -> str:

@@ -578,3 +578,28 @@ async def test_a_sidecar_stopped_before_its_first_sync_puts_the_collector_back()
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert gc.get_threshold() == default
+
+
+async def test_a_deleted_maps_records_are_dropped_its_prober_note_and_status_backoff_too(caplog):
+    """Issue 21, finding 8: a deleted map's stalled-prober note and status backoff stayed forever:
+    a map of the same name later had its stalled prober go unlogged, and its status writes started
+    from the old backoff."""
+    publisher, stores, gateway = make_publisher(probe_max_age=60.0)
+    stale = make_entry("worker-a", allocated=1, ready=1, weight=1,
+                       probe={"result": "Passing", "gated": False, "lastProbeTime": "2020-01-01T00:00:00Z"})
+    raw = make_map(entries=[stale])
+    put_map(stores, raw)
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert publisher.states[CHAT].state == "published"
+    publisher.status_backoff.delay(CHAT)  # a status write of it failed
+    stores.maps.delete(CHAT)
+    publisher.changed([CHAT], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert CHAT not in gateway.held and CHAT not in publisher.states
+    assert publisher.status_backoff.failures(CHAT) == 0
+    put_map(stores, raw)
+    publisher.changed([CHAT], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert [r.getMessage() for r in caplog.records].count("prober stalled") == 2, "the new map's stalled prober is news"

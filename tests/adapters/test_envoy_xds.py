@@ -439,7 +439,8 @@ def readme_recipe() -> list[str]:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text[text.index("### Envoy beside the sidecar") :]
     section = section[: section.index("\n### ", 1)]
-    return [line[4:] for line in section.splitlines() if line.startswith("    ")]
+    block = "\n".join(line[4:] for line in section.splitlines() if line.startswith("    "))
+    return block.replace("\\\n", " ").splitlines()
 
 
 @pytest.mark.slow
@@ -456,7 +457,10 @@ async def test_the_readme_recipe_serves_a_trafficmap_through_envoy(kube_api, kub
     script = re.sub(r":(\d+)\b", lambda m: f":{free[int(m.group(1))]}", script)
     script = re.sub(r"^ome-publisher ", f"{sys.executable} -m publisher.cli ", script, flags=re.MULTILINE)
     script = re.sub(r"^envoy ", f"{envoy_binary()} ", script, flags=re.MULTILINE)
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT), "OME_PUBLISHER_LISTEN": f"127.0.0.1:{free[sidecar_port]}"}
+    # The recipe's `--kubeconfig ~/.kube/ome-cp`, under a HOME of the test's: the fake API server.
+    (tmp_path / "home" / ".kube").mkdir(parents=True)
+    (tmp_path / "home" / ".kube" / "ome-cp").write_text(kubeconfig.read_text())
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT), "OME_PUBLISHER_LISTEN": f"127.0.0.1:{free[sidecar_port]}"}
     async with Backends(("worker-a", "worker-b")) as backends:
         isvc = kube_api.create(make_isvc(host="chat.example.com"))
         entries = [make_entry(c, allocated=r, ready=r, weight=r, endpoint=backends.endpoint(c)) for c, r in (("worker-a", 1), ("worker-b", 3))]

@@ -41,7 +41,8 @@ Promises, each tested in tests/fakes/test_kube_api.py:
    HTTP 410). No version or "0": synthetic ADDED events for the current objects first. With
    `bookmark_interval` set, BOOKMARK events carry only kind, apiVersion and metadata.resourceVersion.
 8. Fault knobs: `expire_history()`, `drop_watches()`, `change_silently(obj)`, `set_latency(s)`,
-   `fail_next(n, status=500, verb=None)`; `requests` records every call (verb, path, content type,
+   `fail_next(n, status=500, verb=None)`, `answer_next(n, body, verb=None)` (200 with a raw body: a
+   proxy's page, a truncated list); `requests` records every call (verb, path, content type,
    fieldManager) and `count(...)` filters them; `in_flight` and `peak_in_flight` count requests being answered, now
    and at most. `refuse(401|403, verb=None, resource=None)` answers
    every matching request as a real server does without credentials (401 Unauthorized) or without
@@ -235,6 +236,7 @@ class FakeKubeAPI:
         self._page_snapshots = page_snapshots
         self._latency = 0.0
         self._failures: list[tuple[int, str | None]] = []
+        self._raw_answers: list[tuple[bytes, str | None]] = []
         self._refusals: list[tuple[int, str | None, str | None]] = []
         self._port = 0
         self._runner: web.AppRunner | None = None
@@ -352,6 +354,10 @@ class FakeKubeAPI:
         """The next `n` requests (of `verb`, when given) answer `status` with a Status body."""
         self._failures.extend([(status, verb)] * n)
 
+    def answer_next(self, n: int, body: bytes, *, verb: str | None = None) -> None:
+        """The next `n` requests (of `verb`, when given) answer 200 with `body` as it is."""
+        self._raw_answers.extend([(body, verb)] * n)
+
     def refuse(self, status: int, *, verb: str | None = None, resource: str | None = None) -> None:
         """Answer every request (of `verb`, on the resource whose plural is `resource`, when given)
         with 401 Unauthorized or 403 Forbidden, worded as a real API server words them."""
@@ -429,6 +435,10 @@ class FakeKubeAPI:
                 self._failures.remove(failure)
                 code = failure[0]
                 raise ApiError(code, _FAILURE_REASONS.get(code, "InternalError"), f"injected failure {code}")
+            raw = next((a for a in self._raw_answers if a[1] is None or a[1] == verb), None)
+            if raw is not None:
+                self._raw_answers.remove(raw)
+                return web.Response(body=raw[0], content_type="application/json")
             if route[0] == "discovery":
                 return web.json_response(route[1])
             _, resource, namespace, name, subresource = route

@@ -102,6 +102,17 @@ JSON adapter) on the gateway-config volume; "" when it pushes (xDS, Lua) or writ
 {{- end }}
 {{- end }}
 
+{{/* An image reference from an image value: by digest when one is given (immutable; the tag is
+then only for people), else by tag. The context is (list <image> <default tag>). */}}
+{{- define "ome-gateway-publisher.imageRef" -}}
+{{- $image := index . 0 }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default (index . 1) $image.tag) }}
+{{- end }}
+{{- end }}
+
 {{- define "ome-gateway-publisher.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- include "ome-gateway-publisher.imageRef" (list .Values.image .Chart.AppVersion) }}
 {{- end }}
