@@ -18,11 +18,12 @@ from typing import Any, Protocol
 
 from adapters import ADAPTERS
 from adapters.base import Adapter, ApplyResult, TransportDefaults, publication_problem
-from publisher import gate, loop, metrics
+from publisher import gate, loop, metrics, status
 from publisher.config import ConfigError, RunConfig, adapter_options
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
 from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
+from publisher.region_report import ReportSink
 from publisher.source import DirectorySource, KubeSource, Stores, WatchOptions
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ async def run(config: RunConfig) -> Summary | None:
         config.adapter,
         source="kube" if config.source == "kube" else "dir",
         reloads=getattr(transport, "reloads_gateway", False),
-        status=config.report_status and not config.dry_run,
+        status=config.effective_status_mode != "off" and not config.dry_run,
     )
     metrics.per_map(config.metrics_per_map)
     metrics.watch_envoys(transport if isinstance(transport, metrics.EnvoyFleet) else None)
@@ -150,7 +151,7 @@ async def run(config: RunConfig) -> Summary | None:
             await loop.once(publisher, source, read_gateway=not config.dry_run, timeout=config.timeout)
             return _summary(publisher, adapter)
         leader = LeaderOptions(config.effective_lease_namespace(), _identity(config)) if config.leader_elect else None
-        await loop.run(publisher, source, listen=config.listen_address, leader=leader)
+        await loop.run(publisher, source, listen=config.listen_address, leader=leader, kube=kube)
         return None
     finally:
         await asyncio.shield(_close(adapter, kube))
@@ -192,18 +193,25 @@ async def verify_cluster(config: RunConfig, names: frozenset[str] = frozenset(),
 
 def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[Publisher, loop.Source]:
     """The loop and the source of `run`, wired as `config` says."""
-    report_status = config.report_status and not config.dry_run and kube is not None
     options = LoopOptions(
         instance=config.name,
         adapter_name=config.adapter,
         gate=gate.GateOptions(published_gate=config.ome_published_gate),
         host_template=config.host_template,
         resync=config.resync,
-        report_status=report_status,
+        status_delay=config.status_delay,
         probe_max_age=config.probe_max_age,
     )
     stores = Stores.empty()
-    publisher = Publisher(stores, adapter, options, kube=kube)
+    mode = "off" if config.dry_run or kube is None else config.effective_status_mode
+    sink: status.StatusSink | None = None
+    if mode == "condition":
+        assert kube is not None
+        sink = status.ConditionSink(kube, stores.maps, config.name)
+    elif mode == "report":
+        assert kube is not None
+        sink = ReportSink(kube, config.name, known=lambda key: stores.maps.get(key) is not None, namespaces=config.namespace)
+    publisher = Publisher(stores, adapter, options, status_sink=sink)
     source: loop.Source
     source_dir = config.source_dir
     if source_dir is not None:
@@ -214,7 +222,7 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
         assert kube is not None
         one_pass = config.once or config.dry_run
         watch = WatchOptions(namespaces=config.namespace, label_selector=config.label_selector,
-                             refusals_fatal=one_pass, stale_after=config.source_stale_after)
+                             refusals_fatal=one_pass, stale_after=config.source_stale_after, instance=config.name)
         source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
     return publisher, source
 

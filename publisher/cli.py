@@ -51,7 +51,7 @@ from publisher.plan import DEFAULT_HOST_TEMPLATE, publication_for
 from publisher.verify import compare
 
 if TYPE_CHECKING:
-    from publisher import app
+    from publisher import app, fleet
 
 __all__ = ["main"]
 
@@ -395,6 +395,119 @@ def _healthy_cell(row: _Row) -> str:
     return shown
 
 
+# --- status ------------------------------------------------------------------------------------------
+
+# How often --wait-published reads the fleet again: two lists a second are nothing to an API server.
+WAIT_INTERVAL = 1.0
+
+
+def _add_status(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Reads the TrafficMaps (only those NAMEd, when given) and every region's verdicts on them: the "
+        "conditions of regions in --status-mode condition and the RegionReports of regions in report mode. "
+        "A region is published for a map when it serves the map's current generation. Exit 0 when every "
+        "region is published for every map, 1 when any is not, 2 when the cluster cannot be read."
+    )
+    parser.add_argument("-o", "--output", choices=OUTPUTS, default="text", help="a table, or one JSON or YAML document (default: text)")
+    parser.add_argument("--kubeconfig", metavar="KUBECONFIG",
+                        help="the control-plane cluster (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
+    parser.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
+                        help="only this namespace; repeat for several (default: all namespaces)")
+    parser.add_argument("--region", action="append", default=[], metavar="NAME",
+                        help="a region that must be published, even where it has said nothing yet; repeat for several "
+                        "(default: every region that reports on any map read)")
+    parser.add_argument("--wait-published", action="store_true",
+                        help="read again every second until every region is published for every map (a NAMEd map "
+                        "that does not exist yet is waited for); exit 1 at --timeout")
+    parser.add_argument("--timeout", type=_duration, default=300.0, metavar="DURATION",
+                        help=f"with --wait-published: give up after this ({DURATION_UNITS}; default: 5m)")
+    parser.add_argument("--forget-region", metavar="NAME",
+                        help="instead: remove what a region that is gone left behind (its RegionReports, its "
+                        "condition on each map) and exit 0")
+    parser.add_argument("names", nargs="*", metavar="NAME", help="a TrafficMap name (default: every map)")
+    parser.set_defaults(run=_status)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from publisher.kube import KubeError
+
+    try:
+        return asyncio.run(_status_async(args))
+    except KubeError as exc:
+        print(f"ome-publisher status: {exc.message if exc.reason == 'InvalidConfiguration' else f'API server: {exc}'}", file=sys.stderr)
+        return EXIT_INPUT
+    except _InputError as exc:
+        print(f"ome-publisher status: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        return EXIT_HELD
+
+
+async def _status_async(args: argparse.Namespace) -> int:
+    from publisher import config, fleet
+    from publisher.kube import Kube
+
+    namespaces = tuple(args.namespace)
+    names = frozenset(args.names)
+    kube = await Kube.connect(args.kubeconfig)
+    try:
+        if args.forget_region:
+            reports, conditions = await fleet.forget_region(kube, args.forget_region, namespaces)
+            print(f"region {args.forget_region}: deleted {reports} RegionReport(s), removed {conditions} condition(s)")
+            return EXIT_OK
+        event_loop = asyncio.get_running_loop()
+        deadline = event_loop.time() + args.timeout
+        while True:
+            view = await fleet.read_fleet(kube, namespaces, names=names, regions=args.region)
+            missing = sorted(names - {item.key.name for item in view})
+            done = not missing and bool(view) and all(item.published for item in view)
+            if done or not args.wait_published or event_loop.time() >= deadline:
+                break
+            await asyncio.sleep(WAIT_INTERVAL)
+    finally:
+        await kube.close()
+    if missing and not args.wait_published:
+        where = ", ".join(namespaces) if namespaces else "any namespace"
+        raise _InputError(f"no {TRAFFIC_MAP_KIND} {', '.join(missing)} in {where}")
+    if not view and not names:
+        raise _InputError(f"no {TRAFFIC_MAP_KIND} on the cluster")
+    if args.output == "text":
+        print(_fleet_text(view, missing))
+    else:
+        _print_document({"published": done, "missing": missing, "maps": [item.to_json() for item in view]}, args.output)
+    if args.wait_published and not done:
+        print(f"ome-publisher status: not published everywhere within {config.format_duration(args.timeout)}", file=sys.stderr)
+    return EXIT_OK if done else EXIT_HELD
+
+
+_FLEET_HEADER = ("REGION", "MODE", "OBSERVED", "STATUS", "REASON", "SINCE")
+
+
+def _fleet_text(view: Sequence[fleet.MapStatus], missing: Sequence[str]) -> str:
+    blocks = []
+    for item in view:
+        regions = item.verdicts
+        behind = [region for region, verdict in regions.items() if verdict is None or not verdict.published(item.generation)]
+        if not regions:
+            summary = "no region reports on it"
+        elif behind:
+            summary = f"published in {len(regions) - len(behind)} of {len(regions)} regions; not in {', '.join(behind)}"
+        else:
+            summary = f"published in all {len(regions)} regions"
+        table = [_FLEET_HEADER] + [
+            (region, "-", "-", "-", "no verdict", "-") if verdict is None else
+            (region, verdict.mode, _cell(verdict.observed_generation), verdict.status, verdict.reason, verdict.last_transition_time or "-")
+            for region, verdict in regions.items()
+        ]
+        widths = [max(len(line[column]) for line in table) for column in range(len(_FLEET_HEADER))]
+        lines = [f"{item.key} generation {item.generation}: {summary}"]
+        if regions:
+            lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
+        blocks.append("\n".join(lines))
+    blocks.extend(f"{name}: no such {TRAFFIC_MAP_KIND} yet" for name in missing)
+    return "\n\n".join(blocks)
+
+
 # --- run ---------------------------------------------------------------------------------------------
 
 
@@ -639,6 +752,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "verify": ("check TrafficMaps in files, or on a cluster as the running sidecar does", _add_verify),
+    "status": ("per map, OME's generation and each region's verdict, in either status mode", _add_status),
     "run": ("watch TrafficMaps and publish their weights into a gateway", _add_run),
     "envoy-bootstrap": ("print an Envoy bootstrap that serves what the envoy adapter publishes", _add_envoy_bootstrap),
     "nginx-config": ("print the NGINX http {} snippet that serves what the nginx adapter pushes in Lua mode", _add_nginx_config),

@@ -23,7 +23,7 @@ from pydantic.fields import FieldInfo
 from adapters import ADAPTERS
 from publisher.gate import PublishedGate
 from publisher.metrics import PerMap
-from publisher.model import DURATION_PARSERS, DURATION_UNITS, Duration, is_dns_label, parse_duration, split_host_port
+from publisher.model import DURATION_PARSERS, DURATION_UNITS, Duration, Interval, is_dns_label, parse_duration, split_host_port
 
 ENV_PREFIX = "OME_PUBLISHER_"
 
@@ -62,6 +62,13 @@ class _RunCore(BaseModel):
     host_template: str = Field("{name}.{namespace}", description="Hostname of a map whose InferenceService has no ome.io/global-host annotation.")
     resync: Duration = Field(60.0, description="Re-read the gateway and re-decide every map this often, repairing drift (a minute bounds how long drift lasts).")
     report_status: bool = Field(True, description="Write this instance's condition on each TrafficMap.")
+    status_delay: Interval = Field(0.5, description="Write a verdict other than published once it has stood this long (0: at once): a map held for milliseconds between OME's two writes of a change is no news. The gateway never waits for it.")
+    status_mode: Literal["condition", "report", "off"] = Field(
+        "condition",
+        description="Where this instance's verdicts go: `condition` on each TrafficMap (a few regions), `report` in this "
+        "region's RegionReports beside the maps (beyond about 5 regions; needs the chart's CRD), `off` nowhere "
+        "(what --no-report-status says).",
+    )
     leader_elect: bool = Field(False, description="Only the holder of a Lease writes status; every replica still writes its own gateway.")
     lease_namespace: str | None = Field(None, description="Namespace of the Lease (default: $POD_NAMESPACE, else `default`).")
     listen: str = Field("0.0.0.0:9180", description="HOST:PORT for /metrics, /healthz, /readyz and /debug/maps (no gateway uses 9180).")
@@ -106,15 +113,26 @@ class _RunCore(BaseModel):
     def _once_without_leader_election(self) -> _RunCore:
         # A one-shot pass cannot hold a Lease meaningfully: behind a live leader it would wait for a
         # lease that is renewed forever, and taking a free one for one pass makes the leaders churn.
-        if self.once and self.leader_elect:
+        if self.once and self.leader_elect and self.effective_status_mode != "off":
             raise ValueError(
                 "--once cannot be combined with --leader-elect: a one-shot pass does not take the Lease; "
-                "drop --leader-elect (with --no-report-status the pass leaves status to the elected replicas)"
+                "add --status-mode off to leave status to the elected replicas, or drop --leader-elect"
             )
         # The Lease lives on the API server, and only the kube source writes status.
         if self.leader_elect and self.source != "kube":
             raise ValueError(f"--leader-elect needs --source kube: with --source {self.source} there is no Lease and no status to write")
         return self
+
+    @model_validator(mode="after")
+    def _one_word_for_no_status(self) -> _RunCore:
+        if not self.report_status and "status_mode" in self.model_fields_set and self.status_mode != "off":
+            raise ValueError(f"--no-report-status is --status-mode off: it contradicts --status-mode {self.status_mode}; drop one")
+        return self
+
+    @property
+    def effective_status_mode(self) -> str:
+        """condition, report or off: --no-report-status is an older spelling of off."""
+        return "off" if not self.report_status else self.status_mode
 
     @property
     def source_dir(self) -> Path | None:

@@ -271,7 +271,7 @@ async def _run(
         f"weights over xDS (127.0.0.1:{xds}) to a real Envoy on {url}; {requests} requests per phase."
     )
     log.debug("demo started", extra={"workdir": str(workdir), "envoy_admin": admin_url})
-    publisher = Publisher(Stores.empty(), adapter, LoopOptions(adapter_name=adapter.name, report_status=False))
+    publisher = Publisher(Stores.empty(), adapter, LoopOptions(adapter_name=adapter.name))
     source = DirectorySource(manifest.parent, publisher.stores, publisher, clock=publisher.clock, poll_interval=0.1)
     try:
         async with asyncio.TaskGroup() as group:

@@ -4,8 +4,9 @@ A source fills the Stores and marks keys dirty in a KeyQueue. One applier takes 
 once, decides each map from the newest objects, and hands the engine the maps whose route changed:
 a burst costs one write, and the applier is the only caller of the engine, so a resync's read-back
 runs between two writes, never beside one. A failed map backs off on its own key; an unexpected
-error holds that map alone. Reports go to a second queue drained by status writers, so a slow API
-server never delays the gateway. `sync_once` is one full pass; `run` schedules around it.
+error holds that map alone. Reports go to a second queue drained by the status writer into a
+StatusSink, so a slow API server never delays the gateway. `sync_once` is one full pass; `run`
+schedules around it.
 """
 
 from __future__ import annotations
@@ -109,10 +110,9 @@ class LoopOptions:
     host_template: str = plan.DEFAULT_HOST_TEMPLATE
     # Resync re-reads the gateway and repairs drift; a minute bounds how long drift can last.
     resync: float = 60.0
-    report_status: bool = True
-    # A few concurrent status writes keep 10,000 first-time conditions to seconds without
-    # flooding the API server.
-    status_concurrency: int = 8
+    # A not-published verdict is written once it has stood this long: between OME's two writes of
+    # a change (entries, then Routable) a map is held for milliseconds, news to no one (issue 20).
+    status_delay: float = 0.5
     backoff_base: float = 0.5
     backoff_cap: float = 60.0
     # None: stale probe results are not looked for.
@@ -141,14 +141,14 @@ class Publisher:
         adapter: Adapter,
         options: LoopOptions,
         *,
-        kube: Kube | None = None,
+        status_sink: status.StatusSink | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.stores = stores
         self.adapter = adapter
         self.options = options
-        self.kube = kube
+        self.status_sink = status_sink
         self.clock = clock
         self.wall_clock = wall_clock
         self.queue = KeyQueue(clock)
@@ -158,11 +158,13 @@ class Publisher:
         self.provenance: dict[MapKey, Publication] = {}
         self.states: dict[MapKey, MapState] = {}
         self.reports: dict[MapKey, status.Report] = {}
+        # Since when each map's verdict has been other than published, for status_delay.
+        self._unpublished_since: dict[MapKey, float] = {}
         self.is_synced = False
         self.synced_event = asyncio.Event()
         self.started = False
         self.gc_threshold = gc.get_threshold()  # restored once the first sync is done
-        self.leading = kube is not None and options.report_status
+        self.leading = status_sink is not None
         self.last_success: float | None = None
         self._state_counts: dict[str, int] = {}
         # What the source says is wrong (a refusal, an unreachable server), for /readyz.
@@ -342,8 +344,22 @@ class Publisher:
         if item is None:
             if failed is None:
                 self._forget(key)
-        elif self.kube is not None and self.options.report_status:
-            self.reports[key] = report
+        elif self.status_sink is not None:
+            self._queue_report(key, report)
+
+    def _queue_report(self, key: MapKey, report: status.Report) -> None:
+        """The latest verdict wins; a published one is written at once, any other once it has
+        stood for status_delay (the gateway is not waiting: this is only what the status says)."""
+        self.reports[key] = report
+        if report.published:
+            self._unpublished_since.pop(key, None)
+            self.status_queue.add(key)
+            return
+        since = self._unpublished_since.setdefault(key, self.clock())
+        wait = since + self.options.status_delay - self.clock()
+        if wait > 0:
+            self.status_queue.add_after(key, wait)
+        else:
             self.status_queue.add(key)
 
     def _keeping(self, key: MapKey, message: str) -> str:
@@ -359,7 +375,9 @@ class Publisher:
         state = self.states.pop(key, None)
         if state is not None:
             self._count(state.state, -1)
-        self.reports.pop(key, None)
+        if self.reports.pop(key, None) is not None:
+            self.status_queue.add(key)  # the sink forgets it
+        self._unpublished_since.pop(key, None)
         self.provenance.pop(key, None)
         self.backoff.forget(key)
         self.status_backoff.forget(key)
@@ -409,38 +427,33 @@ class Publisher:
 
     # --- status ---------------------------------------------------------------------------------
 
-    async def write_reports(self, keys: Iterable[MapKey]) -> None:
-        """Write the condition of each key whose map does not already carry it."""
-        semaphore = asyncio.Semaphore(self.options.status_concurrency)
-
-        async def write(key: MapKey) -> None:
-            async with semaphore:
-                await self._write_report(key)
-
-        async with asyncio.TaskGroup() as group:
-            for key in keys:
-                group.create_task(write(key))
-
-    async def _write_report(self, key: MapKey) -> None:
-        report = self.reports.get(key)
-        item = self.stores.maps.get(key)
-        if report is None or item is None or self.kube is None or not self.leading:
+    async def write_reports(self, keys: Iterable[MapKey], *, at_once: bool = False) -> None:
+        """Hand the sink the current verdict of each key (None: the map is gone); a verdict that
+        has not stood for status_delay yet waits, unless `at_once`; what fails is retried with
+        backoff. Only the leader writes."""
+        if self.status_sink is None or not self.leading:
             return
-        existing = item.status.condition(status.condition_type(self.options.instance)) if isinstance(item, TrafficMap) else None
-        condition = status.condition_for(report, self.options.instance, existing, self.wall_clock())
-        if condition is None:
+        batch: dict[MapKey, status.Report | None] = {}
+        now = self.clock()
+        for key in keys:
+            report = self.reports.get(key)
+            if report is not None and not report.published and not at_once:
+                wait = self._unpublished_since.get(key, now) + self.options.status_delay - now
+                if wait > 0:
+                    self.status_queue.add_after(key, wait)
+                    continue
+            batch[key] = report
+        if not batch:
             return
-        try:
-            await status.write_condition(self.kube, key, condition, self.options.instance)
-        except KubeError as exc:
-            if exc.not_found:
-                return
+        failed = await self.status_sink.write(batch)
+        for key in batch:
+            reason = failed.get(key)
+            if reason is None:
+                self.status_backoff.forget(key)
+                continue
             metrics.STATUS_WRITES.labels(result="error").inc()
-            log.warning("status write failed", extra={"map": str(key), "error": str(exc)})
+            log.warning("status write failed", extra={"map": str(key), "error": reason})
             self.status_queue.add_after(key, self.status_backoff.delay(key))
-            return
-        metrics.STATUS_WRITES.labels(result="written").inc()
-        self.status_backoff.forget(key)
 
     # --- scheduling ---------------------------------------------------------------------------
 
@@ -495,6 +508,8 @@ class Publisher:
             log.warning("gateway drift repaired", extra={"adapter": self.adapter.name, "maps": len(drift)})
 
     async def run_status_writer(self) -> None:
+        assert self.status_sink is not None
+        await self.status_sink.start()
         while True:
             keys = await self.status_queue.take()
             await self.write_reports(keys)
@@ -696,8 +711,10 @@ async def run(
     *,
     listen: tuple[str, int] | None = None,
     leader: LeaderOptions | None = None,
+    kube: Kube | None = None,
 ) -> None:
-    """The sidecar: one TaskGroup owns the server, the source, the applier, resync and status."""
+    """The sidecar: one TaskGroup owns the server, the source, the applier, resync and status.
+    `leader` elects the status writer by a Lease on `kube`."""
     publisher.source_problem = source.problem
     gc.set_threshold(STARTUP_GC_THRESHOLD, *publisher.gc_threshold[1:])
     try:
@@ -712,11 +729,12 @@ async def run(
             await publisher.start()
             group.create_task(publisher.run_applier())
             group.create_task(publisher.run_resync())
-            if publisher.kube is not None and publisher.options.report_status:
+            if publisher.status_sink is not None:
                 group.create_task(publisher.run_status_writer())
                 if leader is not None:
+                    assert kube is not None, "leader election needs the API server"
                     publisher.leading = False
-                    group.create_task(run_leader_election(publisher, publisher.kube, leader))
+                    group.create_task(run_leader_election(publisher, kube, leader))
     finally:
         gc.set_threshold(*publisher.gc_threshold)  # also when stopped before the first sync
 
@@ -757,5 +775,6 @@ async def _once(publisher: Publisher, source: Source, *, read_gateway: bool) -> 
             task.cancel()
         await asyncio.gather(source_task, synced, return_exceptions=True)
     await publisher.sync_once(publisher.queue.take_ready())
-    if publisher.kube is not None and publisher.options.report_status and publisher.leading:
-        await publisher.write_reports(publisher.status_queue.take_ready())
+    if publisher.status_sink is not None and publisher.leading:
+        await publisher.status_sink.start()
+        await publisher.write_reports(list(publisher.reports), at_once=True)

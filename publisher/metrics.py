@@ -73,7 +73,9 @@ SOURCE_ERRORS = Counter(PREFIX + "source_errors", "Source inputs that could not 
 INTERNAL_ERRORS = Counter(
     PREFIX + "internal_errors", "Maps held because deciding or rendering them raised unexpectedly.", registry=REGISTRY,
 )
-STATUS_WRITES = Counter(PREFIX + "status_writes", "TrafficMap status condition writes by outcome.", ["result"], registry=REGISTRY)
+STATUS_WRITES = Counter(
+    PREFIX + "status_writes", "Status writes by outcome: TrafficMap conditions, or RegionReports in report mode.", ["result"], registry=REGISTRY
+)
 
 # Fail static: an API fault changes nothing the gateway serves, so it is reported here instead.
 SOURCE_LAST_SUCCESS = Gauge(

@@ -4,11 +4,14 @@
 transient faults retried with backoff that resets after a healthy watch, refusals named with
 the missing RBAC rule) and `DirectorySource` (manifests in a directory) fill the same Stores and
 say which keys changed. Fail static: only a list that succeeds replaces what a Store holds.
+A TrafficMap event whose only change is other instances' conditions (other regions' verdicts,
+with their managedFields) is recognised by a digest and only moves the Store's resourceVersion.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 import aiohttp
+import pydantic_core
 from pydantic import ValidationError
 
 from publisher import metrics
@@ -38,6 +42,7 @@ from publisher.model import (
     validate,
 )
 from publisher.retry import ReconnectBackoff
+from publisher.status import CONDITION_PREFIX, condition_type
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +60,10 @@ class Store(Generic[T]):
     def get(self, key: MapKey) -> T | None:
         return self._objects.get(key)
 
+    def version(self, key: MapKey) -> str:
+        """The resourceVersion `key` was last seen at ("" when absent)."""
+        return self._versions.get(key, "")
+
     def keys(self) -> Iterable[MapKey]:
         return self._objects.keys()
 
@@ -68,6 +77,11 @@ class Store(Generic[T]):
         self._objects[key] = obj
         self._versions[key] = version
         return True
+
+    def touch(self, key: MapKey, version: str) -> None:
+        """`key` is now at `version`, with no change that matters to us."""
+        if key in self._objects:
+            self._versions[key] = version
 
     def delete(self, key: MapKey) -> bool:
         self._versions.pop(key, None)
@@ -171,6 +185,27 @@ class _MappedOnly:
 
 def _version(raw: dict[str, Any]) -> str:
     return str(raw.get("metadata", {}).get("resourceVersion", ""))
+
+
+def relevant_digest(raw: dict[str, Any], own_condition: str) -> bytes:
+    """A digest of what the loop reads of a TrafficMap: all of it but metadata.managedFields and
+    .resourceVersion and the conditions of our family that are not `own_condition`. Two events
+    with one digest differ only in other instances' verdicts. Our own condition counts: the
+    ConditionSink compares with it once the Store's version passes its write."""
+    view = dict(raw)
+    metadata = raw.get("metadata")
+    if isinstance(metadata, dict):
+        view["metadata"] = {k: v for k, v in metadata.items() if k not in ("managedFields", "resourceVersion")}
+    status = raw.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    if isinstance(status, dict) and isinstance(conditions, list):
+        view["status"] = {**status, "conditions": [c for c in conditions if not _foreign(c, own_condition)]}
+    return hashlib.blake2b(pydantic_core.to_json(view), digest_size=16).digest()
+
+
+def _foreign(condition: Any, own_condition: str) -> bool:
+    kind = condition.get("type") if isinstance(condition, dict) else None
+    return isinstance(kind, str) and kind.startswith(CONDITION_PREFIX) and kind != own_condition
 
 
 def parse_isvc(raw: dict[str, Any]) -> InferenceService | None:
@@ -302,6 +337,10 @@ class WatchOptions:
     refusals_fatal: bool = False
     # Warn once when no list or watch has succeeded for this long (the gateway keeps serving).
     stale_after: float = 300.0
+    # This sidecar's instance name: a TrafficMap event that changes only other instances'
+    # conditions is not parsed or decided (with R regions, R - 1 of every R status events).
+    # None: every event is.
+    instance: str | None = None
 
 
 class Informer(Generic[T]):
@@ -310,6 +349,8 @@ class Informer(Generic[T]):
     `parse` turns a raw object into what the Store keeps (None: unusable, treated as absent).
     List pages are parsed as they arrive, so the raw objects of only one page are alive at once.
     Nothing the API server does empties the Store: only a list that succeeds replaces it.
+    `digest`, when given, says what of an object matters: an event with the digest the Store's
+    object was parsed from only moves its resourceVersion.
     """
 
     def __init__(
@@ -325,6 +366,7 @@ class Informer(Generic[T]):
         on_synced: Callable[[], None],
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        digest: Callable[[dict[str, Any]], bytes] | None = None,
     ) -> None:
         self._kube = kube
         self._resource = resource
@@ -336,6 +378,9 @@ class Informer(Generic[T]):
         self._on_synced = on_synced
         self._clock = clock
         self._sleep = sleep
+        self._digest = digest
+        # The digest of each object in the Store from this informer, when `digest` is given.
+        self._digests: dict[MapKey, bytes] = {}
         self._backoff = ReconnectBackoff(options.backoff_initial, options.backoff_max, options.backoff_reset)
         self._opened_at: float | None = None
         # For staleness and the operator: when a call last succeeded, and what is wrong now.
@@ -412,6 +457,7 @@ class Informer(Generic[T]):
 
     async def _list(self) -> str:
         entries: list[tuple[MapKey, T, str]] = []
+        digests: dict[MapKey, bytes] = {}
         token: str | None = None
         version = ""
         while True:
@@ -425,7 +471,7 @@ class Informer(Generic[T]):
             if not isinstance(page, dict) or not isinstance(page.get("items") or [], list) or not isinstance(page.get("metadata") or {}, dict):
                 # A 2xx that is not a list (a proxy's page that parsed): as transient as no answer.
                 raise KubeError(0, "InvalidResponse", f"the list of {self._resource.plural} is not a list of objects")
-            entries.extend(self._entries(page.get("items") or ()))
+            entries.extend(self._entries(page.get("items") or (), digests))
             metadata = page.get("metadata") or {}
             if not token:
                 version = str(metadata.get("resourceVersion", ""))
@@ -433,16 +479,19 @@ class Informer(Generic[T]):
             if not token:
                 break
         self._succeeded()
+        self._digests = digests
         changed = self._store.replace(entries, namespace=self._namespace)
         if changed:
             self._sink.changed(changed, at=self._clock())
         return version
 
-    def _entries(self, items: Iterable[dict[str, Any]]) -> Iterable[tuple[MapKey, T, str]]:
+    def _entries(self, items: Iterable[dict[str, Any]], digests: dict[MapKey, bytes]) -> Iterable[tuple[MapKey, T, str]]:
         for raw in items:
             key = object_key(raw) if isinstance(raw, dict) else None
             obj = self._parse(raw) if key is not None else None
             if key is not None and obj is not None:
+                if self._digest is not None:
+                    digests[key] = self._digest(raw)
                 yield key, obj, _version(raw)
 
     async def _watch_once(self, state: WatchState) -> None:
@@ -484,10 +533,17 @@ class Informer(Generic[T]):
             key = object_key(item.object)
             if key is None:
                 return
+            digest = self._digest(item.object) if self._digest is not None and item.type != "DELETED" else None
+            if digest is not None and self._digests.get(key) == digest:
+                self._store.touch(key, _version(item.object))
+                return
             obj = self._parse(item.object) if item.type != "DELETED" else None
             if obj is None:
+                self._digests.pop(key, None)
                 changed = self._store.delete(key)
             else:
+                if digest is not None:
+                    self._digests[key] = digest
                 changed = self._store.upsert(key, obj, _version(item.object))
             if changed:
                 self._sink.changed((key,), at=self._clock())
@@ -510,10 +566,12 @@ class KubeSource:
         namespaces: tuple[str | None, ...] = self._options.namespaces or (None,)
         informers: list[Informer[Any]] = []
         isvc_sink = _MappedOnly(self._sink, self._stores.maps)
+        instance = self._options.instance
+        map_digest = functools.partial(relevant_digest, own_condition=condition_type(instance)) if instance is not None else None
         for namespace in namespaces:
-            for resource, store, parse, sink in (
-                (TRAFFIC_MAPS, self._stores.maps, parse_traffic_map, self._sink),
-                (INFERENCE_SERVICES, self._stores.isvcs, parse_isvc, isvc_sink),
+            for resource, store, parse, sink, digest in (
+                (TRAFFIC_MAPS, self._stores.maps, parse_traffic_map, self._sink, map_digest),
+                (INFERENCE_SERVICES, self._stores.isvcs, parse_isvc, isvc_sink, None),
             ):
                 informers.append(
                     Informer(
@@ -526,6 +584,7 @@ class KubeSource:
                         sink=sink,
                         on_synced=self._one_synced,
                         clock=self._clock,
+                        digest=digest,
                     )
                 )
         return informers

@@ -89,11 +89,11 @@ def test_envoy_admin_needs_a_scheme():
     assert load({"envoy_admin": "https://envoy:9901"}, environ={}).envoy_admin == "https://envoy:9901"
 
 
-def test_once_with_leader_election_is_refused():
-    # The README: the combination exits 2, whether or not the pass would write status.
-    for flags in ({"once": True, "leader_elect": True}, {"once": True, "leader_elect": True, "report_status": False}):
+def test_once_with_leader_election_is_refused_unless_no_status_is_written():
+    for flags in ({"once": True, "leader_elect": True}, {"once": True, "leader_elect": True, "source": "kube"}):
         with pytest.raises(ConfigError, match="--once cannot be combined with --leader-elect"):
             load(flags, environ={})
+    assert load({"once": True, "leader_elect": True, "report_status": False}, environ={}).once
     assert load({"dry_run": True, "leader_elect": True}, environ={}).dry_run
 
 
@@ -111,3 +111,21 @@ def test_path_problems_names_each_option(tmp_path):
         f"--envoy-ca-file {tmp_path / 'ca.pem'}: no such file",
     ]
     assert config.path_problems(load({"json_path": str(tmp_path / "out.json")}, environ={})) == []
+
+
+def test_status_mode_defaults_to_condition_and_no_report_status_is_off():
+    assert load({}, environ={}).effective_status_mode == "condition"
+    assert load(parse_flags("--status-mode", "report"), environ={}).effective_status_mode == "report"
+    assert load({}, environ={"OME_PUBLISHER_STATUS_MODE": "report"}).effective_status_mode == "report"
+    assert load(parse_flags("--no-report-status"), environ={}).effective_status_mode == "off"
+    assert load(parse_flags("--no-report-status", "--status-mode", "off"), environ={}).effective_status_mode == "off"
+    with pytest.raises(ConfigError, match="--no-report-status is --status-mode off: it contradicts --status-mode report"):
+        load(parse_flags("--no-report-status", "--status-mode", "report"), environ={})
+    with pytest.raises(ConfigError, match="--status-mode"):
+        load({}, environ={"OME_PUBLISHER_STATUS_MODE": "crd"})
+
+
+def test_once_with_leader_election_is_allowed_when_the_status_mode_is_off():
+    assert load({"once": True, "leader_elect": True, "status_mode": "off"}, environ={}).once
+    with pytest.raises(ConfigError, match="--once cannot be combined with --leader-elect"):
+        load({"once": True, "leader_elect": True, "status_mode": "report"}, environ={})

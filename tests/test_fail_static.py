@@ -25,7 +25,7 @@ import pytest
 
 from adapters import ADAPTERS
 from adapters.json_file import JsonOptions
-from publisher import loop, metrics
+from publisher import loop, metrics, status
 from publisher.cli import main
 from publisher.kube import TRAFFIC_MAPS, Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
@@ -43,7 +43,7 @@ FIELD_MANAGER = "ome-gateway-publisher-eu"
 # Fast but in client-go's proportions: every attempt ends before the renew deadline, which ends
 # well before the lease does.
 FAST_LEASE = {"lease_duration": 6, "renew_deadline": 2, "retry_period": 1}
-FAST_WATCH = WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5, refusal_retry=0.2)
+FAST_WATCH = WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5, refusal_retry=0.2, instance="eu")
 
 
 @contextlib.asynccontextmanager
@@ -62,9 +62,10 @@ async def sidecar(
     stores = Stores.empty()
     options = LoopOptions(instance="eu", resync=resync, probe_max_age=probe_max_age)
     extra: dict[str, Any] = {"wall_clock": wall_clock} if wall_clock is not None else {}
-    publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)), options, kube=kube, **extra)
+    sink = status.ConditionSink(kube, stores.maps, "eu", **extra)
+    publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)), options, status_sink=sink, **extra)
     source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
-    task = asyncio.create_task(loop.run(publisher, source, leader=leader))
+    task = asyncio.create_task(loop.run(publisher, source, leader=leader, kube=kube))
     try:
         yield publisher, task
     finally:

@@ -98,6 +98,9 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "extras-envoy": EXTRAS,
     "extras-nginx": {**EXTRAS, "adapter": {"name": "nginx"}},
     "no-drain": {"gateway": {"drain": {"enabled": False}}},
+    "status-report": {"statusMode": "report"},
+    "status-report-in-cluster-namespaces": {"statusMode": "report", "controlPlane": {"inCluster": True}, "watch": {"namespaces": ["llm"]}},
+    "status-off": {"statusMode": "off", "controlPlane": {"inCluster": True}},
 }
 
 
@@ -227,6 +230,7 @@ def test_schema_accepts_every_option_set(changes: dict[str, Any]) -> None:
         {"metrics": {"prometheusRule": {"eventToApplySeconds": 0}}},
         {"metrics": {"prometheusRule": {"selector": "{job=\"x\"}"}}},
         {"metrics": {"dashboard": {"labels": {"grafana_dashboard": 1}}}},
+        {"statusMode": "crd"},
     ],
     ids=[
         "unknown-adapter", "envoy-mode", "nginx-mode", "instance-not-dns-label", "privileged-gateway-port",
@@ -238,6 +242,7 @@ def test_schema_accepts_every_option_set(changes: dict[str, Any]) -> None:
         "mount-path-relative", "spread-incomplete", "priority-class-case", "pdb-choice", "drain-zero",
         "http-setting-injection", "http-setting-include", "http-setting-name", "status-listen-not-loopback",
         "alert-duration", "alert-threshold-zero", "alert-selector-braces", "dashboard-label-not-string",
+        "status-mode-choice",
     ],
 )
 def test_schema_refuses(changes: dict[str, Any]) -> None:
@@ -288,6 +293,65 @@ def test_custom_resources_have_the_shape_the_operator_reads() -> None:
     rule = _one(objects, "PrometheusRule")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     assert rule["spec"]["groups"][0]["rules"]
+
+
+# --- the status modes (issue 20) -----------------------------------------------------------------
+
+CRD = CHART / "crds" / "regionreports.gateway-publisher.ome.io.yaml"
+
+
+def _source_rules(changes: dict[str, Any]) -> list[dict[str, Any]]:
+    roles = [item for item in _objects(changes) if item["kind"] in ("Role", "ClusterRole") and item["metadata"]["name"].endswith("-source")]
+    assert roles
+    rules = roles[0]["rules"]
+    assert all(role["rules"] == rules for role in roles)
+    return rules
+
+
+@pytest.mark.parametrize(
+    ("changes", "mode", "status_rule"),
+    [
+        ({}, "condition", {"apiGroups": ["ome.io"], "resources": ["trafficmaps/status"], "verbs": ["patch"]}),
+        ({"statusMode": "report"}, "report",
+         {"apiGroups": ["gateway-publisher.ome.io"], "resources": ["regionreports"], "verbs": ["get", "list", "create", "patch", "delete"]}),
+        ({"statusMode": "off"}, "off", None),
+        ({"statusMode": "report", "reportStatus": False}, "off", None),
+    ],
+    ids=["condition", "report", "off", "report-status-false-is-off"],
+)
+def test_the_status_mode_sets_the_flag_and_the_rights(changes: dict[str, Any], mode: str, status_rule: dict[str, Any] | None) -> None:
+    args = _container(_pod(changes), "publisher")["args"]
+    assert f"--status-mode={mode}" in args and "--no-report-status" not in args
+    rules = _source_rules(_merge(changes, {"controlPlane": {"inCluster": True}, "watch": {"namespaces": ["llm", "team-a"]}}))
+    assert rules[0]["resources"] == ["trafficmaps", "inferenceservices"]
+    assert rules[1:] == ([status_rule] if status_rule else [])
+    assert ("regionreports" in _render(changes)["templates/NOTES.txt"]) == (mode == "report")
+
+
+@pytest.mark.parametrize("kube_version", _kube_versions())
+def test_the_region_report_crd_validates_against_kubernetes(kube_version: str) -> None:
+    crd = yaml.safe_load(CRD.read_text())
+    kubernetes_validate.validate(crd, kube_version, strict=True)
+    assert crd["spec"]["group"] == "gateway-publisher.ome.io" and crd["spec"]["scope"] == "Namespaced"
+    # Helm loads it as the chart's CRD (what `helm install` creates and `helm show crds` prints).
+    assert [crd_file["filename"].split("/", 1)[1] for crd_file in _chart().crds] == [f"crds/{CRD.name}"]
+
+
+def test_what_the_sink_writes_passes_the_crds_schema() -> None:
+    from publisher import region_report
+
+    (version,) = yaml.safe_load(CRD.read_text())["spec"]["versions"]
+    schema = version["schema"]["openAPIV3Schema"]
+    assert (version["name"], schema["properties"]["maps"]["x-kubernetes-map-type"]) == (region_report.REGION_REPORTS.version, "atomic")
+    entry = {"observedGeneration": 3, "status": "True", "reason": "Published", "message": "m" * region_report.MAX_MESSAGE,
+             "lastTransitionTime": "2026-12-01T12:00:00Z"}
+    written = region_report.report_object("eu-west", "prod", 0, {f"map-{i}": entry for i in range(region_report.SHARD_ENTRIES)})
+    checker = jsonschema.Draft7Validator(schema, format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER)
+    checker.validate(written)
+    assert region_report.SHARD_ENTRIES <= schema["properties"]["maps"]["maxProperties"]
+    for bad in ({**entry, "status": "Maybe"}, {**entry, "reason": "no spaces"}, {**entry, "observedGeneration": -1}):
+        with pytest.raises(jsonschema.ValidationError):
+            checker.validate(region_report.report_object("eu-west", "prod", 0, {"chat": bad}))
 
 
 # --- what the issue asked of the chart (finding 3) ---------------------------------------------

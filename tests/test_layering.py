@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PURE = {"publisher.model", "publisher.quantity", "publisher.weights", "publisher.gate", "publisher.verify", "publisher.plan"}
 IO_LIBRARIES = {"asyncio", "aiohttp", "kubernetes_asyncio", "prometheus_client", "logging", "subprocess", "socket"}
 STAGES = {"publisher.gate", "publisher.verify", "publisher.plan", "publisher.loop"}
-EDGES = {"publisher.kube", "publisher.source", "publisher.status"}
+EDGES = {"publisher.kube", "publisher.source", "publisher.status", "publisher.region_report", "publisher.fleet"}
 
 
 def modules() -> dict[str, set[str]]:

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from publisher.model import InvalidObject, MapKey, TrafficMap
-from publisher.source import Bookmark, DirectorySource, Event, Relist, Store, Stores, WatchError, WatchState
-from tests.builders import make_isvc, make_map
+from publisher.source import Bookmark, DirectorySource, Event, Relist, Store, Stores, WatchError, WatchState, relevant_digest
+from tests.builders import make_condition, make_isvc, make_map
 
 CHAT = MapKey("prod", "chat")
 
@@ -313,3 +313,30 @@ async def test_a_directory_map_is_woken_by_the_inferenceservice_it_names_until_i
     write(tmp_path / "isvc.yaml", make_isvc("llm", generation=8), make_isvc("other", generation=9))
     await source.scan()
     assert sink.keys == {CHAT}
+
+
+# --- issue 20: other regions' conditions are noted, not parsed ----------------------------------
+
+
+def with_condition(raw: dict, type_: str, status: str = "True", manager: str | None = None, version: str = "9") -> dict:
+    """`raw` with one more condition, the managedFields entry its writer gets and a new version."""
+    out = json.loads(json.dumps(raw))
+    out["status"].setdefault("conditions", []).append(make_condition(type_, status))
+    out["metadata"]["resourceVersion"] = version
+    out["metadata"].setdefault("managedFields", []).append({"manager": manager or type_, "operation": "Apply", "subresource": "status"})
+    return out
+
+
+@pytest.mark.parametrize(
+    ("change", "matters"),
+    [
+        (lambda raw: with_condition(raw, "gateway-publisher.ome.io/us", manager="ome-gateway-publisher-us"), False),
+        (lambda raw: with_condition(raw, "gateway-publisher.ome.io/eu"), True),
+        (lambda raw: with_condition(raw, "Published"), True),
+        (lambda raw: make_map(generation=4, resource_version="9"), True),
+    ],
+    ids=["other-region", "own-condition", "omes-condition", "spec"],
+)
+def test_only_other_instances_conditions_leave_the_digest_alone(change, matters):
+    raw = make_map()
+    assert (relevant_digest(change(raw), "gateway-publisher.ome.io/eu") != relevant_digest(raw, "gateway-publisher.ome.io/eu")) is matters
