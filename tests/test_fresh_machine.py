@@ -14,8 +14,12 @@ from importlib.metadata import packages_distributions
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The project's own modules: its packages, and the scripts in tools/ that tests import by path.
-PROJECT_PACKAGES = {"publisher", "adapters", "tests", "benchmarks", *(path.stem for path in (ROOT / "tools").glob("*.py"))}
+# The project's own modules: its packages, and the scripts in tools/ and benchmarks/ that are
+# imported by path (from beside them, or with their folder put on sys.path).
+PROJECT_PACKAGES = {
+    "publisher", "adapters", "tests", "benchmarks",
+    *(path.stem for folder in ("tools", "benchmarks") for path in (ROOT / folder).glob("*.py")),
+}
 
 
 def _normalised(name: str) -> str:
