@@ -59,6 +59,23 @@ class NotConnected(Unavailable):
     """No gateway client is connected: nothing was written and nothing was lost; retry once one is."""
 
 
+def in_words(exc: BaseException) -> str:
+    """A failed call as a person says it: the path or the host:port it was about, then why. Never
+    the exception's repr (`ClientConnectorError(ConnectionKey(...))`, or `FileNotFoundError(2, ...)`,
+    whose repr drops the path)."""
+    if isinstance(exc, TimeoutError):
+        return str(exc) or "no answer in time"
+    if isinstance(exc, KeyError):
+        return f"no {exc}"
+    if isinstance(exc, OSError):
+        reason = os.strerror(exc.errno) if exc.errno else exc.strerror or " ".join(str(exc).split()) or type(exc).__name__
+        # aiohttp's connection errors are OSErrors that know the host and port they tried.
+        host, port = getattr(exc, "host", None), getattr(exc, "port", None)
+        where = exc.filename if exc.filename is not None else f"{host}:{port}" if host is not None else None
+        return f"{where}: {reason}" if where is not None else reason
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 @dataclass(frozen=True)
 class ApplyResult:
     """What one apply did.
@@ -155,6 +172,9 @@ class Transport(Protocol[PartT]):
     `read()`: what the gateway serves now. It never returns state the gateway does not serve (a
     file written but not confirmed, a table that a restart emptied); it raises `Unavailable` when
     it cannot tell.
+
+    A transport whose writes reload the gateway says so with a class attribute `reloads_gateway =
+    True`: only then does the sidecar export `reloads_total`.
     """
 
     async def read(self) -> dict[MapKey, Route]: ...

@@ -101,7 +101,7 @@ class Engine(Generic[PartT]):
             try:
                 parts[key] = self._renderer.render(key, route)
             except Exception as exc:  # noqa: BLE001 - one map's failure must not stop the others
-                rejected[key] = Held(Reason.INTERNAL_ERROR, f"rendering for the {self.name} gateway failed: {exc!r}")
+                rejected[key] = Held(Reason.INTERNAL_ERROR, f"rendering for the {self.name} gateway failed: {type(exc).__name__}: {exc}")
         changed = {key: part for key, part in parts.items() if key in self._parts or part is not None}
         written = _Written()
         if changed:

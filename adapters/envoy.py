@@ -30,7 +30,7 @@ from typing import Annotated, Any
 
 import aiohttp
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adapters.base import (
     Rejected,
@@ -39,6 +39,7 @@ from adapters.base import (
     WriteResult,
     duplicate_hostname,
     envoy_weight_sum_problem,
+    in_words,
     publication_problem,
     write_atomic,
 )
@@ -118,14 +119,19 @@ class EnvoyOptions(BaseModel):
         description="Send each backend its endpoint's host; off, as OME's own publisher passes the Host through.",
     )
 
+    @field_validator("envoy_xds_listen")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is not None:
+            host, _, port = value.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{value!r} is not HOST:PORT")
+        return value
+
     @model_validator(mode="after")
     def _one_transport(self) -> EnvoyOptions:
         if (self.envoy_xds_listen is None) == (self.envoy_dir is None):
             raise ValueError("give exactly one of --envoy-xds-listen (xDS server) and --envoy-dir (watched files)")
-        if self.envoy_xds_listen is not None:
-            host, _, port = self.envoy_xds_listen.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"envoy_xds_listen {self.envoy_xds_listen!r} is not HOST:PORT")
         return self
 
 
@@ -722,7 +728,7 @@ async def _translated(what: str) -> AsyncIterator[None]:
     try:
         yield
     except (OSError, aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
-        raise Unavailable(f"envoy: {what}: {exc!r}") from exc
+        raise Unavailable(f"envoy: {what}: {in_words(exc)}") from exc
 
 
 class _EnvoyRejected(Exception):
@@ -735,6 +741,9 @@ class _EnvoyRejected(Exception):
 
 class EnvoyFileTransport(TransportDefaults):
     """The `Transport` of file mode: see the module docstring. The engine drives it, one call at a time."""
+
+    # Each write is a file Envoy reloads (WriteResult.reloads), counted in reloads_total.
+    reloads_gateway = True
 
     # How long Envoy gets to take one file beyond the work it carries: a rename of a small change
     # reloads within milliseconds; past the deadline the write is reported Unavailable and retried.

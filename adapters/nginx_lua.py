@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from adapters.base import NotConnected, Rejected, Unavailable, WriteResult
+from adapters.base import NotConnected, Rejected, Unavailable, WriteResult, in_words
 from adapters.nginx import NginxOptions
 from publisher.model import Backend, MapKey, Route, parse_endpoint
 
@@ -44,6 +44,8 @@ MAX_ADDRESSES = 16
 # Mirrors MAX_BACKENDS in ome_table.lua, which refuses a longer entry on every push: checked in
 # `problem()`, so such a map is InvalidPlan up front, not ApplyFailed and retried forever.
 MAX_BACKENDS = 64
+# Mirrors ome_control.lua's init, which stops NGINX on a shorter secret (whitespace around it left out).
+SECRET_MIN_LENGTH = 16
 _CHECKSUM_MODULUS = 2**52
 _SIZE = re.compile(r"^[0-9]{1,6}[km]$")
 
@@ -153,6 +155,20 @@ def checksum(entries: Mapping[MapKey, str]) -> str:
 def _map_key(text: str) -> MapKey:
     namespace, _, name = text.partition("/")
     return MapKey(namespace, name)
+
+
+def secret_problem(path: Path) -> str | None:
+    """Why NGINX would refuse the control secret in `path` at its start (missing, unreadable, or
+    shorter than SECRET_MIN_LENGTH once stripped as ome_control.lua strips it), or None."""
+    try:
+        secret = path.read_bytes().strip()
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or exc}"
+    if len(secret) < SECRET_MIN_LENGTH:
+        return f"holds {len(secret)} characters; NGINX needs at least {SECRET_MIN_LENGTH}"
+    return None
 
 
 def copy_lua_modules(directory: Path) -> None:
@@ -303,7 +319,7 @@ def _translated(doing: str) -> Iterator[None]:
     try:
         yield
     except (OSError, TimeoutError, aiohttp.ClientError, ValueError) as exc:
-        raise Unavailable(f"nginx control listener: {doing}: {exc!r}") from exc
+        raise Unavailable(f"nginx control listener: {doing}: {in_words(exc)}") from exc
 
 
 class LuaTransport:

@@ -16,12 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pydantic import ValidationError
-
 from adapters import ADAPTERS
 from adapters.base import Adapter, ApplyResult, TransportDefaults, publication_problem
 from publisher import gate, loop, metrics, status
-from publisher.config import ConfigError, RunConfig, flag
+from publisher.config import ConfigError, RunConfig, adapter_options
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
 from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
@@ -33,19 +31,7 @@ log = logging.getLogger(__name__)
 
 def build_adapter(config: RunConfig) -> Adapter:
     """The chosen gateway's engine with its options taken from the config; errors name the flags."""
-    spec = ADAPTERS[config.adapter]
-    options_model = spec.options
-    values: dict[str, Any] = {}
-    for name in options_model.model_fields:
-        value = getattr(config, name, None)
-        if value is not None:
-            values[name] = value
-    try:
-        options = options_model.model_validate(values)
-    except ValidationError as exc:
-        problems = [f"{flag(str(e['loc'][0]))}: {e['msg']}" if e["loc"] else e["msg"] for e in exc.errors()]
-        raise ConfigError(f"--adapter {config.adapter}: " + "; ".join(problems)) from exc
-    return spec.engine(config.adapter, options)
+    return ADAPTERS[config.adapter].engine(config.adapter, adapter_options(config))
 
 
 class Checker(Protocol):
@@ -147,9 +133,14 @@ async def run(config: RunConfig) -> Summary | None:
     adapter: Adapter = build_adapter(config)
     if config.dry_run:
         adapter = DryRunAdapter(adapter)
-    metrics.start(config.adapter)
-    metrics.per_map(config.metrics_per_map)
     transport = getattr(adapter, "transport", None)
+    metrics.start(
+        config.adapter,
+        source="kube" if config.source == "kube" else "dir",
+        reloads=getattr(transport, "reloads_gateway", False),
+        status=config.effective_status_mode != "off" and not config.dry_run,
+    )
+    metrics.per_map(config.metrics_per_map)
     metrics.watch_envoys(transport if isinstance(transport, metrics.EnvoyFleet) else None)
     stats = getattr(transport, "stats", None)
     metrics.watch_nginx_table(stats if isinstance(stats, metrics.NginxTableStats) else None)

@@ -31,6 +31,7 @@ from publisher import gate, metrics, plan, status
 from publisher.kube import Kube, KubeError, LeaseLock
 from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
 from publisher.plan import Hold, Outcome, Publish, Withdraw
+from publisher.retry import Backoff
 from publisher.source import Stores
 
 log = logging.getLogger(__name__)
@@ -99,26 +100,6 @@ class KeyQueue:
         """Every ready key with its earliest event time; waits until there is at least one."""
         await self.wait()
         return self.take_ready()
-
-
-class Backoff:
-    """Per-key exponential backoff: base, 2x base, ... up to cap; `forget` on success."""
-
-    def __init__(self, base: float = 0.5, cap: float = 60.0) -> None:
-        self._base = base
-        self._cap = cap
-        self._failures: dict[MapKey, int] = {}
-
-    def delay(self, key: MapKey) -> float:
-        failures = self._failures.get(key, 0)
-        self._failures[key] = failures + 1
-        return min(self._cap, self._base * (2**failures))
-
-    def forget(self, key: MapKey) -> None:
-        self._failures.pop(key, None)
-
-    def failures(self, key: MapKey) -> int:
-        return self._failures.get(key, 0)
 
 
 @dataclass(frozen=True)
@@ -249,7 +230,7 @@ class Publisher:
         if self._state(key).reason != Reason.INTERNAL_ERROR:
             log.exception("map internal error", extra={"map": str(key), "doing": doing})
         metrics.INTERNAL_ERRORS.inc()
-        return Hold(Held(Reason.INTERNAL_ERROR, f"{doing} this map raised {exc!r}"))
+        return Hold(Held(Reason.INTERNAL_ERROR, f"{doing} this map raised {type(exc).__name__}: {exc}"))
 
     # --- one pass ------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector, disable_created_metrics
 from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -24,6 +24,9 @@ from publisher.model import MapKey
 
 PREFIX = "ome_gateway_publisher_"
 REGISTRY = CollectorRegistry(auto_describe=True)
+# A `_created` series per counter and histogram doubles what a scrape carries for a timestamp
+# nothing here reads (rate() and increase() need only the counter itself).
+disable_created_metrics()
 
 # Watch-to-gateway latency targets sit at tens of milliseconds; NGINX reload coalescing at seconds.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -91,7 +94,8 @@ ProcessCollector(registry=REGISTRY)
 PlatformCollector(registry=REGISTRY)
 
 # Label values known before anything happens: their series start at 0, so rate() and increase()
-# see the first event instead of a series that appears with it.
+# see the first event instead of a series that appears with it. Only the paths the running
+# sidecar can take get them (`start`): a series that can never move is noise on every dashboard.
 MAP_STATES = ("published", "held", "withdrawn", "failed", "pending")
 PUBLICATION_RESULTS = ("published", "withdrawn", "failed")
 RELOAD_RESULTS = ("success", "rejected")
@@ -99,21 +103,27 @@ WATCHED_RESOURCES = ("trafficmaps", "inferenceservices")
 STATUS_WRITE_RESULTS = ("written", "error")
 for _state in MAP_STATES:
     MAPS.labels(state=_state).set(0)
-for _resource in WATCHED_RESOURCES:
-    WATCH_RESTARTS.labels(resource=_resource, reason="Expired")
-SOURCE_ERRORS.labels(source="dir")
-for _result in STATUS_WRITE_RESULTS:
-    STATUS_WRITES.labels(result=_result)
 
 
-def start(adapter: str) -> None:
-    """Pre-initialise the series labelled with the adapter the sidecar runs."""
+def start(adapter: str, *, source: Literal["kube", "dir"] = "kube", reloads: bool = False, status: bool = True) -> None:
+    """Pre-initialise the series of the paths this sidecar can take: its adapter's; reloads only
+    for a gateway that reloads; watch restarts for the kube source, status writes when it writes
+    status, source errors for the directory source."""
     for result in PUBLICATION_RESULTS:
         PUBLICATIONS.labels(adapter=adapter, result=result)
-    for result in RELOAD_RESULTS:
-        RELOADS.labels(adapter=adapter, result=result)
+    if reloads:
+        for result in RELOAD_RESULTS:
+            RELOADS.labels(adapter=adapter, result=result)
     APPLY_DURATION.labels(adapter=adapter)
     EVENT_TO_APPLY.labels(adapter=adapter)
+    if source == "kube":
+        for resource in WATCHED_RESOURCES:
+            WATCH_RESTARTS.labels(resource=resource, reason="Expired")
+        if status:
+            for result in STATUS_WRITE_RESULTS:
+                STATUS_WRITES.labels(result=result)
+    else:
+        SOURCE_ERRORS.labels(source="dir")
 
 
 # --- per-Envoy series of the xDS gateway ---------------------------------------------------------

@@ -86,6 +86,8 @@ def _parse_interval(value: Any) -> float:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Interval = Annotated[float, BeforeValidator(_parse_interval)]
 DURATION_PARSERS = (parse_duration, _parse_interval)
+# How a help text names the forms parse_duration takes.
+DURATION_UNITS = f"a duration: {DURATION_EXAMPLES}"
 
 
 class Reason(StrEnum):
@@ -220,6 +222,13 @@ class Endpoint:
 # again on every change of the map's weights: the IP parse alone made this a fifth of the CPU
 # of a first publish at 10,000 maps. Pure, so one parse per distinct URL is enough.
 @functools.lru_cache(maxsize=1 << 16)
+def split_host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 def parse_endpoint(url: str) -> Endpoint:
     """Splits a validated endpoint URL; the port defaults to the scheme's. Raises ValueError.
 

@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import os
-import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from publisher.model import (
     parse_traffic_map,
     validate,
 )
+from publisher.retry import ReconnectBackoff
 from publisher.status import CONDITION_PREFIX, condition_type
 
 log = logging.getLogger(__name__)
@@ -341,31 +341,6 @@ class WatchOptions:
     # conditions is not parsed or decided (with R regions, R - 1 of every R status events).
     # None: every event is.
     instance: str | None = None
-
-
-class ReconnectBackoff:
-    """Capped exponential backoff with jitter, forgotten after a healthy connection.
-
-    `failed()` gives the next delay: initial, 2x, 4x, ... up to the cap, each scaled by a random
-    factor in [0.5, 1] so replicas that lost the API server together do not return in step.
-    `connected_for(seconds)` forgets the failures once a connection has lasted `reset_after`.
-    """
-
-    def __init__(self, initial: float, cap: float, reset_after: float, *, jitter: Callable[[], float] = random.random) -> None:
-        self._initial = initial
-        self._cap = cap
-        self._reset_after = reset_after
-        self._jitter = jitter
-        self.failures = 0
-
-    def failed(self) -> float:
-        delay = min(self._cap, self._initial * 2**self.failures)
-        self.failures += 1
-        return delay * (0.5 + self._jitter() / 2)
-
-    def connected_for(self, seconds: float) -> None:
-        if seconds >= self._reset_after:
-            self.failures = 0
 
 
 class Informer(Generic[T]):

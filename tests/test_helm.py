@@ -643,7 +643,7 @@ def test_the_lua_mode_pod_gives_nginx_a_config_it_accepts(tmp_path: Path) -> Non
     changes = {"adapter": {"name": "nginx"}}
     conf = _nginx_conf(changes, tmp_path)
     (tmp_path / "secret").mkdir()
-    (tmp_path / "secret" / "secret").write_text("test-secret")
+    (tmp_path / "secret" / "secret").write_text("test-secret-of-24-chars")
     generated = _run_init_container(
         _container(_pod(changes), "nginx-config"), tmp_path,
         {"/etc/nginx/ome-lua": str(tmp_path / "lua"), "/etc/ome-publisher/nginx-control/": f"{tmp_path}/secret/"},

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -411,6 +412,8 @@ async def test_an_error_deciding_one_map_holds_it_and_the_others_publish():
     assert embed in gateway.held
     assert publisher.states[embed].state == "published"
     assert publisher.states[CHAT].reason == Reason.INTERNAL_ERROR
+    # The exception's type and message, not its repr (issue 23, point 7).
+    assert re.fullmatch(r"[a-z ]+ this map raised [A-Za-z]+Error: [^()]+", publisher.states[CHAT].message), publisher.states[CHAT].message
 
 
 async def test_a_map_read_back_that_todays_check_refuses_is_kept():

@@ -175,19 +175,35 @@ async def test_run_reports_synced_once_and_sees_changes(tmp_path):
 # --- ReconnectBackoff and refusals: pure ------------------------------------------------------------
 
 
-def test_backoff_doubles_up_to_its_cap_with_jitter_down_to_half():
+def jitter_at(monkeypatch, end: str) -> None:
+    """tenacity's random waits (random.uniform) always at the top or the bottom of their range."""
+    monkeypatch.setattr("random.uniform", (lambda low, high: high) if end == "top" else (lambda low, high: low))
+
+
+def test_backoff_doubles_up_to_its_cap_with_jitter_down_to_half(monkeypatch):
     from publisher.source import ReconnectBackoff
 
-    top = ReconnectBackoff(1.0, 8.0, 60.0, jitter=lambda: 1.0)
+    jitter_at(monkeypatch, "top")
+    top = ReconnectBackoff(1.0, 8.0, 60.0)
     assert [top.failed() for _ in range(6)] == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
-    bottom = ReconnectBackoff(1.0, 8.0, 60.0, jitter=lambda: 0.0)
+    jitter_at(monkeypatch, "bottom")
+    bottom = ReconnectBackoff(1.0, 8.0, 60.0)
     assert [bottom.failed() for _ in range(3)] == [0.5, 1.0, 2.0]
 
 
-def test_backoff_starts_over_only_after_a_connection_that_lasted():
+def test_backoff_jitter_stays_between_half_and_the_whole_step():
     from publisher.source import ReconnectBackoff
 
-    backoff = ReconnectBackoff(1.0, 64.0, 60.0, jitter=lambda: 1.0)
+    backoff = ReconnectBackoff(1.0, 8.0, 60.0)
+    for step in (1.0, 2.0, 4.0, 8.0, 8.0):
+        assert step / 2 <= backoff.failed() <= step
+
+
+def test_backoff_starts_over_only_after_a_connection_that_lasted(monkeypatch):
+    from publisher.source import ReconnectBackoff
+
+    jitter_at(monkeypatch, "top")
+    backoff = ReconnectBackoff(1.0, 64.0, 60.0)
     backoff.failed(), backoff.failed()
     backoff.connected_for(59.9)
     assert backoff.failed() == 4.0

@@ -105,12 +105,14 @@ def test_http_snippet_refuses_values_nginx_would_read_as_syntax(overrides: dict)
         http_snippet(**arguments)
 
 
-def test_nginx_config_command_prints_the_snippet_and_the_load_module_lines(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", "/run/ome/secret",
+def test_nginx_config_command_prints_the_snippet_and_the_load_module_lines(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef\n")
+    code = main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", str(secret),
                  "--shared-dict-size", "64m", "--ca-file", "/etc/ome/ca.pem"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
-    for line in ["lua_shared_dict ome_routes 64m;", "listen 127.0.0.1:8082;", 'init("/run/ome/secret")',
+    for line in ["lua_shared_dict ome_routes 64m;", "listen 127.0.0.1:8082;", f'init("{secret}")',
                  "proxy_ssl_trusted_certificate /etc/ome/ca.pem;", "proxy_ssl_verify on;", "listen 8080 default_server;"]:  # fmt: skip
         assert line in out
     assert main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", "/s", "--load-modules"]) == 0
@@ -120,13 +122,15 @@ def test_nginx_config_command_prints_the_snippet_and_the_load_module_lines(capsy
 def test_nginx_config_lua_dir_copies_the_modules_and_names_the_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 23, finding 9: the chart's init container rewrote the snippet's module path with sed."""
     copy = tmp_path / "nginx" / "lua"
-    assert main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", "/s", "--lua-dir", str(copy)]) == 0
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef\n")  # nginx-config refuses a secret NGINX would (issue 23, finding 10)
+    assert main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", str(secret), "--lua-dir", str(copy)]) == 0
     assert f'lua_package_path "{copy}/?.lua;;";' in capsys.readouterr().out
     shipped = sorted(path.name for path in LUA_DIR.glob("*.lua"))
     assert shipped and sorted(path.name for path in copy.iterdir()) == shipped
     assert all((copy / name).read_bytes() == (LUA_DIR / name).read_bytes() for name in shipped)
     (tmp_path / "file").write_text("")
-    assert main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", "/s", "--lua-dir", str(tmp_path / "file" / "lua")]) == 2
+    assert main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", str(secret), "--lua-dir", str(tmp_path / "file" / "lua")]) == 2
     assert "--lua-dir" in capsys.readouterr().err
 
 
