@@ -23,6 +23,7 @@ import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from adapters.base import Unavailable, WriteResult
+from adapters.envoy_lrs import LoadReports
 from adapters.envoy_resources import (
     CLUSTER_TYPE,
     ROUTE_TYPE,
@@ -429,9 +430,10 @@ class XdsTransport:
     # How long a read at start waits for a first Envoy to connect and list what it holds.
     read_wait = 3.0
 
-    def __init__(self, listen: str, renderer: XdsRenderer) -> None:
+    def __init__(self, listen: str, renderer: XdsRenderer, *, load_reports: LoadReports | None = None) -> None:
         self._listen = listen
         self._renderer = renderer
+        self._load_reports = load_reports
         self._target: dict[MapKey, MapResources] = {}
         self._seeded = False
         self._generation = 0
@@ -445,6 +447,8 @@ class XdsTransport:
     async def serve(self) -> None:
         server = grpc.aio.server(options=_SERVER_OPTIONS)
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(_Servicer(self), server)
+        if self._load_reports is not None:
+            self._load_reports.add_to(server)
         self.port = server.add_insecure_port(self._listen)
         if not self.port:
             raise OSError(f"cannot listen on {self._listen}")

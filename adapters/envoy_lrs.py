@@ -1,0 +1,111 @@
+"""Envoy's Load Reporting Service: how many requests each Envoy sent to each map backend.
+
+Served on the sidecar's xDS gRPC server (the bootstrap's `cluster_manager.load_stats_config`
+names the xDS cluster). Each Envoy opens one stream; its first request is answered with
+`send_all_clusters` and the reporting interval, and every later request is one interval's counts
+per cluster and locality. A request counts once it is answered, successfully or not (a backend on
+a closed port has requests in error, none "issued"). Counters are latched per stream, so a new
+stream starts that Envoy's windows over. Reports are folded in slices: at 10,000 maps one lists
+40,000 clusters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from envoy.service.load_stats.v3 import lrs_pb2, lrs_pb2_grpc
+from google.protobuf import duration_pb2
+
+from adapters.envoy import parse_cluster_name
+from publisher.model import MapKey
+
+__all__ = ["Counts", "LoadReports", "fold_clusters"]
+
+# Clusters folded between two yields to the event loop.
+FOLD_SLICE = 2000
+
+Counts = dict[MapKey, dict[str, int]]
+# (gateway instance, counts per map and backend, whether this instance's counting restarted)
+Sink = Callable[[str, Counts, bool], None]
+
+
+def fold_clusters(clusters: list, counts: Counts) -> None:
+    """Pure: add each map cluster's answered requests (success + error over its localities)."""
+    for stats in clusters:
+        named = parse_cluster_name(stats.cluster_name)
+        if named is None:
+            continue
+        answered = sum(loc.total_successful_requests + loc.total_error_requests for loc in stats.upstream_locality_stats)
+        if answered:
+            per_map = counts.setdefault(named[0], {})
+            per_map[named[1]] = per_map.get(named[1], 0) + answered
+
+
+class LoadReports:
+    """The LRS servicer. `sink(instance, counts, reset)` is called once per report (and with
+    `reset` when an Envoy's stream starts or ends); it must not block."""
+
+    def __init__(self, interval: float, sink: Sink) -> None:
+        self.interval = interval
+        self.sink = sink
+        self.reports = 0
+        self.fold_seconds = 0.0
+        self._instances: dict[str, int] = {}
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        lrs_pb2_grpc.add_LoadReportingServiceServicer_to_server(_Servicer(self), server)
+
+    def instances(self) -> list[str]:
+        return sorted(self._instances)
+
+    def _label(self, node: str, peer: str) -> str:
+        # Envoys of one bootstrap share a node id; the peer tells them apart only then.
+        label = node or peer
+        if label in self._instances:
+            label = f"{node}@{peer}"
+        self._instances[label] = self._instances.get(label, 0) + 1
+        return label
+
+    def _release(self, label: str) -> None:
+        left = self._instances.get(label, 0) - 1
+        if left > 0:
+            self._instances[label] = left
+        else:
+            self._instances.pop(label, None)
+
+    async def stream(self, requests: AsyncIterator[lrs_pb2.LoadStatsRequest], context: grpc.aio.ServicerContext) -> AsyncIterator[lrs_pb2.LoadStatsResponse]:
+        label: str | None = None
+        try:
+            async for request in requests:
+                if label is None:
+                    label = self._label(request.node.id, context.peer())
+                    self.sink(label, {}, True)
+                    seconds = int(self.interval)
+                    interval = duration_pb2.Duration(seconds=seconds, nanos=int((self.interval - seconds) * 1e9))
+                    yield lrs_pb2.LoadStatsResponse(send_all_clusters=True, load_reporting_interval=interval)
+                    continue
+                counts: Counts = {}
+                clusters = list(request.cluster_stats)
+                for start in range(0, len(clusters), FOLD_SLICE):
+                    began = time.perf_counter()
+                    fold_clusters(clusters[start : start + FOLD_SLICE], counts)
+                    self.fold_seconds += time.perf_counter() - began
+                    await asyncio.sleep(0)
+                self.reports += 1
+                self.sink(label, counts, False)
+        finally:
+            if label is not None:
+                self._release(label)
+                self.sink(label, {}, True)
+
+
+class _Servicer(lrs_pb2_grpc.LoadReportingServiceServicer):
+    def __init__(self, reports: LoadReports) -> None:
+        self._reports = reports
+
+    async def StreamLoadStats(self, request_iterator, context):  # noqa: N802 - gRPC's method name
+        async for response in self._reports.stream(request_iterator, context):
+            yield response
