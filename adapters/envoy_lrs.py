@@ -5,7 +5,7 @@ names the xDS cluster). Each Envoy opens one stream; its first request is answer
 `send_all_clusters` and the reporting interval, and every later request is one interval's counts
 per cluster and locality. A request counts once it is answered, successfully or not (a backend on
 a closed port has requests in error, none "issued"). Counters are latched per stream, so a new
-stream starts that Envoy's windows over. Reports are folded in slices: at 10,000 maps one lists
+stream starts that Envoy's counting over. Reports are folded in slices: at 10,000 maps one lists
 40,000 clusters.
 """
 
@@ -13,23 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 from envoy.service.load_stats.v3 import lrs_pb2, lrs_pb2_grpc
 from google.protobuf import duration_pb2
 
+from adapters.base import CountReport
 from adapters.envoy import parse_cluster_name
 from publisher.model import MapKey
 
-__all__ = ["Counts", "LoadReports", "fold_clusters"]
+__all__ = ["LoadReports", "fold_clusters"]
 
 # Clusters folded between two yields to the event loop.
 FOLD_SLICE = 2000
+# Until counting is enabled, an Envoy is asked for no cluster, this rarely.
+_IDLE_INTERVAL = 3600
 
 Counts = dict[MapKey, dict[str, int]]
-# (gateway instance, counts per map and backend, whether this instance's counting restarted)
-Sink = Callable[[str, Counts, bool], None]
 
 
 def fold_clusters(clusters: list, counts: Counts) -> None:
@@ -44,16 +45,28 @@ def fold_clusters(clusters: list, counts: Counts) -> None:
             per_map[named[1]] = per_map.get(named[1], 0) + answered
 
 
-class LoadReports:
-    """The LRS servicer. `sink(instance, counts, reset)` is called once per report (and with
-    `reset` when an Envoy's stream starts or ends); it must not block."""
+def _duration(seconds: float) -> duration_pb2.Duration:
+    whole = int(seconds)
+    return duration_pb2.Duration(seconds=whole, nanos=int((seconds - whole) * 1e9))
 
-    def __init__(self, interval: float, sink: Sink) -> None:
-        self.interval = interval
-        self.sink = sink
+
+class LoadReports:
+    """The LRS servicer and the xDS gateway's RequestCounter (adapters.base)."""
+
+    def __init__(self) -> None:
+        self.interval: float | None = None
         self.reports = 0
         self.fold_seconds = 0.0
+        self.report_bytes = 0
+        self._pending: list[CountReport] = []
         self._instances: dict[str, int] = {}
+
+    def enable(self, interval: float) -> None:
+        self.interval = interval
+
+    async def collect(self) -> list[CountReport]:
+        pending, self._pending = self._pending, []
+        return pending
 
     def add_to(self, server: grpc.aio.Server) -> None:
         lrs_pb2_grpc.add_LoadReportingServiceServicer_to_server(_Servicer(self), server)
@@ -82,10 +95,13 @@ class LoadReports:
             async for request in requests:
                 if label is None:
                     label = self._label(request.node.id, context.peer())
-                    self.sink(label, {}, True)
-                    seconds = int(self.interval)
-                    interval = duration_pb2.Duration(seconds=seconds, nanos=int((self.interval - seconds) * 1e9))
-                    yield lrs_pb2.LoadStatsResponse(send_all_clusters=True, load_reporting_interval=interval)
+                    if self.interval is None:
+                        yield lrs_pb2.LoadStatsResponse(load_reporting_interval=_duration(_IDLE_INTERVAL))
+                    else:
+                        self._pending.append(CountReport(label, restarted=True))
+                        yield lrs_pb2.LoadStatsResponse(send_all_clusters=True, load_reporting_interval=_duration(self.interval))
+                    continue
+                if self.interval is None:
                     continue
                 counts: Counts = {}
                 clusters = list(request.cluster_stats)
@@ -95,11 +111,12 @@ class LoadReports:
                     self.fold_seconds += time.perf_counter() - began
                     await asyncio.sleep(0)
                 self.reports += 1
-                self.sink(label, counts, False)
+                self.report_bytes += request.ByteSize()
+                self._pending.append(CountReport(label, counts))
         finally:
             if label is not None:
                 self._release(label)
-                self.sink(label, {}, True)
+                self._pending.append(CountReport(label, left=True))
 
 
 class _Servicer(lrs_pb2_grpc.LoadReportingServiceServicer):

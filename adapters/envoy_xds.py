@@ -430,10 +430,11 @@ class XdsTransport:
     # How long a read at start waits for a first Envoy to connect and list what it holds.
     read_wait = 3.0
 
-    def __init__(self, listen: str, renderer: XdsRenderer, *, load_reports: LoadReports | None = None) -> None:
+    def __init__(self, listen: str, renderer: XdsRenderer) -> None:
         self._listen = listen
         self._renderer = renderer
-        self._load_reports = load_reports
+        # Envoys report their requests per cluster on the same server, for the served-split check.
+        self.request_counter = LoadReports()
         self._target: dict[MapKey, MapResources] = {}
         self._seeded = False
         self._generation = 0
@@ -447,8 +448,7 @@ class XdsTransport:
     async def serve(self) -> None:
         server = grpc.aio.server(options=_SERVER_OPTIONS)
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(_Servicer(self), server)
-        if self._load_reports is not None:
-            self._load_reports.add_to(server)
+        self.request_counter.add_to(server)
         self.port = server.add_insecure_port(self._listen)
         if not self.port:
             raise OSError(f"cannot listen on {self._listen}")

@@ -142,6 +142,7 @@ class _Window:
     reported_off: bool = False
     verified: bool = False
     last: Judgment | None = None
+    last_off: Judgment | None = None
 
 
 WindowKey = tuple[MapKey, str]
@@ -227,6 +228,7 @@ class SplitWindows:
             judgment = judge(window.counts, window.route, len(ready))
             window.last = judgment
             if judgment.verdict == "off":
+                window.last_off = judgment
                 window.off_streak += 1
                 window.fine_streak = 0
                 if window.off_streak >= CONFIRMATIONS:
@@ -247,7 +249,7 @@ class SplitWindows:
 
     def off(self) -> dict[WindowKey, Judgment]:
         """Each (map, instance) now reported off, with the judgment that last said so."""
-        return {k: w.last for k, w in self._windows.items() if w.reported_off and w.last is not None}
+        return {k: w.last_off for k, w in self._windows.items() if w.reported_off and w.last_off is not None}
 
     def state(self, key: MapKey, instance: str) -> tuple[str, Judgment | None, int]:
         """verified | off | few_requests (no verdict yet), the last judgment, and the requests

@@ -12,6 +12,7 @@ import yaml
 from envoy.config.endpoint.v3 import load_report_pb2
 
 from adapters.envoy import cluster_name, parse_cluster_name, xds_bootstrap
+from adapters.base import CountReport
 from adapters.envoy_lrs import LoadReports, fold_clusters
 from adapters.envoy_xds import XdsTransport
 from publisher.model import MapKey
@@ -60,32 +61,46 @@ def test_the_bootstrap_reports_load_to_the_xds_cluster_unless_told_not_to() -> N
 
 
 class Collected:
-    """What the LRS sink was handed, per instance; each stream start is a reset."""
+    """Every report collected, and the counts added up per instance."""
 
-    def __init__(self) -> None:
+    def __init__(self, counter: LoadReports) -> None:
+        self.counter = counter
         self.counts: dict[str, dict[MapKey, dict[str, int]]] = defaultdict(dict)
-        self.resets: list[str] = []
-        self.reports: list[tuple[str, dict]] = []
+        self.reports: list[CountReport] = []
 
-    def __call__(self, instance: str, counts: dict, reset: bool) -> None:
-        if reset:
-            self.resets.append(instance)
-            return
-        self.reports.append((instance, counts))
-        for key, per in counts.items():
-            into = self.counts[instance].setdefault(key, {})
-            for cluster, n in per.items():
-                into[cluster] = into.get(cluster, 0) + n
+    async def collect(self) -> None:
+        for report in await self.counter.collect():
+            self.reports.append(report)
+            for key, per in report.counts.items():
+                into = self.counts[report.instance].setdefault(key, {})
+                for cluster, n in per.items():
+                    into[cluster] = into.get(cluster, 0) + n
+
+    def intervals(self) -> int:
+        return sum(1 for r in self.reports if not (r.restarted or r.left))
 
     def total(self, key: MapKey) -> int:
         return sum(sum(by_map.get(key, {}).values()) for by_map in self.counts.values())
 
 
+async def eventually_collected(collected: Collected, condition) -> None:
+    async def check() -> bool:
+        await collected.collect()
+        return condition()
+
+    for _ in range(200):
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("not collected within 20 s")
+
+
 @pytest.mark.slow
 async def test_envoy_reports_the_split_it_served_and_a_skewed_one_is_named(tmp_path) -> None:
-    collected = Collected()
-    reports = LoadReports(1.0, collected)
-    transport = XdsTransport("127.0.0.1:0", RENDERER, load_reports=reports)
+    transport = XdsTransport("127.0.0.1:0", RENDERER)
+    reports = transport.request_counter
+    reports.enable(1.0)
+    collected = Collected(reports)
     serving = asyncio.create_task(transport.serve())
     try:
         await asyncio.wait_for(transport.started(), 10)
@@ -94,10 +109,10 @@ async def test_envoy_reports_the_split_it_served_and_a_skewed_one_is_named(tmp_p
             served = route({"a": 2, "b": 3, "c": 5, "d": 0}, backends)
             assert (await write(transport, {}, parts((KEY, served)))).rejected == {}
             # The first report after a new cluster may predate it: wait for one that follows.
-            await eventually(lambda: len(collected.reports) >= 2, timeout=20)
+            await eventually_collected(collected, lambda: collected.intervals() >= 2)
             got = await measure(running.url, HOST, 1000)
             assert sum(got.values()) == 1000
-            await eventually(lambda: collected.total(KEY) >= 1000, timeout=20)
+            await eventually_collected(collected, lambda: collected.total(KEY) >= 1000)
             (instance,) = reports.instances()
             counted = collected.counts[instance][KEY]
             assert sum(counted.values()) == 1000 and "d" not in counted
@@ -116,8 +131,8 @@ async def test_envoy_reports_the_split_it_served_and_a_skewed_one_is_named(tmp_p
             assert right.state(KEY, instance)[0] == "verified"
             assert list(wrong.off()) == [(KEY, instance)]
         # Envoy gone: its stream ended, so its counting restarts with its next stream.
-        await eventually(lambda: not reports.instances(), timeout=20)
-        assert collected.resets.count(instance) == 2
+        await eventually_collected(collected, lambda: not reports.instances())
+        assert [(r.restarted, r.left) for r in collected.reports if r.restarted or r.left] == [(True, False), (False, True)]
     finally:
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
