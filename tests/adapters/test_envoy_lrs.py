@@ -137,3 +137,11 @@ async def test_envoy_reports_the_split_it_served_and_a_skewed_one_is_named(tmp_p
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
         await transport.aclose()
+
+
+def test_envoy_bootstrap_leaves_load_reports_out_when_asked(capsys) -> None:
+    from publisher.cli import main
+
+    for extra, reported in (([], True), (["--no-load-stats"], False)):
+        assert main(["envoy-bootstrap", "--xds", "127.0.0.1:18000", "--listen", "127.0.0.1:8080", *extra]) == 0
+        assert ("load_stats_config" in capsys.readouterr().out) is reported

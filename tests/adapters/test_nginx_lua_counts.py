@@ -15,14 +15,13 @@ from publisher.split import SplitWindows
 from tests.adapters.test_nginx_lua import HOST, KEY, lua_nginx, route
 from tests.gateways import Backends, measure
 
-pytestmark = pytest.mark.slow
-
 
 async def collect(counter: LuaRequestCounts) -> CountReport:
     (report,) = await counter.collect()
     return report
 
 
+@pytest.mark.slow
 async def test_nginx_counts_each_backend_it_served_and_the_split_is_judged(tmp_path: Path) -> None:
     weights = {"a": 2, "b": 3, "c": 5, "d": 0}
     other = MapKey("ns", "other")
@@ -57,6 +56,7 @@ async def test_nginx_counts_each_backend_it_served_and_the_split_is_judged(tmp_p
         assert (await collect(counter)).restarted
 
 
+@pytest.mark.slow
 async def test_a_table_changed_behind_the_sidecars_back_is_caught_by_its_counts(tmp_path: Path) -> None:
     """NGINX is given other weights through the control listener than the sidecar confirmed: the
     counts say so within two windows."""
@@ -80,3 +80,14 @@ async def test_a_table_changed_behind_the_sidecars_back_is_caught_by_its_counts(
             windows.add(KEY, counter.instance, (await collect(counter)).counts[KEY], t)
             windows.judge_due(t)
         assert list(windows.off()) == [(KEY, counter.instance)]
+
+
+@pytest.mark.parametrize(("size", "declared"), [("8m", True), ("16m", True), ("off", False)])
+def test_nginx_config_declares_the_counts_dict_unless_turned_off(capsys: pytest.CaptureFixture[str], size: str, declared: bool) -> None:
+    from publisher.cli import main
+
+    code = main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", "/s", "--counts-dict-size", size])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert (f"lua_shared_dict ome_counts {size};" in out) is declared
+    assert 'require("ome_counts").count()' in out  # counting without the dict is a no-op
