@@ -228,7 +228,12 @@ class RunningLuaNginx:
 
 @contextlib.asynccontextmanager
 async def running_lua_nginx(
-    directory: Path, *, workers: int = 2, shared_dict_size: str = "4m", ca_file: Path | None = None
+    directory: Path,
+    *,
+    workers: int = 2,
+    shared_dict_size: str = "4m",
+    counts_dict_size: str | None = "1m",
+    ca_file: Path | None = None,
 ) -> AsyncIterator[RunningLuaNginx]:
     """NGINX with the Lua modules, serving the nginx-config snippet with an empty table."""
     (directory / "tmp").mkdir(parents=True, exist_ok=True)
@@ -242,6 +247,7 @@ async def running_lua_nginx(
             control_listen=f"127.0.0.1:{control_port}",
             secret_file=secret_file,
             shared_dict_size=shared_dict_size,
+            counts_dict_size=counts_dict_size,
             ca_file=ca_file,
         )
     )
