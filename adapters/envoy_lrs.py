@@ -5,15 +5,18 @@ names the xDS cluster). Each Envoy opens one stream; its first request is answer
 `send_all_clusters` and the reporting interval, and every later request is one interval's counts
 per cluster and locality. A request counts once it is answered, successfully or not (a backend on
 a closed port has requests in error, none "issued"). Counters are latched per stream, so a new
-stream starts that Envoy's counting over. Reports are folded in slices: at 10,000 maps one lists
-40,000 clusters.
+stream starts that Envoy's counting over. Reports are folded on a worker thread: at 10,000 maps
+one lists 40,000 clusters (1.7 MB, about 0.1 s of CPU), which on the event loop would hold back
+every xDS stream and status write meanwhile; the thread gives the loop the interpreter back every
+few milliseconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 import grpc
 from envoy.service.load_stats.v3 import lrs_pb2, lrs_pb2_grpc
@@ -25,15 +28,13 @@ from publisher.model import MapKey
 
 __all__ = ["LoadReports", "fold_clusters"]
 
-# Clusters folded between two yields to the event loop.
-FOLD_SLICE = 2000
 # Until counting is enabled, an Envoy is asked for no cluster, this rarely.
 _IDLE_INTERVAL = 3600
 
 Counts = dict[MapKey, dict[str, int]]
 
 
-def fold_clusters(clusters: list, counts: Counts) -> None:
+def fold_clusters(clusters: Iterable[Any], counts: Counts) -> None:
     """Pure: add each map cluster's answered requests (success + error over its localities)."""
     for stats in clusters:
         named = parse_cluster_name(stats.cluster_name)
@@ -43,6 +44,14 @@ def fold_clusters(clusters: list, counts: Counts) -> None:
         if answered:
             per_map = counts.setdefault(named[0], {})
             per_map[named[1]] = per_map.get(named[1], 0) + answered
+
+
+def _fold_report(request: lrs_pb2.LoadStatsRequest) -> tuple[Counts, int, float]:
+    """Blocking (run on a worker thread): one report's counts, its bytes and the CPU folding took."""
+    began = time.thread_time()
+    counts: Counts = {}
+    fold_clusters(request.cluster_stats, counts)
+    return counts, request.ByteSize(), time.thread_time() - began
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -103,15 +112,10 @@ class LoadReports:
                     continue
                 if self.interval is None:
                     continue
-                counts: Counts = {}
-                clusters = list(request.cluster_stats)
-                for start in range(0, len(clusters), FOLD_SLICE):
-                    began = time.perf_counter()
-                    fold_clusters(clusters[start : start + FOLD_SLICE], counts)
-                    self.fold_seconds += time.perf_counter() - began
-                    await asyncio.sleep(0)
+                counts, size, seconds = await asyncio.to_thread(_fold_report, request)
                 self.reports += 1
-                self.report_bytes += request.ByteSize()
+                self.report_bytes += size
+                self.fold_seconds += seconds
                 self._pending.append(CountReport(label, counts))
         finally:
             if label is not None:
