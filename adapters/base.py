@@ -76,6 +76,30 @@ def in_words(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+@dataclass(frozen=True, slots=True)
+class CountReport:
+    """One interval of answered requests per map backend, as one gateway instance counted them."""
+
+    instance: str
+    counts: Mapping[MapKey, Mapping[str, int]] = field(default_factory=dict)
+    # Its counting started over (a new stream or boot, a counter that went down): windows restart.
+    restarted: bool = False
+    # The instance is gone (its stream ended): its windows are dropped.
+    left: bool = False
+
+
+@runtime_checkable
+class RequestCounter(Protocol):
+    """Optional, beside a transport (as its `request_counter`): what each gateway instance counted,
+    for the served-split check. Nothing is counted until `enable`."""
+
+    def enable(self, interval: float) -> None: ...
+
+    async def collect(self) -> list[CountReport]:
+        """The reports that arrived since the last call. Raises AdapterError."""
+        ...
+
+
 @dataclass(frozen=True)
 class ApplyResult:
     """What one apply did.

@@ -157,6 +157,14 @@ def cluster_name(key: MapKey, cluster: str) -> str:
     return f"ome|{key.namespace}|{key.name}|{cluster}"
 
 
+def parse_cluster_name(name: str) -> tuple[MapKey, str] | None:
+    """The map and backend cluster a `cluster_name` names; None for any other cluster."""
+    parts = name.split("|")
+    if len(parts) != 4 or parts[0] != "ome":
+        return None
+    return MapKey(parts[1], parts[2]), parts[3]
+
+
 def _virtual_host_name(key: MapKey) -> str:
     return f"ome|{key.namespace}|{key.name}"
 
@@ -547,10 +555,13 @@ def xds_bootstrap(
     admin_host: str | None = None,
     admin_port: int | None = None,
     backend_stats: bool = False,
+    load_stats: bool = True,
 ) -> str:
     """Pure: an Envoy bootstrap (YAML) taking clusters, scopes and routes from the sidecar's delta
     ADS server at xds_host:xds_port, serving them on one HTTP listener; each host is one scope.
-    `backend_stats` keeps each map backend's upstream_* stats, at a cost (see _xds_stats_matcher)."""
+    `backend_stats` keeps each map backend's upstream_* stats, at a cost (see _xds_stats_matcher).
+    `load_stats` has Envoy report its requests per cluster to the same server (Load Reporting
+    Service), which is how the sidecar checks the split it serves."""
     hcm = {
         "@type": _HCM_TYPE,
         "stat_prefix": STAT_PREFIX,
@@ -617,6 +628,14 @@ def xds_bootstrap(
             "listeners": [_listener(listen_host, listen_port, hcm)],
         },
     }
+    if load_stats:
+        config["cluster_manager"] = {
+            "load_stats_config": {
+                "api_type": "GRPC",
+                "transport_api_version": "V3",
+                "grpc_services": [{"envoy_grpc": {"cluster_name": _XDS_CLUSTER}}],
+            }
+        }
     return _with_admin(config, admin_host, admin_port)
 
 

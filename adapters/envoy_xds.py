@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import itertools
 import logging
 import socket
@@ -27,6 +26,7 @@ import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from adapters.base import NotConnected, Unavailable, WriteResult
+from adapters.envoy_lrs import LoadReports
 from adapters.envoy_resources import ROUTE_TYPE, MapResources, XdsRenderer, map_name
 from adapters.envoy_xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, plan, served_by_most
 from publisher.model import MapKey, Route
@@ -328,6 +328,8 @@ class XdsTransport:
     def __init__(self, listen: str, renderer: XdsRenderer) -> None:
         self._listen = listen
         self._renderer = renderer
+        # Envoys report their requests per cluster on the same server, for the served-split check.
+        self.request_counter = LoadReports()
         self._target: dict[MapKey, MapResources] = {}
         # Maps the engine asked to remove: the only ones taken from an Envoy that still lists them.
         self._withdrawn: set[MapKey] = set()
@@ -351,13 +353,15 @@ class XdsTransport:
         holds raises OSError naming --envoy-xds-listen, as `--listen` is named for the HTTP server."""
         server = grpc.aio.server(options=_SERVER_OPTIONS)
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(_Servicer(self), server)
+        self.request_counter.add_to(server)
         try:
             self.port = server.add_insecure_port(self._listen)
         except RuntimeError:  # gRPC says only "Failed to bind"; the reason comes from _bind_problem
             self.port = 0
         if not self.port:
-            code, reason = _bind_problem(self._listen)
-            raise OSError(code, f"cannot listen on {self._listen}: {reason}", "--envoy-xds-listen")
+            reason = _bind_problem(self._listen)
+            # No errno: the message says more than strerror would (which address, and why).
+            raise OSError(None, f"cannot listen on {self._listen}: {reason}", "--envoy-xds-listen")
         self._server = server
         await server.start()
         self._serving.set()
@@ -583,7 +587,7 @@ def _peer_host(peer: str) -> str:
     return _peer_address(peer).rpartition(":")[0] or peer
 
 
-def _bind_problem(listen: str) -> tuple[int, str]:
+def _bind_problem(listen: str) -> str:
     """Why `listen` cannot be bound, in the kernel's words (gRPC's own error names no reason)."""
     host, _, port = listen.rpartition(":")
     try:
@@ -592,7 +596,7 @@ def _bind_problem(listen: str) -> tuple[int, str]:
         with socket.socket(family, kind, proto) as probe:
             probe.bind(address)
     except OSError as exc:
-        return exc.errno or errno.EADDRNOTAVAIL, exc.strerror or str(exc)
+        return exc.strerror or str(exc)
     except ValueError:
-        return errno.EINVAL, "not HOST:PORT"
-    return errno.EADDRINUSE, "gRPC could not bind it"
+        return "not HOST:PORT"
+    return "gRPC could not bind it"

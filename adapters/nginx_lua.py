@@ -21,6 +21,7 @@ import re
 import shutil
 import socket
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from adapters.base import NotConnected, Rejected, Unavailable, WriteResult, in_words
+from adapters.base import CountReport, NotConnected, Rejected, Unavailable, WriteResult, in_words
 from adapters.nginx import NginxOptions
 from publisher.model import Backend, MapKey, Route, parse_endpoint
 
@@ -182,7 +183,13 @@ def copy_lua_modules(directory: Path) -> None:
 
 
 def http_snippet(
-    *, listen: str, control_listen: str, secret_file: Path, shared_dict_size: str = "32m", ca_file: Path | None = None,
+    *,
+    listen: str,
+    control_listen: str,
+    secret_file: Path,
+    shared_dict_size: str = "32m",
+    counts_dict_size: str | None = "8m",
+    ca_file: Path | None = None,
     lua_dir: Path = LUA_DIR,
 ) -> str:
     """The text to include inside `http {}`: the table, the catch-all server, the two upstreams
@@ -192,9 +199,16 @@ def http_snippet(
 
     _check_listen(listen)
     _check_listen(control_listen)
-    if not _SIZE.fullmatch(shared_dict_size):
-        raise ValueError(f"{shared_dict_size!r} is not an NGINX size such as 32m")
+    for size in (shared_dict_size, counts_dict_size):
+        if size is not None and not _SIZE.fullmatch(size):
+            raise ValueError(f"{size!r} is not an NGINX size such as 32m")
     ca_file = ca_file or DEFAULT_CA_FILE
+    counts_dict = (
+        ""
+        if counts_dict_size is None
+        else "# Request counts per map backend for the served-split check: about 131 bytes each (8m: ~60,000\n"
+        f"# backends); a full dict evicts the oldest counter, which the sidecar reads as a restart.\nlua_shared_dict ome_counts {counts_dict_size};\n"
+    )
     for path in (secret_file, ca_file, lua_dir):
         if not re.fullmatch(r"[A-Za-z0-9_./+-]+", str(path)):
             raise ValueError(f"{str(path)!r}: only letters, digits and _./+- are allowed in a path here")
@@ -206,6 +220,7 @@ lua_package_path "{lua_dir}/?.lua;;";
 # Sized for the fleet: about 660 bytes per map of 4 backends, plus up to 0.25 MB for the change
 # log /changes reads (32m: ~45,000 maps).
 lua_shared_dict ome_routes {shared_dict_size};
+{counts_dict}\
 init_by_lua_block {{
     require("ome_control").init("{secret_file}")
 }}
@@ -236,6 +251,9 @@ server {{
         set $ome_host "";
         access_by_lua_block {{
             require("ome_route").access()
+        }}
+        log_by_lua_block {{
+            require("ome_counts").count()
         }}
         proxy_pass $ome_upstream;
         proxy_set_header Host $ome_host;
@@ -368,6 +386,7 @@ class LuaTransport:
         self._problem: str | None = None
         self._low_on_room = False
         self.stats = LuaStats()
+        self.request_counter = LuaRequestCounts(self)
 
     # -- Transport protocol --
 
@@ -684,6 +703,68 @@ class LuaTransport:
         elif reason is None and self._problem is not None:
             log.info("nginx control listener answering again")
         self._problem = reason
+
+
+class LuaRequestCounts:
+    """Lua mode's RequestCounter (adapters.base): NGINX's log-phase counters of the confirmed maps'
+    backends, read a page of maps at a time, as deltas since the last read. The counters only grow
+    within one boot: a new boot id, or a counter that went down (evicted from a full dict), starts
+    the count over rather than be misread."""
+
+    page_maps = 2000
+
+    def __init__(self, transport: LuaTransport) -> None:
+        self._transport = transport
+        self.instance = urllib.parse.urlsplit(transport._url).netloc
+        self._enabled = False
+        self._boot: str | None = None
+        self._seen: dict[str, int] = {}
+
+    def enable(self, interval: float) -> None:
+        self._enabled = True
+
+    async def collect(self) -> list[CountReport]:
+        if not self._enabled:
+            return []
+        transport = self._transport
+        backends = [(key, b.cluster) for key, part in list(transport._parts.items()) for b in part.backends]
+        values: list[int] = []
+        boots: set[str] = set()
+        per_page = self.page_maps * 4
+        for start in range(0, len(backends), per_page):
+            page = backends[start : start + per_page]
+            body = "".join(f"{key.namespace}/{key.name}|{cluster}\n" for key, cluster in page)
+            async with transport._lock:
+                try:
+                    answer, _ = await transport._request("POST", "/counts", body)
+                except _Refused as refused:
+                    raise Unavailable(f"nginx control listener: POST /counts: {refused}") from None
+            counts = answer.get("counts")
+            if not isinstance(counts, list) or len(counts) != len(page) or not all(isinstance(n, int) for n in counts):
+                raise Unavailable("nginx control listener: POST /counts: answered counts that do not match the keys asked")
+            values.extend(counts)
+            boots.add(str(answer.get("boot")))
+        return [self._deltas(backends, values, boots)]
+
+    def _deltas(self, backends: list[tuple[MapKey, str]], values: list[int], boots: set[str]) -> CountReport:
+        seen, self._seen = self._seen, {}
+        restarted = len(boots) > 1 or (boots and boots != {self._boot})
+        if boots:
+            self._boot = next(iter(boots)) if len(boots) == 1 else None
+        deltas: dict[MapKey, dict[str, int]] = {}
+        for (key, cluster), value in zip(backends, values, strict=True):
+            name = f"{key.namespace}/{key.name}|{cluster}"
+            self._seen[name] = value
+            last = seen.get(name)
+            if last is None:
+                continue
+            if value < last:
+                restarted = True
+            elif value > last:
+                deltas.setdefault(key, {})[cluster] = value - last
+        if restarted:
+            return CountReport(self.instance, restarted=True)
+        return CountReport(self.instance, deltas)
 
 
 def build(options: NginxOptions) -> tuple[LuaRenderer, LuaTransport]:

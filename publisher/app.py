@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from adapters import ADAPTERS
-from adapters.base import Adapter, ApplyResult, TransportDefaults, publication_problem
+from adapters.base import Adapter, ApplyResult, RequestCounter, TransportDefaults, publication_problem
 from publisher import gate, loop, metrics, status
 from publisher.config import ConfigError, RunConfig, adapter_options
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
 from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
 from publisher.region_report import ReportSink
+from publisher.served_split import SplitVerifier
 from publisher.source import DirectorySource, KubeSource, Stores, WatchOptions
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,10 @@ async def run(config: RunConfig) -> Summary | None:
     kube = await Kube.connect(config.kubeconfig) if config.source == "kube" else None
     try:
         publisher, source = _assemble(config, adapter, kube)
+        counter = getattr(transport, "request_counter", None)
+        if config.split_verify == "on" and isinstance(counter, RequestCounter) and not (config.once or config.dry_run):
+            publisher.split = SplitVerifier(counter, config.split_interval, config.adapter, publisher.split_changed)
+        metrics.watch_split(publisher.split)
         if config.once or config.dry_run:
             await loop.once(publisher, source, read_gateway=not config.dry_run, timeout=config.timeout)
             return _summary(publisher, adapter)

@@ -624,6 +624,13 @@ def _add_envoy_bootstrap(parser: argparse.ArgumentParser) -> None:
         help="xDS mode: keep each map backend's upstream_* stats (Envoy keeps no per-map cluster stats by default: "
         "at 10,000 maps they make its first load about 2.5 s slower)",
     )
+    parser.add_argument(
+        "--no-load-stats",
+        dest="load_stats",
+        action="store_false",
+        help="xDS mode: leave out the Load Reporting Service, through which Envoy reports its requests per map backend "
+        "to the sidecar for the served-split check (`run --split-verify`)",
+    )
     parser.set_defaults(run=_envoy_bootstrap)
 
 
@@ -650,6 +657,7 @@ def _envoy_bootstrap(args: argparse.Namespace) -> int:
             admin_host=admin[0],
             admin_port=admin[1],
             backend_stats=args.backend_stats,
+            load_stats=args.load_stats,
         )
     else:
         text = bootstrap(
@@ -678,6 +686,12 @@ def _add_nginx_config(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control-listen", required=True, metavar="HOST:PORT", help="the control listener; keep it on 127.0.0.1")
     parser.add_argument("--secret-file", required=True, metavar="PATH", help="the shared secret, the same file as --nginx-secret-file")
     parser.add_argument("--shared-dict-size", default="32m", metavar="SIZE", help="routing table size, ~600 B per map (default: 32m)")
+    parser.add_argument(
+        "--counts-dict-size",
+        default="8m",
+        metavar="SIZE",
+        help="request counters per map backend for the served-split check, ~131 B each (default: 8m; `off`: no counting)",
+    )
     parser.add_argument("--ca-file", metavar="PATH", help="CA bundle for https backends (default: the system bundle)")
     parser.add_argument("--lua-dir", metavar="DIR", help="copy the Lua modules into DIR (made if missing) and load them from there, "
                         "for an NGINX that does not see this package's files (default: load them from the package)")
@@ -703,6 +717,7 @@ def _nginx_config(args: argparse.Namespace) -> int:
             control_listen=args.control_listen,
             secret_file=Path(args.secret_file),
             shared_dict_size=args.shared_dict_size,
+            counts_dict_size=None if args.counts_dict_size == "off" else args.counts_dict_size,
             ca_file=Path(args.ca_file) if args.ca_file else None,
             lua_dir=lua_dir,
         )

@@ -26,6 +26,7 @@ from publisher.metrics import PerMap
 from publisher.model import DURATION_PARSERS, DURATION_UNITS, Duration, Interval, is_dns_label, parse_duration, split_host_port
 
 ENV_PREFIX = "OME_PUBLISHER_"
+MIN_SPLIT_INTERVAL = 10.0
 
 
 class ConfigError(ValueError):
@@ -76,6 +77,12 @@ class _RunCore(BaseModel):
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Least severe level logged.")
     probe_max_age: Duration | None = Field(None, description="Report (not hold) a map whose probe.lastProbeTime is older than this.")
+    split_verify: Literal["on", "off"] = Field(
+        "on", description="Check the split each gateway instance serves against the weights, from the gateway's own request counts (Envoy xDS, NGINX Lua): a report, never a hold."
+    )
+    split_interval: Duration = Field(
+        60.0, description="How often each gateway instance reports its request counts, at least 10s (at 10,000 maps an Envoy's report is about 1.7 MB)."
+    )
 
     # Set by `load`: each option not given as a flag -> where its value came from, for messages.
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -101,6 +108,13 @@ class _RunCore(BaseModel):
             value.format(name="n", namespace="ns")
         except (KeyError, IndexError, ValueError) as exc:
             raise ValueError(f"{value!r} may use only {{name}} and {{namespace}}") from exc
+        return value
+
+    @field_validator("split_interval")
+    @classmethod
+    def _split_interval_floor(cls, value: float) -> float:
+        if value < MIN_SPLIT_INTERVAL:
+            raise ValueError(f"{value:g}s is shorter than {MIN_SPLIT_INTERVAL:g}s: each report lists every map's backends")
         return value
 
     @field_validator("listen")

@@ -27,11 +27,12 @@ import aiohttp
 from aiohttp import web
 
 from adapters.base import Adapter, AdapterError, ApplyResult
-from publisher import gate, metrics, plan, status
+from publisher import gate, metrics, plan, served_split, status
 from publisher.kube import Kube, KubeError, LeaseLock
 from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
 from publisher.plan import Hold, Outcome, Publish, Withdraw
 from publisher.retry import Backoff
+from publisher.served_split import SplitVerifier
 from publisher.source import Stores
 
 log = logging.getLogger(__name__)
@@ -175,6 +176,8 @@ class Publisher:
         # Keys a resync re-decides, fed to the queue a slice at a time when it has nothing else,
         # so a resync of 10,000 maps never holds a fresh event back or the event loop up.
         self._resync_backlog: list[MapKey] = []
+        # The served-split check, where the gateway counts requests and it is on.
+        self.split: SplitVerifier | None = None
 
     @property
     def published(self) -> Mapping[MapKey, Route]:
@@ -296,6 +299,8 @@ class Publisher:
             new = confirmed.get(key)
             if new == old:
                 continue
+            if self.split is not None:
+                self.split.route_confirmed(key, new)
             metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="withdrawn" if new is None else "published").inc()
             metrics.map_weights(key, new)
             seen_at = pending.get(key)
@@ -328,7 +333,8 @@ class Publisher:
             if isinstance(outcome, Publish):
                 pub = outcome.publication
                 self.provenance[key] = pub
-                message = _published_message(self.adapter.name, pub, result.notes.get(key), self._stale_probes(item))
+                split_note = self.split.note(key) if self.split is not None else None
+                message = _published_message(self.adapter.name, pub, result.notes.get(key), self._stale_probes(item), split_note)
                 self._set_state(key, MapState("published"))
                 report = status.Report(True, Reason.PUBLISHED, message, pub.generation)
             elif isinstance(outcome, Hold):
@@ -463,6 +469,8 @@ class Publisher:
         withdrawn even when its first full view came first."""
         for key, route in (await self.adapter.start()).items():
             metrics.map_weights(key, route)
+            if self.split is not None:
+                self.split.route_confirmed(key, route)
             self.queue.add(key)
         self.started = True
 
@@ -573,15 +581,20 @@ class Publisher:
             )
             if served_by is not None:
                 maps[-1]["envoys"] = served_by(key)  # which version each connected Envoy serves
+            maps[-1]["split"] = self.split.debug(key) if self.split is not None else served_split.unsupported(self.adapter.name)
         return maps
 
+    def split_changed(self, key: MapKey) -> None:
+        """A map's served split turned off or back: decide it again, so its condition says so."""
+        self.queue.add(key)
 
-def _published_message(adapter: str, pub: Publication, adapter_note: str | None, probe_note: str | None) -> str:
+
+def _published_message(adapter: str, pub: Publication, adapter_note: str | None, probe_note: str | None, split_note: str | None = None) -> str:
     weights = ", ".join(f"{b.cluster}={b.weight}" for b in pub.backends) or "no backends"
     parts = [f"the {adapter} gateway serves generation {pub.generation} for {pub.hostname}: {weights}"]
     if pub.all_zero and adapter_note is None:
         parts.append("every weight is 0, so the gateway answers 503")
-    parts.extend(note for note in (adapter_note, probe_note) if note)
+    parts.extend(note for note in (adapter_note, probe_note, split_note) if note)
     return "; ".join(parts)
 
 
@@ -729,6 +742,8 @@ async def run(
             await publisher.start()
             group.create_task(publisher.run_applier())
             group.create_task(publisher.run_resync())
+            if publisher.split is not None:
+                group.create_task(publisher.split.run())
             if publisher.status_sink is not None:
                 group.create_task(publisher.run_status_writer())
                 if leader is not None:

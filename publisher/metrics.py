@@ -235,6 +235,58 @@ def watch_nginx_table(stats: NginxTableStats | None) -> None:
     _NGINX_TABLE.stats = stats
 
 
+# --- the served-split check ----------------------------------------------------------------------
+
+SPLIT_STATES = ("verified", "off", "few_requests", "unsupported")
+
+
+class SplitView(Protocol):
+    """What publisher.served_split.SplitVerifier knows, read at scrape time."""
+
+    reports: Mapping[str, int]
+    fold_seconds: float
+    map_states: Mapping[str, int]
+
+    def off(self) -> list[tuple[MapKey, str]]: ...
+
+
+class _SplitCollector:
+    """The served-split series: `split_off` exists only while a map is off on an instance, so its
+    series are bounded by the maps that are wrong, as `--metrics-per-map problems` is."""
+
+    view: SplitView | None = None
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterable[Any]:
+        view = self.view
+        if view is None:
+            return []
+        states = GaugeMetricFamily(PREFIX + "split_maps", "Published maps by served-split verdict.", labels=["state"])
+        for state in SPLIT_STATES:
+            states.add_metric([state], view.map_states.get(state, 0))
+        off = GaugeMetricFamily(
+            PREFIX + "split_off", "1 while a map's served split is off on a gateway instance.", labels=["namespace", "name", "gateway"]
+        )
+        for key, instance in view.off():
+            off.add_metric([key.namespace, key.name, instance], 1)
+        reports = CounterMetricFamily(PREFIX + "split_reports", "Request-count reports folded, by gateway instance.", labels=["gateway"])
+        for instance, count in sorted(view.reports.items()):
+            reports.add_metric([instance], count)
+        fold = CounterMetricFamily(PREFIX + "split_fold_seconds", "Time spent folding and judging request counts.", value=view.fold_seconds)
+        return [states, off, reports, fold]
+
+
+_SPLIT = _SplitCollector()
+REGISTRY.register(_SPLIT)
+
+
+def watch_split(view: SplitView | None) -> None:
+    """Export the served-split series of `view` (None: none; a gateway that counts nothing)."""
+    _SPLIT.view = view
+
+
 # --- per-map series ------------------------------------------------------------------------------
 
 PerMap = Literal["all", "problems", "none"]

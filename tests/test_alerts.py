@@ -26,6 +26,7 @@ import yaml
 
 from adapters.nginx_lua import LuaStats
 from publisher import metrics
+from publisher.served_split import SplitVerifier
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "ome-gateway-publisher"
@@ -261,6 +262,19 @@ CASES: dict[str, Case] = {
          _series("ome_gateway_publisher_nginx_table_used_bytes", TARGET, "26843546x15")],
         {"12m": []},
     ),
+    "split-off": Case(
+        "OmeGatewayPublisherSplitOff",
+        # Off from 2m on; the alert waits 5m more.
+        [_series("ome_gateway_publisher_split_off", TARGET, "_x2 1x15", namespace="prod", name="chat", gateway="gw-1")],
+        {"5m": [], "8m": [({**TARGET, "namespace": "prod", "name": "chat", "gateway": "gw-1"},
+                           f"{TARGET['pod']}: prod/chat is not served at its weights by gw-1")]},
+    ),
+    "split-off-cleared": Case(
+        "OmeGatewayPublisherSplitOff",
+        # Off for 4 minutes, then verified again (the series goes away): never long enough.
+        [_series("ome_gateway_publisher_split_off", TARGET, "1x4 _x15", namespace="prod", name="chat", gateway="gw-1")],
+        {"3m": [], "10m": []},
+    ),
     # Another region's sidecar does not answer for this one.
     "other-region-down": Case(
         "OmeGatewayPublisherDown",
@@ -319,7 +333,7 @@ class _OneEnvoy:
     """An xDS transport with one Envoy connected, for the per-Envoy series."""
 
     def envoys(self) -> list[Any]:
-        return [SimpleNamespace(node="ome-gateway-envoy", peer="ipv4:127.0.0.1", nacks={}, unacked_since=None, sent=0)]
+        return [SimpleNamespace(name="ome-gateway-envoy", node="ome-gateway-envoy", peer="ipv4:127.0.0.1", nacks={}, unacked_since=None, sent=0)]
 
     def served(self, key: Any) -> dict[str, str | None]:
         return {}
@@ -330,11 +344,21 @@ def _exported_names() -> set[str]:
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     metrics.watch_nginx_table(LuaStats(bytes_capacity=1 << 20, bytes_free=1 << 19))
     metrics.watch_envoys(_OneEnvoy())
+    metrics.watch_split(SplitVerifier(_NoCounts(), 60.0, "envoy", lambda key: None))
     try:
         return {family.name + suffix for family in metrics.REGISTRY.collect() for suffix in suffixes[family.type]}
     finally:
         metrics.watch_nginx_table(None)
         metrics.watch_envoys(None)
+        metrics.watch_split(None)
+
+
+class _NoCounts:
+    def enable(self, interval: float) -> None:
+        return None
+
+    async def collect(self) -> list[Any]:
+        return []
 
 
 def _dashboard_queries() -> list[str]:

@@ -794,7 +794,8 @@ def test_nginx_defaults_to_lua_with_one_secret_in_both_containers() -> None:
     assert f"--nginx-secret-file={secret_file}" in args
     generate = _container(pod, "nginx-config")
     assert "ome-publisher nginx-config \"$@\"" in generate["command"][2]
-    assert generate["args"] == ["--listen=8080", "--control-listen=127.0.0.1:8082", f"--secret-file={secret_file}", "--lua-dir=/etc/nginx/ome-lua/lua", "--shared-dict-size=32m"]
+    assert generate["args"] == ["--listen=8080", "--control-listen=127.0.0.1:8082", f"--secret-file={secret_file}", "--lua-dir=/etc/nginx/ome-lua/lua",
+                                "--shared-dict-size=32m", "--counts-dict-size=8m"]
     # The CLI copies the Lua modules and names the copy (issue 23, finding 9): no sed over its output.
     assert "sed" not in " ".join(generate["command"]) and "python" not in " ".join(generate["command"])
     assert _secret_mounts(pod, "publisher") == _secret_mounts(pod, "nginx") == ["/etc/ome-publisher/nginx-control"]
@@ -969,3 +970,14 @@ def test_template_has_no_tabs_and_balanced_actions(template: Path) -> None:
     text = template.read_text()
     assert "\t" not in text
     assert text.count("{{") == text.count("}}")
+
+
+def test_split_verification_is_on_by_default_and_off_turns_off_envoys_load_reports_too() -> None:
+    on = _pod({})
+    assert {"--split-verify=on", "--split-interval=60s"} <= set(_container(on, "publisher")["args"])
+    assert "--no-load-stats" not in _container(on, "envoy-bootstrap")["args"]
+    off = _pod({"splitVerify": {"enabled": False, "interval": "2m"}})
+    assert {"--split-verify=off", "--split-interval=2m"} <= set(_container(off, "publisher")["args"])
+    assert "--no-load-stats" in _container(off, "envoy-bootstrap")["args"]
+    nginx = _pod({"adapter": {"name": "nginx", "nginx": {"countsDictSize": "off"}}})
+    assert "--counts-dict-size=off" in _container(nginx, "nginx-config")["args"]

@@ -9,9 +9,11 @@
 -- with wait, it answers once the version moves past VERSION or the wait ends. POST /batch
 -- (format in ome_table.parse_batch) validates a whole batch and applies all of it or nothing (400
 -- with a reason, 507 when the table is full, 409 when expect_boot names another boot, 500 when a
--- refused batch could not be undone whole), answering with the state.
+-- refused batch could not be undone whole), answering with the state. POST /counts answers request
+-- counts per map backend (ome_counts).
 local cjson = require("cjson.safe")
 local table_ = require("ome_table")
+local counts = require("ome_counts")
 
 local _M = {}
 
@@ -177,6 +179,10 @@ function _M.handle()
     end
     if uri == "/changes" and method == "GET" then return changes() end
     if uri == "/batch" and method == "POST" then return batch() end
+    if uri == "/counts" and method == "POST" then
+        ngx.req.read_body()
+        return reply(counts.read(ngx.req.get_body_data()))
+    end
     return reply(404, { error = "no such control endpoint" })
 end
 

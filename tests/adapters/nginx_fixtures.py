@@ -221,7 +221,7 @@ class RunningLuaNginx:
                 assert response.status == 200, await response.text()
                 return json.loads(await response.text())
 
-    def configure(self, *, shared_dict_size: str, ca_file: Path | None = None) -> None:
+    def configure(self, *, shared_dict_size: str, counts_dict_size: str | None = "1m", ca_file: Path | None = None) -> None:
         """Write the nginx-config snippet, read at the next start."""
         (self.directory / "ome-lua.conf").write_text(
             http_snippet(
@@ -229,6 +229,7 @@ class RunningLuaNginx:
                 control_listen=f"127.0.0.1:{self.control_port}",
                 secret_file=self.secret_file,
                 shared_dict_size=shared_dict_size,
+                counts_dict_size=counts_dict_size,
                 ca_file=ca_file,
             )
         )
@@ -264,7 +265,13 @@ class RunningLuaNginx:
 
 @contextlib.asynccontextmanager
 async def running_lua_nginx(
-    directory: Path, *, workers: int = 2, shared_dict_size: str = "4m", ca_file: Path | None = None, start: bool = True
+    directory: Path,
+    *,
+    workers: int = 2,
+    shared_dict_size: str = "4m",
+    counts_dict_size: str | None = "1m",
+    ca_file: Path | None = None,
+    start: bool = True,
 ) -> AsyncIterator[RunningLuaNginx]:
     """NGINX with the Lua modules, serving the nginx-config snippet with an empty table; with
     `start=False`, configured on its ports but not started (a test starts it later)."""
@@ -279,7 +286,7 @@ async def running_lua_nginx(
         _LUA_MAIN_CONF.format(load_modules=load_modules, dir=directory, workers=workers, conf=snippet, eval_port=eval_port)
     )
     nginx = RunningLuaNginx(directory, main_conf, secret_file, listen_port, control_port, eval_port)
-    nginx.configure(shared_dict_size=shared_dict_size, ca_file=ca_file)
+    nginx.configure(shared_dict_size=shared_dict_size, counts_dict_size=counts_dict_size, ca_file=ca_file)
     try:
         if start:
             await nginx.start()

@@ -11,6 +11,9 @@ the http {} snippet NGINX includes. tests/test_helm.py checks every flag here ag
 {{- with .Values.adapter.nginx.sharedDictSize }}
 - {{ printf "--shared-dict-size=%s" . | quote }}
 {{- end }}
+{{- with .Values.adapter.nginx.countsDictSize }}
+- {{ printf "--counts-dict-size=%s" . | quote }}
+{{- end }}
 {{- with .Values.adapter.nginx.caFile }}
 - {{ printf "--ca-file=%s" . | quote }}
 {{- end }}

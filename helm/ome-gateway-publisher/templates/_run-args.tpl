@@ -23,6 +23,8 @@ against `ome-publisher run --help`.
 - {{ printf "--probe-max-age=%s" . | quote }}
 {{- end }}
 - {{ printf "--host-template=%s" .Values.hostTemplate | quote }}
+- {{ printf "--split-verify=%s" (ternary "on" "off" .Values.splitVerify.enabled) | quote }}
+- {{ printf "--split-interval=%s" .Values.splitVerify.interval | quote }}
 - {{ printf "--status-mode=%s" (include "ome-gateway-publisher.statusMode" .) | quote }}
 {{- if .Values.leaderElection.enabled }}
 - --leader-elect
