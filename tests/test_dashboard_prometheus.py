@@ -36,6 +36,8 @@ INSTANCE = "eu-west"
 NEW_PANELS = {
     "Held and failed maps", "Connected Envoys", "Envoy NACKs by kind", "Oldest unacked change per Envoy",
     "NGINX table fill", "NGINX table pushes and failures", "Restarts detected", "Internal, source and verification errors",
+    # Issue 22: both sidecars count requests (Envoy's load reports, NGINX's counters).
+    "Served split by verdict",
 }
 
 pytestmark = [
