@@ -524,6 +524,9 @@ class XdsTransport:
     def unready(self) -> str | None:
         return None if self._sessions else "no Envoy connected"
 
+    def refusals(self) -> Mapping[MapKey, str]:
+        return {}
+
     def hold_off(self) -> float:
         return 0.0
 

@@ -362,6 +362,9 @@ class LuaTransport:
     def unready(self) -> str | None:
         return self._unready
 
+    def refusals(self) -> Mapping[MapKey, str]:
+        return {}
+
     async def serve(self) -> None:
         """Until cancelled: watch the boot id and restore the table after a restart; re-resolve
         names every resolve interval and push the maps whose addresses moved."""

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from adapters import ADAPTERS
-from adapters.base import Adapter, ApplyResult, TransportDefaults, publication_problem
+from adapters.base import Adapter, ApplyResult, Reconciled, TransportDefaults, publication_problem
 from publisher import gate, loop, metrics
 from publisher.config import ConfigError, RunConfig, flag
 from publisher.kube import Kube
@@ -86,8 +86,8 @@ class DryRunAdapter(TransportDefaults):
                 self._routes[key] = pub.route
         return ApplyResult(wrote=False)
 
-    async def reconcile(self) -> frozenset[MapKey]:
-        return frozenset()
+    async def reconcile(self) -> Reconciled:
+        return Reconciled()
 
     async def aclose(self) -> None:
         await self._inner.aclose()

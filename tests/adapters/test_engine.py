@@ -119,10 +119,10 @@ async def test_reconcile_writes_back_what_drifted_and_never_adopts_it():
     gateway.held[MapKey("prod", "a")] = pub("a", 9).route
     gateway.held[MapKey("prod", "stray")] = pub("stray", 1).route
     del gateway.held[MapKey("prod", "b")]
-    drift = await engine.reconcile()
-    assert drift == {MapKey("prod", "a"), MapKey("prod", "b"), MapKey("prod", "stray")}
+    done = await engine.reconcile()
+    assert done.repaired == {MapKey("prod", "a"), MapKey("prod", "b"), MapKey("prod", "stray")}
     assert gateway.held == {MapKey("prod", "a"): pub("a", 1).route, MapKey("prod", "b"): pub("b", 2).route}
-    assert await engine.reconcile() == frozenset()
+    assert (await engine.reconcile()).repaired == frozenset()
 
 
 async def test_an_unchanged_route_writes_nothing():
