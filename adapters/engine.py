@@ -72,6 +72,9 @@ class Engine(Generic[PartT]):
         self._waiting: dict[MapKey, str] = {}
         # Confirmed maps some client refuses: written again with their next decision.
         self._refused: dict[MapKey, Held] = {}
+        # Maps of a write whose outcome is unknown: clients may disagree on them, so they are
+        # decided again and written even when the read-back shows their route unchanged.
+        self._in_doubt: set[MapKey] = set()
         # The gateway's state must be read before the next write: at start, and after a write
         # whose outcome is unknown.
         self._unknown = True
@@ -110,8 +113,12 @@ class Engine(Generic[PartT]):
         for key, pub in decided.items():
             self._waiting.pop(key, None)
             route = pub.route if pub is not None else None
-            if route != self._routes.get(key) or key in self._refused:
+            if route != self._routes.get(key) or key in self._refused or key in self._in_doubt:
                 wanted[key] = route
+        # A map in doubt that is not decided now is written as confirmed, so the clients converge.
+        for key in self._in_doubt - wanted.keys():
+            if key in self._routes:
+                wanted[key] = self._routes[key]
         self._settle_duplicates(wanted, rejected)
         written = _Written()
         # Each round writes the changes that depend on no unwritten change; a claim on a hostname
@@ -139,15 +146,18 @@ class Engine(Generic[PartT]):
         served = await self._transport.read()
         refused = self._take_refusals()
         drift = {key for key in self._routes.keys() | served.keys() if served.get(key) != self._routes.get(key)}
-        if drift:
-            repair = {key: self._parts.get(key) for key in drift}
+        repair_in_doubt = self._in_doubt & self._routes.keys()
+        if drift or repair_in_doubt:
+            repair = {key: self._parts.get(key) for key in drift | repair_in_doubt}
             try:
                 result = await self._transport.write(_Overlay(self._parts, {}), repair)
             except NotConnected:
                 raise
             except Unavailable:
                 self._unknown = True
+                self._in_doubt.update(repair)
                 raise
+            self._in_doubt -= repair.keys() - result.rejected.keys()
             drift -= result.rejected.keys()
             refused.update((key, self._refusal(key, why)) for key, why in result.rejected.items() if key in self._routes)
             refused.update(self._take_refusals())
@@ -172,7 +182,8 @@ class Engine(Generic[PartT]):
     # --- internals ----------------------------------------------------------------------------
 
     async def _read_back(self) -> set[MapKey]:
-        """Replace the snapshot with what the gateway serves; return the maps whose route changed."""
+        """Replace the snapshot with what the gateway serves; return the maps to decide again:
+        those whose route changed, and those of the write in doubt."""
         served = await self._transport.read()
         routes: dict[MapKey, Route] = {}
         parts: dict[MapKey, PartT] = {}
@@ -191,7 +202,7 @@ class Engine(Generic[PartT]):
         self._duplicates = {hostname for hostname, keys in self._served_on.items() if len(keys) > 1}
         self._refused = {key: held for key, held in self._refused.items() if key in routes}
         self._unknown = False
-        return changed
+        return changed | self._in_doubt
 
     def _seniority(self, key: MapKey) -> tuple[int, str, MapKey]:
         """The order in which claims on one hostname win: the older TrafficMap, then
@@ -290,6 +301,7 @@ class Engine(Generic[PartT]):
             raise  # nothing was written: what the gateway serves is still known
         except Unavailable:
             self._unknown = True
+            self._in_doubt.update(changes)
             raise
         written.wrote = True
         written.reloads += result.reloads
@@ -313,6 +325,7 @@ class Engine(Generic[PartT]):
 
     def _commit(self, key: MapKey, route: Route | None, part: PartT | None, freed: set[str]) -> None:
         self._refused.pop(key, None)
+        self._in_doubt.discard(key)
         old = self._routes.get(key)
         if old is not None:
             served = self._served_on[old.hostname]
