@@ -99,7 +99,9 @@ class Engine(Generic[PartT]):
 
     async def apply(self, decided: Mapping[MapKey, Publication | None]) -> ApplyResult:
         """Make the gateway serve each decided map's route (None: withdraw it), writing only the
-        maps whose route differs from the confirmed one or that a client refuses.
+        maps whose route differs from the confirmed one, that a client refuses, or that a write
+        in doubt left the clients disagreeing on; and withdrawing a map read back on a hostname an
+        older map holds.
 
         Raises Unavailable when the gateway cannot be reached or did not confirm; what it then
         serves is read back before the next write. Everything else comes back in the result.

@@ -257,7 +257,8 @@ class Publisher:
     # --- one pass ------------------------------------------------------------------------------
 
     async def sync_once(self, pending: Mapping[MapKey, float | None]) -> None:
-        """Decide `pending`, make one gateway write for every route that changed, queue reports."""
+        """Decide `pending`, hand every decision to the engine in one apply (it writes what
+        changed), queue reports."""
         if not pending:
             return
         outcomes: dict[MapKey, Outcome] = {}
@@ -792,7 +793,12 @@ async def once(publisher: Publisher, source: Source, *, read_gateway: bool = Tru
     except TimeoutError:
         problem = source.problem()
         why = f": {problem}" if problem else ""
-        stage = "the source's first full view" if not publisher.is_synced else "the gateway write and status writes"
+        if not publisher.started:
+            stage = f"the gateway: {publisher.gateway_waiting}" if publisher.gateway_waiting else "the gateway's read-back"
+        elif not publisher.is_synced:
+            stage = "the source's first full view"
+        else:
+            stage = "the gateway write and status writes"
         raise SyncTimeout(f"no result within {timeout:g}s, waiting for {stage}{why}") from None
 
 
