@@ -75,6 +75,9 @@ class Engine(Generic[PartT]):
         # Maps of a write whose outcome is unknown: clients may disagree on them, so they are
         # decided again and written even when the read-back shows their route unchanged.
         self._in_doubt: set[MapKey] = set()
+        # Maps a read-back changed, or left in doubt, not yet handed back to be decided again
+        # (kept across a call that raised after its read-back).
+        self._redecide: set[MapKey] = set()
         # The gateway's state must be read before the next write: at start, and after a write
         # whose outcome is unknown.
         self._unknown = True
@@ -95,6 +98,7 @@ class Engine(Generic[PartT]):
     async def start(self) -> Mapping[MapKey, Route]:
         """Read back what the gateway serves: the starting state after a restart."""
         await self._read_back()
+        self._redecide.clear()  # the caller decides every map read back
         return self.confirmed
 
     async def apply(self, decided: Mapping[MapKey, Publication | None]) -> ApplyResult:
@@ -106,7 +110,8 @@ class Engine(Generic[PartT]):
         Raises Unavailable when the gateway cannot be reached or did not confirm; what it then
         serves is read back before the next write. Everything else comes back in the result.
         """
-        changed_by_read = await self._read_back() if self._unknown else set()
+        if self._unknown:
+            await self._read_back()
         for key, pub in decided.items():
             if pub is not None:
                 self._created[key] = pub.created
@@ -134,7 +139,8 @@ class Engine(Generic[PartT]):
         released = {key for key, hostname in self._waiting.items() if hostname in freed and key not in rejected}
         for key in released:
             del self._waiting[key]
-        released.update(key for key in changed_by_read if key not in decided)
+        released.update(key for key in self._redecide if key not in decided)
+        self._redecide.clear()
         return ApplyResult(rejected, written.notes, frozenset(released), written.wrote, written.reloads)
 
     async def reconcile(self) -> Reconciled:
@@ -143,8 +149,9 @@ class Engine(Generic[PartT]):
         confirmed is what it must serve. After a write whose outcome is unknown, though, the read
         is the snapshot, and the maps it changed are to be decided again."""
         if self._unknown:
-            changed = await self._read_back()
-            return Reconciled(refused=self._take_refusals(), released=frozenset(changed))
+            await self._read_back()
+            released, self._redecide = frozenset(self._redecide), set()
+            return Reconciled(refused=self._take_refusals(), released=released)
         served = await self._transport.read()
         refused = self._take_refusals()
         drift = {key for key in self._routes.keys() | served.keys() if served.get(key) != self._routes.get(key)}
@@ -183,9 +190,9 @@ class Engine(Generic[PartT]):
 
     # --- internals ----------------------------------------------------------------------------
 
-    async def _read_back(self) -> set[MapKey]:
-        """Replace the snapshot with what the gateway serves; return the maps to decide again:
-        those whose route changed, and those of the write in doubt."""
+    async def _read_back(self) -> None:
+        """Replace the snapshot with what the gateway serves; the maps whose route changed, and
+        those of the write in doubt, are to be decided again."""
         served = await self._transport.read()
         routes: dict[MapKey, Route] = {}
         parts: dict[MapKey, PartT] = {}
@@ -204,7 +211,9 @@ class Engine(Generic[PartT]):
         self._duplicates = {hostname for hostname, keys in self._served_on.items() if len(keys) > 1}
         self._refused = {key: held for key, held in self._refused.items() if key in routes}
         self._unknown = False
-        return changed | self._in_doubt
+        self._redecide |= changed | self._in_doubt
+        # What no client serves is settled; what some serve is written again until they agree.
+        self._in_doubt &= routes.keys()
 
     def _seniority(self, key: MapKey) -> tuple[int, str, MapKey]:
         """The order in which claims on one hostname win: the older TrafficMap, then

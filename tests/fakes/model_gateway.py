@@ -134,7 +134,7 @@ class ModelTransport(TransportDefaults):
             if client.name != leaving:  # one that leaves is gone before it takes this write
                 self._converge(client, new, before, changes)
         self.target = new
-        self.asked = dict(new)
+        self.asked = dict(parts)
         if fail == "unavailable-partial":
             raise Unavailable("timed out confirming")
         if leaving is not None:
