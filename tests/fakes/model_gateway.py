@@ -68,10 +68,11 @@ class ModelTransport(TransportDefaults):
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
-        # What the clients are to serve, and what the engine last asked for (they differ only
-        # when the gateway lost something behind the engine's back).
+        # What the clients are to serve; and what the engine's last write asked for and which of
+        # it was refused (None after a read: the engine may then take the read as its snapshot).
         self.target: dict[MapKey, Route] | None = None
-        self.asked: dict[MapKey, Route] = {}
+        self.asked: dict[MapKey, Route] | None = None
+        self.last_refused: set[MapKey] = set()
         self._refused_later: dict[MapKey, str] = {}
         self.writes = 0
 
@@ -96,7 +97,7 @@ class ModelTransport(TransportDefaults):
         served = {key: min(counter, key=lambda route: (-counter[route], repr(route))) for key, counter in votes.items()}
         restarted = self.target is None
         self.target = dict(served)
-        self.asked = dict(served)
+        self.asked = None
         if restarted:
             for client in clients:
                 self._send_target(client)
@@ -108,7 +109,8 @@ class ModelTransport(TransportDefaults):
             raise NotConnected("no client connected")
         before = self.target if self.target is not None else {}
         new = dict(parts)
-        missed = {key for key in self.asked.keys() | new.keys() if self.asked.get(key) != new.get(key)} - changes.keys()
+        previous = self.asked if self.asked is not None else new
+        missed = {key for key in previous.keys() | new.keys() if previous.get(key) != new.get(key)} - changes.keys() - self.last_refused
         if missed:
             self.fleet.violations.append(f"changes {sorted(changes)} miss {sorted(missed)}")
         differing = {key for key in before.keys() | new.keys() if before.get(key) != new.get(key)}
@@ -134,7 +136,7 @@ class ModelTransport(TransportDefaults):
             if client.name != leaving:  # one that leaves is gone before it takes this write
                 self._converge(client, new, before, changes)
         self.target = new
-        self.asked = dict(parts)
+        self.asked, self.last_refused = dict(parts), set(refused)
         if fail == "unavailable-partial":
             raise Unavailable("timed out confirming")
         if leaving is not None:
