@@ -14,16 +14,18 @@ passes beyond every backoff, resyncs run): every map reported published is serve
 by every connected client; every map a connected client refuses is not reported published (so a
 refusal is reported within one resync); and what the engine confirmed is what the clients serve.
 
-Run against main's engine and loop (91c9cd5, the model's NotConnected taken as the Unavailable it
-subclasses), six seeds of 1,000 examples each failed, shrunk to a few steps:
-- finding 1, "after a write: envoy-0 serves h0.example.com for prod/m0 and prod/m1": set_map(m0, h0),
-  resync, set_map(m1, h0), set_map(m0, h1, an unrenderable route), resync (B was granted A's
-  hostname before A's move had landed; also with h1 owned by a third map);
-- finding 4, "prod/m0 is reported published but envoy-0 serves None": client_refuses(envoy-0, m0),
-  client_leaves(envoy-0), set_map(m0, h0), resync, client_connects(envoy-0), settle;
-- finding 5, "prod/m1 is reported published but not confirmed": set_map(m1, h0), resync,
-  gateway_loses_a_map(m1), next_write_fails(unavailable), set_map(m0, h0), resync (the read-back
-  after the unknown write dropped m1 from the snapshot without a word).
+Run against the engine and loop of 91c9cd5 (the model's NotConnected taken as the Unavailable it
+subclasses), seeds of 1,000 examples failed, shrunk to a few steps each:
+- finding 1, "after a write: envoy-1 serves h0.example.com for prod/m0 and prod/m1": set_map(m0, h0),
+  set_map(m1, h0), resync, set_map(m0, h1, an unrenderable route), resync (m1 was granted m0's
+  hostname before m0's move had landed; also with h1 owned by a third map);
+- finding 4, "prod/m0 is reported published but envoy-0 serves None": set_map(m0, h0), resync,
+  client_leaves(envoy-0), client_refuses(envoy-0, m0), client_connects(envoy-0), settle;
+- finding 5, "prod/m1 is reported published but not confirmed": client_leaves(envoy-0),
+  set_map(m1, h0), resync, gateway_loses_a_map(m1), next_write_fails(unavailable), set_map(m0, h0),
+  resync (the read-back after the unknown write dropped m1 from the snapshot without a word);
+- and a write in doubt that reached one client of two: "envoy-0 serves {}, the engine confirmed
+  {prod/m2: ...}" (clients left disagreeing on a map the read-back showed unchanged).
 
 CI runs a fixed budget; OME_SIMULATION_EXAMPLES=2000 (say) runs longer.
 """
