@@ -60,6 +60,47 @@ class NotConnected(Unavailable):
     """No gateway client is connected: nothing was written and nothing was lost; retry once one is."""
 
 
+def in_words(exc: BaseException) -> str:
+    """A failed call as a person says it: the path or the host:port it was about, then why. Never
+    the exception's repr (`ClientConnectorError(ConnectionKey(...))`, or `FileNotFoundError(2, ...)`,
+    whose repr drops the path)."""
+    if isinstance(exc, TimeoutError):
+        return str(exc) or "no answer in time"
+    if isinstance(exc, KeyError):
+        return f"no {exc}"
+    if isinstance(exc, OSError):
+        reason = os.strerror(exc.errno) if exc.errno else exc.strerror or " ".join(str(exc).split()) or type(exc).__name__
+        # aiohttp's connection errors are OSErrors that know the host and port they tried.
+        host, port = getattr(exc, "host", None), getattr(exc, "port", None)
+        where = exc.filename if exc.filename is not None else f"{host}:{port}" if host is not None else None
+        return f"{where}: {reason}" if where is not None else reason
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class CountReport:
+    """One interval of answered requests per map backend, as one gateway instance counted them."""
+
+    instance: str
+    counts: Mapping[MapKey, Mapping[str, int]] = field(default_factory=dict)
+    # Its counting started over (a new stream or boot, a counter that went down): windows restart.
+    restarted: bool = False
+    # The instance is gone (its stream ended): its windows are dropped.
+    left: bool = False
+
+
+@runtime_checkable
+class RequestCounter(Protocol):
+    """Optional, beside a transport (as its `request_counter`): what each gateway instance counted,
+    for the served-split check. Nothing is counted until `enable`."""
+
+    def enable(self, interval: float) -> None: ...
+
+    async def collect(self) -> list[CountReport]:
+        """The reports that arrived since the last call. Raises AdapterError."""
+        ...
+
+
 @dataclass(frozen=True)
 class ApplyResult:
     """What one apply did.
@@ -183,6 +224,9 @@ class Transport(Protocol[PartT]):
 
     Hostnames are unique: the engine decides which map owns each one and never hands a transport
     two parts with one hostname, so a transport may assume it (its own check is a guard only).
+
+    A transport whose writes reload the gateway says so with a class attribute `reloads_gateway =
+    True`: only then does the sidecar export `reloads_total`.
     """
 
     async def read(self) -> dict[MapKey, Route]: ...
@@ -239,6 +283,19 @@ def duplicate_hostname(parts: Mapping[MapKey, Any], what: str) -> str | None:
         owner = owners.setdefault(parts[key].hostname, key)
         if owner != key:
             return f"maps {owner} and {key} both claim {what} {parts[key].hostname}"
+    return None
+
+
+# Envoy refuses a route whose weighted_clusters weights sum past a uint32 (file and xDS mode alike).
+ENVOY_MAX_WEIGHT_SUM = 2**32 - 1
+
+
+def envoy_weight_sum_problem(route: Route) -> str | None:
+    """Why Envoy would refuse `route`'s weights on every push, or None: for both Envoy renderers'
+    `problem()`, so such a map is InvalidPlan up front."""
+    total = sum(backend.weight for backend in route.backends)
+    if total > ENVOY_MAX_WEIGHT_SUM:
+        return f"the weights sum to {total}, but Envoy takes a sum of at most {ENVOY_MAX_WEIGHT_SUM}"
     return None
 
 

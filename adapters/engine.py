@@ -289,7 +289,7 @@ class Engine(Generic[PartT]):
             try:
                 parts[key] = self._renderer.render(key, route)
             except Exception as exc:  # noqa: BLE001 - one map's failure must not stop the others
-                rejected[key] = Held(Reason.INTERNAL_ERROR, f"rendering for the {self.name} gateway failed: {exc!r}")
+                rejected[key] = Held(Reason.INTERNAL_ERROR, f"rendering for the {self.name} gateway failed: {type(exc).__name__}: {exc}")
         if parts:
             await self._write(parts, wanted, written)
 

@@ -30,9 +30,19 @@ from typing import Annotated, Any
 
 import aiohttp
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from adapters.base import Rejected, TransportDefaults, Unavailable, WriteResult, duplicate_hostname, publication_problem, write_atomic
+from adapters.base import (
+    Rejected,
+    TransportDefaults,
+    Unavailable,
+    WriteResult,
+    duplicate_hostname,
+    envoy_weight_sum_problem,
+    in_words,
+    publication_problem,
+    write_atomic,
+)
 from adapters.json_file import from_json as route_from_json
 from adapters.json_file import to_json as route_json
 from publisher.model import MapKey, Publication, Route, parse_endpoint
@@ -109,14 +119,19 @@ class EnvoyOptions(BaseModel):
         description="Send each backend its endpoint's host; off, as OME's own publisher passes the Host through.",
     )
 
+    @field_validator("envoy_xds_listen")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is not None:
+            host, _, port = value.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{value!r} is not HOST:PORT")
+        return value
+
     @model_validator(mode="after")
     def _one_transport(self) -> EnvoyOptions:
         if (self.envoy_xds_listen is None) == (self.envoy_dir is None):
             raise ValueError("give exactly one of --envoy-xds-listen (xDS server) and --envoy-dir (watched files)")
-        if self.envoy_xds_listen is not None:
-            host, _, port = self.envoy_xds_listen.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"envoy_xds_listen {self.envoy_xds_listen!r} is not HOST:PORT")
         return self
 
 
@@ -142,6 +157,14 @@ def cluster_name(key: MapKey, cluster: str) -> str:
     return f"ome|{key.namespace}|{key.name}|{cluster}"
 
 
+def parse_cluster_name(name: str) -> tuple[MapKey, str] | None:
+    """The map and backend cluster a `cluster_name` names; None for any other cluster."""
+    parts = name.split("|")
+    if len(parts) != 4 or parts[0] != "ome":
+        return None
+    return MapKey(parts[1], parts[2]), parts[3]
+
+
 def _virtual_host_name(key: MapKey) -> str:
     return f"ome|{key.namespace}|{key.name}"
 
@@ -153,6 +176,9 @@ def shared_problem(key: MapKey, route: Route) -> str | None:
 
 def envoy_problem(route: Route) -> str | None:
     """What Envoy cannot be given about a route that passed the shared checks, or None."""
+    weights = envoy_weight_sum_problem(route)
+    if weights is not None:
+        return weights
     for backend in route.backends:
         endpoint = parse_endpoint(backend.endpoint)
         if endpoint.path not in ("", "/"):
@@ -496,8 +522,13 @@ def _xds_stats_matcher(backend_stats: bool) -> dict[str, Any]:
 
 
 def _ads() -> dict[str, Any]:
-    # Without a control plane Envoy starts serving (404 for every host) after this, not after 15 s.
-    return {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "5s"}
+    # How long Envoy's start waits for each subscription's first answer before it serves without:
+    # CDS, then the scoped routes, one after the other, so an Envoy whose sidecar is not up serves
+    # 404 for every host after twice this (Envoy's default, 15 s each, made it 30 s; 5 s made it 10).
+    # A sidecar that is up answers in milliseconds, and what comes later applies as any update
+    # (the pod is not ready before the sidecar has confirmed Envoy's first ACK either way). Not 0:
+    # to Envoy that means wait forever.
+    return {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "2s"}
 
 
 def _listener(host: str, port: int, hcm: dict[str, Any]) -> dict[str, Any]:
@@ -524,10 +555,13 @@ def xds_bootstrap(
     admin_host: str | None = None,
     admin_port: int | None = None,
     backend_stats: bool = False,
+    load_stats: bool = True,
 ) -> str:
     """Pure: an Envoy bootstrap (YAML) taking clusters, scopes and routes from the sidecar's delta
     ADS server at xds_host:xds_port, serving them on one HTTP listener; each host is one scope.
-    `backend_stats` keeps each map backend's upstream_* stats, at a cost (see _xds_stats_matcher)."""
+    `backend_stats` keeps each map backend's upstream_* stats, at a cost (see _xds_stats_matcher).
+    `load_stats` has Envoy report its requests per cluster to the same server (Load Reporting
+    Service), which is how the sidecar checks the split it serves."""
     hcm = {
         "@type": _HCM_TYPE,
         "stat_prefix": STAT_PREFIX,
@@ -594,6 +628,14 @@ def xds_bootstrap(
             "listeners": [_listener(listen_host, listen_port, hcm)],
         },
     }
+    if load_stats:
+        config["cluster_manager"] = {
+            "load_stats_config": {
+                "api_type": "GRPC",
+                "transport_api_version": "V3",
+                "grpc_services": [{"envoy_grpc": {"cluster_name": _XDS_CLUSTER}}],
+            }
+        }
     return _with_admin(config, admin_host, admin_port)
 
 
@@ -705,7 +747,7 @@ async def _translated(what: str) -> AsyncIterator[None]:
     try:
         yield
     except (OSError, aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
-        raise Unavailable(f"envoy: {what}: {exc!r}") from exc
+        raise Unavailable(f"envoy: {what}: {in_words(exc)}") from exc
 
 
 class _EnvoyRejected(Exception):
@@ -718,6 +760,9 @@ class _EnvoyRejected(Exception):
 
 class EnvoyFileTransport(TransportDefaults):
     """The `Transport` of file mode: see the module docstring. The engine drives it, one call at a time."""
+
+    # Each write is a file Envoy reloads (WriteResult.reloads), counted in reloads_total.
+    reloads_gateway = True
 
     # How long Envoy gets to take one file beyond the work it carries: a rename of a small change
     # reloads within milliseconds; past the deadline the write is reported Unavailable and retried.

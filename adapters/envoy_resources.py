@@ -22,7 +22,7 @@ from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 
-from adapters.base import publication_problem
+from adapters.base import envoy_weight_sum_problem, publication_problem
 from publisher.model import Backend, MapKey, Publication, Route, is_canonical_ipv4, parse_endpoint
 
 __all__ = [
@@ -212,6 +212,9 @@ class XdsRenderer:
             return problem
         if route.hostname.startswith("*."):
             return f"hostname {route.hostname!r}: Envoy's scoped routes match one exact host, not a wildcard"
+        weights = envoy_weight_sum_problem(route)
+        if weights is not None:
+            return weights
         for backend in route.backends:
             endpoint = parse_endpoint(backend.endpoint)
             if endpoint.path not in ("", "/"):

@@ -4,7 +4,8 @@ Two transports share one renderer. `--json-path FILE`: every route in one file
 `{"publications": [...]}`, sorted by namespace and name, rewritten whole on each change (for small
 fleets). `--json-dir DIR`: one file per map, `<namespace>_<name>.json` (neither part may hold `_`),
 written atomically and removed on withdrawal, plus `index.json` with a write counter and the count
-of maps: O(1) per change. Either way a write is confirmed by reading the files back, and what is
+of maps: O(1) per change. A read-back (start, resync) rewrites an index that is missing, does not
+parse or miscounts the maps, and its counter never goes backwards. Either way a write is confirmed by reading the files back, and what is
 read back at start or resync is what the files hold; a file that does not parse serves nothing.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -72,10 +74,20 @@ def _whole(value: Any) -> int:
     return value
 
 
+# The longest file name Linux filesystems take; `_replace` adds 5 characters for its temp file.
+NAME_MAX = 255
+
+
 class JsonRenderer:
-    """Each map's route as one encoded JSON object."""
+    """Each map's route as one encoded JSON object; with `per_map_files`, each in a file named
+    after the map (--json-dir), whose name must fit the filesystem."""
+
+    def __init__(self, *, per_map_files: bool = False) -> None:
+        self._per_map_files = per_map_files
 
     def problem(self, key: MapKey, route: Route) -> str | None:
+        if self._per_map_files and len(_temp_name(map_file(key)).encode()) > NAME_MAX:
+            return f"the map's file name {map_file(key)} is longer than the {NAME_MAX - 5} characters a --json-dir file name can have"
         return None
 
     def render(self, key: MapKey, route: Route) -> bytes:
@@ -161,16 +173,36 @@ class JsonDirTransport(TransportDefaults):
                 continue
             if map_file(key) == name:
                 routes[key] = route
-        self._version = index
         self._count = len(routes)
+        if index is not None and index["maps"] == self._count and index["version"] >= self._version:
+            self._version = index["version"]
+            return routes
+        if index is None and self._count == 0 and self._version == 0:
+            return routes  # a new directory: the first write writes the index
+        if index is None and self._version == 0:
+            # A lost index after a restart: its counter is unknown, so it goes on from the clock's
+            # seconds, which no write counter reaches, never below an earlier version.
+            self._version = int(time.time())
+        self._version = max(self._version, index["version"] if index else 0)
+        try:
+            self._write_index()
+        except OSError as exc:
+            raise Unavailable(f"cannot write {self._dir / INDEX_FILE}: {exc}") from exc
         return routes
 
-    def _read_index(self) -> int:
+    def _read_index(self) -> dict[str, int] | None:
+        """The index's version and map count, or None when it is missing or not one we wrote."""
         try:
-            version = json.loads((self._dir / INDEX_FILE).read_bytes()).get("version", 0)
-        except (FileNotFoundError, ValueError, AttributeError):
-            return 0
-        return version if type(version) is int else 0
+            index = json.loads((self._dir / INDEX_FILE).read_bytes())
+        except (FileNotFoundError, ValueError):
+            return None
+        if not isinstance(index, dict) or set(index) != {"version", "maps"} or any(type(v) is not int for v in index.values()):
+            return None
+        return index
+
+    def _write_index(self) -> None:
+        self._version += 1
+        _replace(self._dir / INDEX_FILE, json.dumps({"version": self._version, "maps": self._count}).encode() + b"\n")
 
     async def write(self, parts: Mapping[MapKey, bytes], changes: Mapping[MapKey, bytes | None]) -> WriteResult:
         if len(changes) <= INLINE_WRITES:
@@ -193,10 +225,13 @@ class JsonDirTransport(TransportDefaults):
                     continue
                 _replace(path, part + b"\n")
                 self._count += 0 if existed else 1
-            self._version += 1
-            _replace(self._dir / INDEX_FILE, json.dumps({"version": self._version, "maps": self._count}).encode() + b"\n")
+            self._write_index()
         except OSError as exc:
             raise Unavailable(f"cannot write in {self._dir}: {exc}") from exc
+
+
+def _temp_name(name: str) -> str:
+    return f".{name}.tmp"
 
 
 def _replace(path: Path, data: bytes) -> None:
@@ -204,7 +239,7 @@ def _replace(path: Path, data: bytes) -> None:
     files do not need: the engine is their one writer (a fixed temp name is safe), and it reads
     every file back at start and rewrites what a crash lost, so no fsync either (two fsyncs cost
     more than the whole rest of an update)."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(_temp_name(path.name))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         os.write(fd, data)
@@ -218,6 +253,6 @@ def _replace(path: Path, data: bytes) -> None:
 
 def build(options: JsonOptions) -> tuple[JsonRenderer, JsonFileTransport | JsonDirTransport]:
     if options.json_dir is not None:
-        return JsonRenderer(), JsonDirTransport(options.json_dir)
+        return JsonRenderer(per_map_files=True), JsonDirTransport(options.json_dir)
     assert options.json_path is not None
     return JsonRenderer(), JsonFileTransport(options.json_path)

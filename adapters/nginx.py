@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal, Protocol
 import aiohttp
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from adapters.base import Rejected, Unavailable, WriteResult, duplicate_hostname, publication_problem, write_atomic
+from adapters.base import Rejected, Unavailable, WriteResult, duplicate_hostname, in_words, publication_problem, write_atomic
 from adapters.json_file import from_json as route_from_json
 from adapters.json_file import to_json as route_json
 from publisher.model import Interval, MapKey, Publication, Route, parse_endpoint
@@ -375,7 +375,7 @@ def _translated(doing: str) -> Iterator[None]:
     try:
         yield
     except (OSError, TimeoutError, aiohttp.ClientError) as exc:
-        raise Unavailable(f"nginx: {doing}: {exc!r}") from exc
+        raise Unavailable(f"nginx: {doing}: {in_words(exc)}") from exc
 
 
 def _error_line(output: bytes) -> str:
@@ -473,6 +473,9 @@ CONFIRMING_FOR = 0.3
 
 class NginxFileTransport:
     """The `Transport` of reload mode: see the module docstring. The engine drives it, one call at a time."""
+
+    # Each confirmed write is an NGINX reload (WriteResult.reloads), counted in reloads_total.
+    reloads_gateway = True
 
     # NGINX's reload time grows with the file: 10,000 maps (40,000 upstream servers) took 18-23 s
     # per reload on a loaded 2-core machine. Past `confirm_timeout` plus this per map, a reload
@@ -622,7 +625,7 @@ class NginxFileTransport:
         try:
             await asyncio.to_thread(write_atomic, self._confirmed_path, text.encode())
         except OSError as exc:
-            log.warning("nginx confirmed copy not written", extra={"path": str(self._confirmed_path), "error": repr(exc)})
+            log.warning("nginx confirmed copy not written", extra={"path": str(self._confirmed_path), "error": in_words(exc)})
 
     async def _wait_for_interval(self) -> None:
         # Still enforced here: a caller that ignores hold_off() must not reload more often.

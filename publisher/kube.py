@@ -222,7 +222,11 @@ class Kube:
                 payload = await response.read()
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 raise KubeError(0, type(exc).__name__, str(exc) or type(exc).__name__) from exc
-        return decode_json(payload) if payload else {}
+        try:
+            return decode_json(payload) if payload else {}
+        except ValueError as exc:
+            # A 2xx whose body is not JSON (a proxy's page, a cut connection): no answer at all.
+            raise KubeError(0, "InvalidResponse", f"{method} {path}: the answer is not JSON: {payload[:80]!r}") from exc
 
     async def list(
         self,

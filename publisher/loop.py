@@ -4,8 +4,9 @@ A source fills the Stores and marks keys dirty in a KeyQueue. One applier takes 
 once, decides each map from the newest objects, and hands the engine the maps whose route changed:
 a burst costs one write, and the applier is the only caller of the engine, so a resync's read-back
 runs between two writes, never beside one. A failed map backs off on its own key; an unexpected
-error holds that map alone. Reports go to a second queue drained by status writers, so a slow API
-server never delays the gateway. `sync_once` is one full pass; `run` schedules around it.
+error holds that map alone. Reports go to a second queue drained by the status writer into a
+StatusSink, so a slow API server never delays the gateway. `sync_once` is one full pass; `run`
+schedules around it.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ import aiohttp
 from aiohttp import web
 
 from adapters.base import Adapter, AdapterError, ApplyResult, NotConnected
-from publisher import gate, metrics, plan, status
+from publisher import gate, metrics, plan, served_split, status
 from publisher.kube import Kube, KubeError, LeaseLock
 from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
 from publisher.plan import Hold, Outcome, Publish, Withdraw
+from publisher.retry import Backoff
+from publisher.served_split import SplitVerifier
 from publisher.source import Stores
 
 log = logging.getLogger(__name__)
@@ -103,26 +106,6 @@ class KeyQueue:
         return self.take_ready()
 
 
-class Backoff:
-    """Per-key exponential backoff: base, 2x base, ... up to cap; `forget` on success."""
-
-    def __init__(self, base: float = 0.5, cap: float = 60.0) -> None:
-        self._base = base
-        self._cap = cap
-        self._failures: dict[MapKey, int] = {}
-
-    def delay(self, key: MapKey) -> float:
-        failures = self._failures.get(key, 0)
-        self._failures[key] = failures + 1
-        return min(self._cap, self._base * (2**failures))
-
-    def forget(self, key: MapKey) -> None:
-        self._failures.pop(key, None)
-
-    def failures(self, key: MapKey) -> int:
-        return self._failures.get(key, 0)
-
-
 @dataclass(frozen=True)
 class LoopOptions:
     instance: str = "default"
@@ -131,10 +114,9 @@ class LoopOptions:
     host_template: str = plan.DEFAULT_HOST_TEMPLATE
     # Resync re-reads the gateway and repairs drift; a minute bounds how long drift can last.
     resync: float = 60.0
-    report_status: bool = True
-    # A few concurrent status writes keep 10,000 first-time conditions to seconds without
-    # flooding the API server.
-    status_concurrency: int = 8
+    # A not-published verdict is written once it has stood this long: between OME's two writes of
+    # a change (entries, then Routable) a map is held for milliseconds, news to no one (issue 20).
+    status_delay: float = 0.5
     backoff_base: float = 0.5
     backoff_cap: float = 60.0
     # None: stale probe results are not looked for.
@@ -163,14 +145,14 @@ class Publisher:
         adapter: Adapter,
         options: LoopOptions,
         *,
-        kube: Kube | None = None,
+        status_sink: status.StatusSink | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.stores = stores
         self.adapter = adapter
         self.options = options
-        self.kube = kube
+        self.status_sink = status_sink
         self.clock = clock
         self.wall_clock = wall_clock
         self.queue = KeyQueue(clock)
@@ -180,11 +162,13 @@ class Publisher:
         self.provenance: dict[MapKey, Publication] = {}
         self.states: dict[MapKey, MapState] = {}
         self.reports: dict[MapKey, status.Report] = {}
+        # Since when each map's verdict has been other than published, for status_delay.
+        self._unpublished_since: dict[MapKey, float] = {}
         self.is_synced = False
         self.synced_event = asyncio.Event()
         self.started = False
         self.gc_threshold = gc.get_threshold()  # restored once the first sync is done
-        self.leading = kube is not None and options.report_status
+        self.leading = status_sink is not None
         self.last_success: float | None = None
         self._state_counts: dict[str, int] = {}
         # What the source says is wrong (a refusal, an unreachable server), for /readyz.
@@ -197,6 +181,8 @@ class Publisher:
         # Keys a resync re-decides, fed to the queue a slice at a time when it has nothing else,
         # so a resync of 10,000 maps never holds a fresh event back or the event loop up.
         self._resync_backlog: list[MapKey] = []
+        # The served-split check, where the gateway counts requests and it is on.
+        self.split: SplitVerifier | None = None
 
     @property
     def published(self) -> Mapping[MapKey, Route]:
@@ -252,7 +238,7 @@ class Publisher:
         if self._state(key).reason != Reason.INTERNAL_ERROR:
             log.exception("map internal error", extra={"map": str(key), "doing": doing})
         metrics.INTERNAL_ERRORS.inc()
-        return Hold(Held(Reason.INTERNAL_ERROR, f"{doing} this map raised {exc!r}"))
+        return Hold(Held(Reason.INTERNAL_ERROR, f"{doing} this map raised {type(exc).__name__}: {exc}"))
 
     # --- one pass ------------------------------------------------------------------------------
 
@@ -301,8 +287,9 @@ class Publisher:
             if failure is None:
                 self._record_apply(before, result, pending)
         if failure is None:
-            self.last_success = self.clock()
-            metrics.LAST_SUCCESS.labels(adapter=self.adapter.name).set(time.time())
+            if changes or result.wrote or self.last_success is None:
+                # A first pass with nothing to write stands on the read-back start() confirmed.
+                self._gateway_confirmed()
             if result.wrote or not self._state_counts.get("pending"):
                 self.gateway_waiting = None
         for key in result.released:
@@ -321,6 +308,12 @@ class Publisher:
         for key, held in rejected.items():
             self._settle(key, Hold(held), frozenset(), None, result)
 
+    def _gateway_confirmed(self) -> None:
+        """The gateway answered a write or a read-back: what readiness counts. A pass that had
+        nothing to write confirms nothing about the gateway."""
+        self.last_success = self.clock()
+        metrics.LAST_SUCCESS.labels(adapter=self.adapter.name).set(time.time())
+
     def _record_apply(self, before: Mapping[MapKey, Route | None], result: ApplyResult, pending: Mapping[MapKey, float | None]) -> None:
         if result.reloads:
             # Reloads of an apply that had to isolate maps count as "rejected".
@@ -334,6 +327,8 @@ class Publisher:
             new = confirmed.get(key)
             if new == old:
                 continue
+            if self.split is not None:
+                self.split.route_confirmed(key, new)
             metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="withdrawn" if new is None else "published").inc()
             metrics.map_weights(key, new)
             seen_at = pending.get(key)
@@ -371,7 +366,8 @@ class Publisher:
             if isinstance(outcome, Publish):
                 pub = outcome.publication
                 self.provenance[key] = pub
-                message = _published_message(self.adapter.name, pub, result.notes.get(key), self._stale_probes(item))
+                split_note = self.split.note(key) if self.split is not None else None
+                message = _published_message(self.adapter.name, pub, result.notes.get(key), self._stale_probes(item), split_note)
                 self._set_state(key, MapState("published"))
                 report = status.Report(True, Reason.PUBLISHED, message, pub.generation)
             elif isinstance(outcome, Hold):
@@ -387,8 +383,22 @@ class Publisher:
         if item is None:
             if failed is None:
                 self._forget(key)
-        elif self.kube is not None and self.options.report_status:
-            self.reports[key] = report
+        elif self.status_sink is not None:
+            self._queue_report(key, report)
+
+    def _queue_report(self, key: MapKey, report: status.Report) -> None:
+        """The latest verdict wins; a published one is written at once, any other once it has
+        stood for status_delay (the gateway is not waiting: this is only what the status says)."""
+        self.reports[key] = report
+        if report.published:
+            self._unpublished_since.pop(key, None)
+            self.status_queue.add(key)
+            return
+        since = self._unpublished_since.setdefault(key, self.clock())
+        wait = since + self.options.status_delay - self.clock()
+        if wait > 0:
+            self.status_queue.add_after(key, wait)
+        else:
             self.status_queue.add(key)
 
     def _keeping(self, key: MapKey, message: str) -> str:
@@ -404,9 +414,13 @@ class Publisher:
         state = self.states.pop(key, None)
         if state is not None:
             self._count(state.state, -1)
-        self.reports.pop(key, None)
+        if self.reports.pop(key, None) is not None:
+            self.status_queue.add(key)  # the sink forgets it
+        self._unpublished_since.pop(key, None)
         self.provenance.pop(key, None)
         self.backoff.forget(key)
+        self.status_backoff.forget(key)
+        self._probe_notes.pop(key, None)
         metrics.forget_map(key)
 
     def _stale_probes(self, item: TrafficMap | InvalidObject | None) -> str | None:
@@ -452,38 +466,33 @@ class Publisher:
 
     # --- status ---------------------------------------------------------------------------------
 
-    async def write_reports(self, keys: Iterable[MapKey]) -> None:
-        """Write the condition of each key whose map does not already carry it."""
-        semaphore = asyncio.Semaphore(self.options.status_concurrency)
-
-        async def write(key: MapKey) -> None:
-            async with semaphore:
-                await self._write_report(key)
-
-        async with asyncio.TaskGroup() as group:
-            for key in keys:
-                group.create_task(write(key))
-
-    async def _write_report(self, key: MapKey) -> None:
-        report = self.reports.get(key)
-        item = self.stores.maps.get(key)
-        if report is None or item is None or self.kube is None or not self.leading:
+    async def write_reports(self, keys: Iterable[MapKey], *, at_once: bool = False) -> None:
+        """Hand the sink the current verdict of each key (None: the map is gone); a verdict that
+        has not stood for status_delay yet waits, unless `at_once`; what fails is retried with
+        backoff. Only the leader writes."""
+        if self.status_sink is None or not self.leading:
             return
-        existing = item.status.condition(status.condition_type(self.options.instance)) if isinstance(item, TrafficMap) else None
-        condition = status.condition_for(report, self.options.instance, existing, self.wall_clock())
-        if condition is None:
+        batch: dict[MapKey, status.Report | None] = {}
+        now = self.clock()
+        for key in keys:
+            report = self.reports.get(key)
+            if report is not None and not report.published and not at_once:
+                wait = self._unpublished_since.get(key, now) + self.options.status_delay - now
+                if wait > 0:
+                    self.status_queue.add_after(key, wait)
+                    continue
+            batch[key] = report
+        if not batch:
             return
-        try:
-            await status.write_condition(self.kube, key, condition, self.options.instance)
-        except KubeError as exc:
-            if exc.not_found:
-                return
+        failed = await self.status_sink.write(batch)
+        for key in batch:
+            reason = failed.get(key)
+            if reason is None:
+                self.status_backoff.forget(key)
+                continue
             metrics.STATUS_WRITES.labels(result="error").inc()
-            log.warning("status write failed", extra={"map": str(key), "error": str(exc)})
+            log.warning("status write failed", extra={"map": str(key), "error": reason})
             self.status_queue.add_after(key, self.status_backoff.delay(key))
-            return
-        metrics.STATUS_WRITES.labels(result="written").inc()
-        self.status_backoff.forget(key)
 
     # --- scheduling ---------------------------------------------------------------------------
 
@@ -506,6 +515,8 @@ class Publisher:
         self.gateway_waiting = None
         for key, route in served.items():
             metrics.map_weights(key, route)
+            if self.split is not None:
+                self.split.route_confirmed(key, route)
             self.queue.add(key)
         self.started = True
 
@@ -547,6 +558,7 @@ class Publisher:
         except AdapterError as exc:
             log.warning("resync read failed", extra={"adapter": self.adapter.name, "error": str(exc)})
             return
+        self._gateway_confirmed()
         if done.repaired:
             log.warning("gateway drift repaired", extra={"adapter": self.adapter.name, "maps": len(done.repaired)})
         for key in done.released:
@@ -554,6 +566,8 @@ class Publisher:
         self._settle_rejected(done.refused)
 
     async def run_status_writer(self) -> None:
+        assert self.status_sink is not None
+        await self.status_sink.start()
         while True:
             keys = await self.status_queue.take()
             await self.write_reports(keys)
@@ -576,10 +590,12 @@ class Publisher:
     def ready(self) -> tuple[bool, str]:
         """Ready once the gateway was read, the source gave its first full view and the gateway
         confirmed a pass. After that the API server plays no part (fail static: the gateway keeps
-        serving what it holds); only a gateway that stops confirming passes makes it unready."""
-        if not self.started:
-            return False, f"gateway not read yet: {self.gateway_waiting}" if self.gateway_waiting else "gateway not read yet"
+        serving what it holds); only a gateway that confirms no write or read-back for three
+        resync intervals makes it unready (one that cannot be read meanwhile keeps serving)."""
         unready = self.adapter.unready()
+        if not self.started:
+            why = self.gateway_waiting or unready
+            return False, f"gateway not read yet: {why}" if why else "gateway not read yet"
         if unready is not None:
             return False, unready
         if self.gateway_waiting is not None:
@@ -618,15 +634,20 @@ class Publisher:
             )
             if served_by is not None:
                 maps[-1]["envoys"] = served_by(key)  # which version each connected Envoy serves
+            maps[-1]["split"] = self.split.debug(key) if self.split is not None else served_split.unsupported(self.adapter.name)
         return maps
 
+    def split_changed(self, key: MapKey) -> None:
+        """A map's served split turned off or back: decide it again, so its condition says so."""
+        self.queue.add(key)
 
-def _published_message(adapter: str, pub: Publication, adapter_note: str | None, probe_note: str | None) -> str:
+
+def _published_message(adapter: str, pub: Publication, adapter_note: str | None, probe_note: str | None, split_note: str | None = None) -> str:
     weights = ", ".join(f"{b.cluster}={b.weight}" for b in pub.backends) or "no backends"
     parts = [f"the {adapter} gateway serves generation {pub.generation} for {pub.hostname}: {weights}"]
     if pub.all_zero and adapter_note is None:
         parts.append("every weight is 0, so the gateway answers 503")
-    parts.extend(note for note in (adapter_note, probe_note) if note)
+    parts.extend(note for note in (adapter_note, probe_note, split_note) if note)
     return "; ".join(parts)
 
 
@@ -756,8 +777,10 @@ async def run(
     *,
     listen: tuple[str, int] | None = None,
     leader: LeaderOptions | None = None,
+    kube: Kube | None = None,
 ) -> None:
-    """The sidecar: one TaskGroup owns the server, the source, the applier, resync and status."""
+    """The sidecar: one TaskGroup owns the server, the source, the applier, resync and status.
+    `leader` elects the status writer by a Lease on `kube`."""
     publisher.source_problem = source.problem
     gc.set_threshold(STARTUP_GC_THRESHOLD, *publisher.gc_threshold[1:])
     try:
@@ -772,18 +795,22 @@ async def run(
             await publisher.start()
             group.create_task(publisher.run_applier())
             group.create_task(publisher.run_resync())
-            if publisher.kube is not None and publisher.options.report_status:
+            if publisher.split is not None:
+                group.create_task(publisher.split.run())
+            if publisher.status_sink is not None:
                 group.create_task(publisher.run_status_writer())
                 if leader is not None:
+                    assert kube is not None, "leader election needs the API server"
                     publisher.leading = False
-                    group.create_task(run_leader_election(publisher, publisher.kube, leader))
+                    group.create_task(run_leader_election(publisher, kube, leader))
     finally:
         gc.set_threshold(*publisher.gc_threshold)  # also when stopped before the first sync
 
 
 async def once(publisher: Publisher, source: Source, *, read_gateway: bool = True, timeout: float | None = None) -> None:
-    """One full sync: read the gateway, take the source's first full view, one gateway write,
-    then every status write. `read_gateway=False` plans against an empty gateway (dry run).
+    """One full sync: read the gateway, take the source's first full view, wait until the gateway
+    can be written (its own server, xDS, runs meanwhile), one gateway write, then every status
+    write. `read_gateway=False` plans against an empty gateway (dry run).
     Raises SyncTimeout when the whole pass takes longer than `timeout`, and what the source
     raised (e.g. a refusal) when it ends before its first full view."""
     publisher.source_problem = source.problem
@@ -793,16 +820,39 @@ async def once(publisher: Publisher, source: Source, *, read_gateway: bool = Tru
     except TimeoutError:
         problem = source.problem()
         why = f": {problem}" if problem else ""
+        unready = publisher.adapter.unready()
         if not publisher.started:
-            stage = f"the gateway: {publisher.gateway_waiting}" if publisher.gateway_waiting else "the gateway's read-back"
+            why = publisher.gateway_waiting or unready
+            stage = f"the gateway's read-back ({why})" if why else "the gateway's read-back"
         elif not publisher.is_synced:
             stage = "the source's first full view"
         else:
-            stage = "the gateway write and status writes"
+            stage = f"the gateway: {unready}" if unready is not None else "the gateway write and status writes"
         raise SyncTimeout(f"no result within {timeout:g}s, waiting for {stage}{why}") from None
 
 
 async def _once(publisher: Publisher, source: Source, *, read_gateway: bool) -> None:
+    # The gateway's own server (xDS) runs through the pass, so an Envoy can connect and confirm.
+    gateway = asyncio.create_task(publisher.adapter.serve()) if read_gateway else None
+    try:
+        await _one_pass(publisher, source, gateway, read_gateway=read_gateway)
+    finally:
+        if gateway is not None:
+            gateway.cancel()
+            await asyncio.gather(gateway, return_exceptions=True)
+
+
+async def _gateway_ready(publisher: Publisher, gateway: asyncio.Task[None]) -> None:
+    """Until the gateway can be written (an Envoy connected): the one pass is written once, not
+    failed for a gateway that starts after the sidecar. What the gateway's server raised (its
+    address taken) ends the wait."""
+    while publisher.adapter.unready() is not None:
+        if gateway.done():
+            gateway.result()
+        await asyncio.sleep(0.05)
+
+
+async def _one_pass(publisher: Publisher, source: Source, gateway: asyncio.Task[None] | None, *, read_gateway: bool) -> None:
     source_task = asyncio.create_task(source.run())
     synced = asyncio.create_task(publisher.synced_event.wait())
     try:
@@ -818,6 +868,9 @@ async def _once(publisher: Publisher, source: Source, *, read_gateway: bool) -> 
         for task in (source_task, synced):
             task.cancel()
         await asyncio.gather(source_task, synced, return_exceptions=True)
+    if gateway is not None:
+        await _gateway_ready(publisher, gateway)
     await publisher.sync_once(publisher.queue.take_ready())
-    if publisher.kube is not None and publisher.options.report_status and publisher.leading:
-        await publisher.write_reports(publisher.status_queue.take_ready())
+    if publisher.status_sink is not None and publisher.leading:
+        await publisher.status_sink.start()
+        await publisher.write_reports(list(publisher.reports), at_once=True)

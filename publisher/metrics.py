@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector, disable_created_metrics
 from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -24,6 +24,9 @@ from publisher.model import MapKey
 
 PREFIX = "ome_gateway_publisher_"
 REGISTRY = CollectorRegistry(auto_describe=True)
+# A `_created` series per counter and histogram doubles what a scrape carries for a timestamp
+# nothing here reads (rate() and increase() need only the counter itself).
+disable_created_metrics()
 
 # Watch-to-gateway latency targets sit at tens of milliseconds; NGINX reload coalescing at seconds.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -70,7 +73,9 @@ SOURCE_ERRORS = Counter(PREFIX + "source_errors", "Source inputs that could not 
 INTERNAL_ERRORS = Counter(
     PREFIX + "internal_errors", "Maps held because deciding or rendering them raised unexpectedly.", registry=REGISTRY,
 )
-STATUS_WRITES = Counter(PREFIX + "status_writes", "TrafficMap status condition writes by outcome.", ["result"], registry=REGISTRY)
+STATUS_WRITES = Counter(
+    PREFIX + "status_writes", "Status writes by outcome: TrafficMap conditions, or RegionReports in report mode.", ["result"], registry=REGISTRY
+)
 
 # Fail static: an API fault changes nothing the gateway serves, so it is reported here instead.
 SOURCE_LAST_SUCCESS = Gauge(
@@ -89,7 +94,8 @@ ProcessCollector(registry=REGISTRY)
 PlatformCollector(registry=REGISTRY)
 
 # Label values known before anything happens: their series start at 0, so rate() and increase()
-# see the first event instead of a series that appears with it.
+# see the first event instead of a series that appears with it. Only the paths the running
+# sidecar can take get them (`start`): a series that can never move is noise on every dashboard.
 MAP_STATES = ("published", "held", "withdrawn", "failed", "pending")
 PUBLICATION_RESULTS = ("published", "withdrawn", "failed")
 RELOAD_RESULTS = ("success", "rejected")
@@ -97,21 +103,27 @@ WATCHED_RESOURCES = ("trafficmaps", "inferenceservices")
 STATUS_WRITE_RESULTS = ("written", "error")
 for _state in MAP_STATES:
     MAPS.labels(state=_state).set(0)
-for _resource in WATCHED_RESOURCES:
-    WATCH_RESTARTS.labels(resource=_resource, reason="Expired")
-SOURCE_ERRORS.labels(source="dir")
-for _result in STATUS_WRITE_RESULTS:
-    STATUS_WRITES.labels(result=_result)
 
 
-def start(adapter: str) -> None:
-    """Pre-initialise the series labelled with the adapter the sidecar runs."""
+def start(adapter: str, *, source: Literal["kube", "dir"] = "kube", reloads: bool = False, status: bool = True) -> None:
+    """Pre-initialise the series of the paths this sidecar can take: its adapter's; reloads only
+    for a gateway that reloads; watch restarts for the kube source, status writes when it writes
+    status, source errors for the directory source."""
     for result in PUBLICATION_RESULTS:
         PUBLICATIONS.labels(adapter=adapter, result=result)
-    for result in RELOAD_RESULTS:
-        RELOADS.labels(adapter=adapter, result=result)
+    if reloads:
+        for result in RELOAD_RESULTS:
+            RELOADS.labels(adapter=adapter, result=result)
     APPLY_DURATION.labels(adapter=adapter)
     EVENT_TO_APPLY.labels(adapter=adapter)
+    if source == "kube":
+        for resource in WATCHED_RESOURCES:
+            WATCH_RESTARTS.labels(resource=resource, reason="Expired")
+        if status:
+            for result in STATUS_WRITE_RESULTS:
+                STATUS_WRITES.labels(result=result)
+    else:
+        SOURCE_ERRORS.labels(source="dir")
 
 
 # --- per-Envoy series of the xDS gateway ---------------------------------------------------------
@@ -120,8 +132,8 @@ def start(adapter: str) -> None:
 @runtime_checkable
 class EnvoyFleet(Protocol):
     """A gateway with Envoys connected to it (adapters.envoy_xds.XdsTransport): its `envoys()`
-    are statuses with node, peer, nacks (by resource kind), unacked_since (monotonic) and sent;
-    `served(key)` says which version of a map each Envoy serves (for /debug/maps)."""
+    are statuses with name (the `envoy` label), node, peer, nacks (by resource kind), unacked_since
+    (monotonic) and sent; `served(key)` says which version of a map each Envoy serves (for /debug/maps)."""
 
     def envoys(self) -> list[Any]: ...
 
@@ -149,7 +161,7 @@ class _EnvoyCollector:
         )
         sent = CounterMetricFamily(PREFIX + "xds_resources_sent", "Resources added or removed on an Envoy's stream.", labels=["envoy"])
         for envoy in envoys:
-            name = f"{envoy.node}@{envoy.peer}"
+            name = envoy.name
             for kind in ("cluster", "scope", "route"):
                 nacks.add_metric([name, kind], envoy.nacks.get(kind, 0))
             unacked.add_metric([name], 0.0 if envoy.unacked_since is None else now - envoy.unacked_since)
@@ -221,6 +233,58 @@ REGISTRY.register(_NGINX_TABLE)
 def watch_nginx_table(stats: NginxTableStats | None) -> None:
     """Export the Lua table's series from `stats` (None: none)."""
     _NGINX_TABLE.stats = stats
+
+
+# --- the served-split check ----------------------------------------------------------------------
+
+SPLIT_STATES = ("verified", "off", "few_requests", "unsupported")
+
+
+class SplitView(Protocol):
+    """What publisher.served_split.SplitVerifier knows, read at scrape time."""
+
+    reports: Mapping[str, int]
+    fold_seconds: float
+    map_states: Mapping[str, int]
+
+    def off(self) -> list[tuple[MapKey, str]]: ...
+
+
+class _SplitCollector:
+    """The served-split series: `split_off` exists only while a map is off on an instance, so its
+    series are bounded by the maps that are wrong, as `--metrics-per-map problems` is."""
+
+    view: SplitView | None = None
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterable[Any]:
+        view = self.view
+        if view is None:
+            return []
+        states = GaugeMetricFamily(PREFIX + "split_maps", "Published maps by served-split verdict.", labels=["state"])
+        for state in SPLIT_STATES:
+            states.add_metric([state], view.map_states.get(state, 0))
+        off = GaugeMetricFamily(
+            PREFIX + "split_off", "1 while a map's served split is off on a gateway instance.", labels=["namespace", "name", "gateway"]
+        )
+        for key, instance in view.off():
+            off.add_metric([key.namespace, key.name, instance], 1)
+        reports = CounterMetricFamily(PREFIX + "split_reports", "Request-count reports folded, by gateway instance.", labels=["gateway"])
+        for instance, count in sorted(view.reports.items()):
+            reports.add_metric([instance], count)
+        fold = CounterMetricFamily(PREFIX + "split_fold_seconds", "Time spent folding and judging request counts.", value=view.fold_seconds)
+        return [states, off, reports, fold]
+
+
+_SPLIT = _SplitCollector()
+REGISTRY.register(_SPLIT)
+
+
+def watch_split(view: SplitView | None) -> None:
+    """Export the served-split series of `view` (None: none; a gateway that counts nothing)."""
+    _SPLIT.view = view
 
 
 # --- per-map series ------------------------------------------------------------------------------

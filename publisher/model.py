@@ -50,19 +50,29 @@ _ENDPOINT = re.compile(
 )
 
 
-_DURATION = re.compile(r"^(?P<value>[0-9]+(\.[0-9]+)?)(?P<unit>ms|s|m|h)?$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+# One duration grammar for every option, the chart's values schema included (its `duration`
+# definition is this pattern, tests/test_durations.py holds them together): Go's and Kubernetes'
+# spelling, `1h30m`, `2m`, `60s`, `1.5s`, `500ms`, `0`, restricted to h, m, s and ms, each unit at
+# most once and largest first, a unit on every number, digits on both sides of a decimal point.
+DURATION_PATTERN = (
+    r"^(0|([0-9]+(\.[0-9]+)?h)?([0-9]+(\.[0-9]+)?m)?([0-9]+(\.[0-9]+)?s)?([0-9]+(\.[0-9]+)?ms)?)$"
+)
+DURATION_EXAMPLES = "1h30m, 2m, 60s, 1.5s, 500ms"
+_DURATION = re.compile(DURATION_PATTERN)
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|h|m|s)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def parse_duration(value: Any, *, zero_ok: bool = False) -> float:
-    """'60s', '500ms', '2m', '1h' or a number of seconds; zero only with `zero_ok`."""
+    """A duration string of DURATION_PATTERN ('1h30m', '500ms') or a number of seconds (from
+    code or a YAML number); zero only with `zero_ok`."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     else:
-        match = _DURATION.match(str(value).strip())
-        if match is None:
-            raise ValueError(f"{value!r} is not a duration such as 500ms, 60s or 2m")
-        seconds = float(match["value"]) * _UNITS[match["unit"]]
+        text = str(value).strip()
+        if not text or _DURATION.match(text) is None:
+            raise ValueError(f"{value!r} is not a duration such as {DURATION_EXAMPLES} (a unit on every number)")
+        seconds = sum(float(number) * _UNITS[unit] for number, unit in _DURATION_PART.findall(text))
     if seconds < 0 or (seconds == 0 and not zero_ok):
         raise ValueError(f"{value!r} must be longer than zero")
     return seconds
@@ -76,6 +86,8 @@ def _parse_interval(value: Any) -> float:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Interval = Annotated[float, BeforeValidator(_parse_interval)]
 DURATION_PARSERS = (parse_duration, _parse_interval)
+# How a help text names the forms parse_duration takes.
+DURATION_UNITS = f"a duration: {DURATION_EXAMPLES}"
 
 
 class Reason(StrEnum):
@@ -210,6 +222,13 @@ class Endpoint:
 # again on every change of the map's weights: the IP parse alone made this a fifth of the CPU
 # of a first publish at 10,000 maps. Pure, so one parse per distinct URL is enough.
 @functools.lru_cache(maxsize=1 << 16)
+def split_host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 def parse_endpoint(url: str) -> Endpoint:
     """Splits a validated endpoint URL; the port defaults to the scheme's. Raises ValueError.
 

@@ -4,16 +4,18 @@
 transient faults retried with backoff that resets after a healthy watch, refusals named with
 the missing RBAC rule) and `DirectorySource` (manifests in a directory) fill the same Stores and
 say which keys changed. Fail static: only a list that succeeds replaces what a Store holds.
+A TrafficMap event whose only change is other instances' conditions (other regions' verdicts,
+with their managedFields) is recognised by a digest and only moves the Store's resourceVersion.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
 import os
-import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 import aiohttp
+import pydantic_core
 from pydantic import ValidationError
 
 from publisher import metrics
@@ -38,6 +41,8 @@ from publisher.model import (
     parse_traffic_map,
     validate,
 )
+from publisher.retry import ReconnectBackoff
+from publisher.status import CONDITION_PREFIX, condition_type
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +60,10 @@ class Store(Generic[T]):
     def get(self, key: MapKey) -> T | None:
         return self._objects.get(key)
 
+    def version(self, key: MapKey) -> str:
+        """The resourceVersion `key` was last seen at ("" when absent)."""
+        return self._versions.get(key, "")
+
     def keys(self) -> Iterable[MapKey]:
         return self._objects.keys()
 
@@ -68,6 +77,11 @@ class Store(Generic[T]):
         self._objects[key] = obj
         self._versions[key] = version
         return True
+
+    def touch(self, key: MapKey, version: str) -> None:
+        """`key` is now at `version`, with no change that matters to us."""
+        if key in self._objects:
+            self._versions[key] = version
 
     def delete(self, key: MapKey) -> bool:
         self._versions.pop(key, None)
@@ -90,14 +104,56 @@ class Store(Generic[T]):
         return changed
 
 
+def service_of(key: MapKey, item: MapObject) -> MapKey:
+    """The InferenceService a map names (spec.service, in its namespace); an invalid map's is its
+    own name, as the loop decides it."""
+    return MapKey(key.namespace, item.spec.service if isinstance(item, TrafficMap) else key.name)
+
+
+class MapStore(Store[MapObject]):
+    """The maps, also indexed by the InferenceService each names, so a change of one wakes the
+    maps that name it, whatever they are called (O(maps that name it))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_service: dict[MapKey, set[MapKey]] = {}
+
+    def naming(self, service: MapKey) -> frozenset[MapKey]:
+        """The maps whose spec.service is `service`."""
+        return frozenset(self._by_service.get(service, ()))
+
+    def upsert(self, key: MapKey, obj: MapObject, version: str) -> bool:
+        old = self.get(key)
+        if not super().upsert(key, obj, version):
+            return False
+        if old is not None:
+            self._unindex(key, old)
+        self._by_service.setdefault(service_of(key, obj), set()).add(key)
+        return True
+
+    def delete(self, key: MapKey) -> bool:
+        old = self.get(key)
+        if old is not None:
+            self._unindex(key, old)
+        return super().delete(key)
+
+    def _unindex(self, key: MapKey, item: MapObject) -> None:
+        service = service_of(key, item)
+        naming = self._by_service.get(service)
+        if naming is not None:
+            naming.discard(key)
+            if not naming:
+                del self._by_service[service]
+
+
 @dataclass
 class Stores:
-    maps: Store[MapObject]
+    maps: MapStore
     isvcs: Store[InferenceService]
 
     @classmethod
     def empty(cls) -> Stores:
-        return cls(maps=Store(), isvcs=Store())
+        return cls(maps=MapStore(), isvcs=Store())
 
 
 class ChangeSink(Protocol):
@@ -109,16 +165,17 @@ class ChangeSink(Protocol):
 
 
 class _MappedOnly:
-    """Passes on the keys of InferenceServices that have a TrafficMap of their name. Any other
-    InferenceService can change no decision (a map's own events cover its arrival and deletion),
-    and passing it on would only have the loop decide, and log, the withdrawal of nothing."""
+    """Passes on, for each changed InferenceService, the keys of the maps that name it in
+    spec.service. Any other InferenceService can change no decision (a map's own events cover its
+    arrival and deletion), and passing it on would only have the loop decide, and log, the
+    withdrawal of nothing."""
 
-    def __init__(self, sink: ChangeSink, maps: Store[Any]) -> None:
+    def __init__(self, sink: ChangeSink, maps: MapStore) -> None:
         self._sink = sink
         self._maps = maps
 
     def changed(self, keys: Iterable[MapKey], *, at: float) -> None:
-        mapped = [key for key in keys if self._maps.get(key) is not None]
+        mapped = {mapped for key in keys for mapped in self._maps.naming(key)}
         if mapped:
             self._sink.changed(mapped, at=at)
 
@@ -128,6 +185,27 @@ class _MappedOnly:
 
 def _version(raw: dict[str, Any]) -> str:
     return str(raw.get("metadata", {}).get("resourceVersion", ""))
+
+
+def relevant_digest(raw: dict[str, Any], own_condition: str) -> bytes:
+    """A digest of what the loop reads of a TrafficMap: all of it but metadata.managedFields and
+    .resourceVersion and the conditions of our family that are not `own_condition`. Two events
+    with one digest differ only in other instances' verdicts. Our own condition counts: the
+    ConditionSink compares with it once the Store's version passes its write."""
+    view = dict(raw)
+    metadata = raw.get("metadata")
+    if isinstance(metadata, dict):
+        view["metadata"] = {k: v for k, v in metadata.items() if k not in ("managedFields", "resourceVersion")}
+    status = raw.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    if isinstance(status, dict) and isinstance(conditions, list):
+        view["status"] = {**status, "conditions": [c for c in conditions if not _foreign(c, own_condition)]}
+    return hashlib.blake2b(pydantic_core.to_json(view), digest_size=16).digest()
+
+
+def _foreign(condition: Any, own_condition: str) -> bool:
+    kind = condition.get("type") if isinstance(condition, dict) else None
+    return isinstance(kind, str) and kind.startswith(CONDITION_PREFIX) and kind != own_condition
 
 
 def parse_isvc(raw: dict[str, Any]) -> InferenceService | None:
@@ -183,6 +261,8 @@ class WatchState:
             if code == 410:
                 return Relist(str(obj.get("reason") or "Expired"))
             raise WatchError(f"watch error {code}: {obj.get('message') if isinstance(obj, dict) else obj}")
+        if not isinstance(obj, dict):
+            raise WatchError(f"watch event without an object: {line[:200]!r}")
         version = _version(obj)
         if version:
             self.resource_version = version
@@ -257,31 +337,10 @@ class WatchOptions:
     refusals_fatal: bool = False
     # Warn once when no list or watch has succeeded for this long (the gateway keeps serving).
     stale_after: float = 300.0
-
-
-class ReconnectBackoff:
-    """Capped exponential backoff with jitter, forgotten after a healthy connection.
-
-    `failed()` gives the next delay: initial, 2x, 4x, ... up to the cap, each scaled by a random
-    factor in [0.5, 1] so replicas that lost the API server together do not return in step.
-    `connected_for(seconds)` forgets the failures once a connection has lasted `reset_after`.
-    """
-
-    def __init__(self, initial: float, cap: float, reset_after: float, *, jitter: Callable[[], float] = random.random) -> None:
-        self._initial = initial
-        self._cap = cap
-        self._reset_after = reset_after
-        self._jitter = jitter
-        self.failures = 0
-
-    def failed(self) -> float:
-        delay = min(self._cap, self._initial * 2**self.failures)
-        self.failures += 1
-        return delay * (0.5 + self._jitter() / 2)
-
-    def connected_for(self, seconds: float) -> None:
-        if seconds >= self._reset_after:
-            self.failures = 0
+    # This sidecar's instance name: a TrafficMap event that changes only other instances'
+    # conditions is not parsed or decided (with R regions, R - 1 of every R status events).
+    # None: every event is.
+    instance: str | None = None
 
 
 class Informer(Generic[T]):
@@ -290,6 +349,8 @@ class Informer(Generic[T]):
     `parse` turns a raw object into what the Store keeps (None: unusable, treated as absent).
     List pages are parsed as they arrive, so the raw objects of only one page are alive at once.
     Nothing the API server does empties the Store: only a list that succeeds replaces it.
+    `digest`, when given, says what of an object matters: an event with the digest the Store's
+    object was parsed from only moves its resourceVersion.
     """
 
     def __init__(
@@ -305,6 +366,7 @@ class Informer(Generic[T]):
         on_synced: Callable[[], None],
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        digest: Callable[[dict[str, Any]], bytes] | None = None,
     ) -> None:
         self._kube = kube
         self._resource = resource
@@ -316,6 +378,9 @@ class Informer(Generic[T]):
         self._on_synced = on_synced
         self._clock = clock
         self._sleep = sleep
+        self._digest = digest
+        # The digest of each object in the Store from this informer, when `digest` is given.
+        self._digests: dict[MapKey, bytes] = {}
         self._backoff = ReconnectBackoff(options.backoff_initial, options.backoff_max, options.backoff_reset)
         self._opened_at: float | None = None
         # For staleness and the operator: when a call last succeeded, and what is wrong now.
@@ -392,6 +457,7 @@ class Informer(Generic[T]):
 
     async def _list(self) -> str:
         entries: list[tuple[MapKey, T, str]] = []
+        digests: dict[MapKey, bytes] = {}
         token: str | None = None
         version = ""
         while True:
@@ -402,7 +468,10 @@ class Informer(Generic[T]):
                 limit=self._options.page_size,
                 continue_token=token,
             )
-            entries.extend(self._entries(page.get("items") or ()))
+            if not isinstance(page, dict) or not isinstance(page.get("items") or [], list) or not isinstance(page.get("metadata") or {}, dict):
+                # A 2xx that is not a list (a proxy's page that parsed): as transient as no answer.
+                raise KubeError(0, "InvalidResponse", f"the list of {self._resource.plural} is not a list of objects")
+            entries.extend(self._entries(page.get("items") or (), digests))
             metadata = page.get("metadata") or {}
             if not token:
                 version = str(metadata.get("resourceVersion", ""))
@@ -410,16 +479,19 @@ class Informer(Generic[T]):
             if not token:
                 break
         self._succeeded()
+        self._digests = digests
         changed = self._store.replace(entries, namespace=self._namespace)
         if changed:
             self._sink.changed(changed, at=self._clock())
         return version
 
-    def _entries(self, items: Iterable[dict[str, Any]]) -> Iterable[tuple[MapKey, T, str]]:
+    def _entries(self, items: Iterable[dict[str, Any]], digests: dict[MapKey, bytes]) -> Iterable[tuple[MapKey, T, str]]:
         for raw in items:
-            key = object_key(raw)
+            key = object_key(raw) if isinstance(raw, dict) else None
             obj = self._parse(raw) if key is not None else None
             if key is not None and obj is not None:
+                if self._digest is not None:
+                    digests[key] = self._digest(raw)
                 yield key, obj, _version(raw)
 
     async def _watch_once(self, state: WatchState) -> None:
@@ -461,10 +533,17 @@ class Informer(Generic[T]):
             key = object_key(item.object)
             if key is None:
                 return
+            digest = self._digest(item.object) if self._digest is not None and item.type != "DELETED" else None
+            if digest is not None and self._digests.get(key) == digest:
+                self._store.touch(key, _version(item.object))
+                return
             obj = self._parse(item.object) if item.type != "DELETED" else None
             if obj is None:
+                self._digests.pop(key, None)
                 changed = self._store.delete(key)
             else:
+                if digest is not None:
+                    self._digests[key] = digest
                 changed = self._store.upsert(key, obj, _version(item.object))
             if changed:
                 self._sink.changed((key,), at=self._clock())
@@ -487,10 +566,12 @@ class KubeSource:
         namespaces: tuple[str | None, ...] = self._options.namespaces or (None,)
         informers: list[Informer[Any]] = []
         isvc_sink = _MappedOnly(self._sink, self._stores.maps)
+        instance = self._options.instance
+        map_digest = functools.partial(relevant_digest, own_condition=condition_type(instance)) if instance is not None else None
         for namespace in namespaces:
-            for resource, store, parse, sink in (
-                (TRAFFIC_MAPS, self._stores.maps, parse_traffic_map, self._sink),
-                (INFERENCE_SERVICES, self._stores.isvcs, parse_isvc, isvc_sink),
+            for resource, store, parse, sink, digest in (
+                (TRAFFIC_MAPS, self._stores.maps, parse_traffic_map, self._sink, map_digest),
+                (INFERENCE_SERVICES, self._stores.isvcs, parse_isvc, isvc_sink, None),
             ):
                 informers.append(
                     Informer(
@@ -503,6 +584,7 @@ class KubeSource:
                         sink=sink,
                         on_synced=self._one_synced,
                         clock=self._clock,
+                        digest=digest,
                     )
                 )
         return informers
@@ -602,8 +684,8 @@ class DirectorySource:
         maps = [item for state in self._files.values() for item in state.maps]
         isvcs = [item for state in self._files.values() for item in state.isvcs]
         map_keys = self._stores.maps.replace(maps)
-        # As _MappedOnly: an InferenceService without a map of its name changes no decision.
-        isvc_keys = {key for key in self._stores.isvcs.replace(isvcs) if self._stores.maps.get(key) is not None}
+        # As _MappedOnly: an InferenceService that no map names changes no decision.
+        isvc_keys = {mapped for key in self._stores.isvcs.replace(isvcs) for mapped in self._stores.maps.naming(key)}
         keys = map_keys | isvc_keys
         if keys:
             self._sink.changed(keys, at=started)

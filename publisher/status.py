@@ -1,5 +1,7 @@
-"""The sidecar's one condition on each TrafficMap (SPEC §5).
+"""Where the sidecar's verdicts go (SPEC §5): a StatusSink, and the condition on each TrafficMap.
 
+`StatusSink` is the seam: the Publisher's status writer hands it the verdicts that may have
+changed. `ConditionSink` writes this instance's one condition on each TrafficMap.
 `condition_for` is pure: from what happened to a map and the condition it already carries, the
 condition to apply, or None when it would change nothing (so a restart writes nothing new).
 `write_condition` sends only that condition by server-side apply on the status subresource, with
@@ -8,13 +10,21 @@ the instance's own field manager, so OME's conditions and fields are never touch
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from publisher.kube import TRAFFIC_MAPS, Kube
-from publisher.model import API_VERSION, TRAFFIC_MAP_KIND, Condition, MapKey, Reason
+from pydantic import ValidationError
+
+from publisher import metrics
+from publisher.kube import TRAFFIC_MAPS, Kube, KubeError
+from publisher.model import API_VERSION, TRAFFIC_MAP_KIND, Condition, InvalidObject, MapKey, Reason, TrafficMap, validate
+
+if TYPE_CHECKING:
+    from publisher.source import Store
 
 CONDITION_PREFIX = "gateway-publisher.ome.io/"
 FIELD_MANAGER_PREFIX = "ome-gateway-publisher-"
@@ -72,12 +82,120 @@ def condition_for(report: Report, instance: str, existing: Condition | None, now
     }
 
 
-async def write_condition(kube: Kube, key: MapKey, condition: dict[str, Any], instance: str) -> None:
-    """Server-side apply of this one condition to trafficmaps/status. Raises KubeError."""
+async def write_condition(kube: Kube, key: MapKey, condition: dict[str, Any], instance: str) -> str:
+    """Server-side apply of this one condition to trafficmaps/status; the resourceVersion the
+    server gave the map. Raises KubeError."""
     body = {
         "apiVersion": API_VERSION,
         "kind": TRAFFIC_MAP_KIND,
         "metadata": {"name": key.name, "namespace": key.namespace},
         "status": {"conditions": [condition]},
     }
-    await kube.apply(TRAFFIC_MAPS, body, field_manager=field_manager(instance), subresource="status")
+    applied = await kube.apply(TRAFFIC_MAPS, body, field_manager=field_manager(instance), subresource="status")
+    return str((applied.get("metadata") or {}).get("resourceVersion", ""))
+
+
+class StatusSink(Protocol):
+    """Where this instance's verdicts go. Driven only by the Publisher's status-writer task."""
+
+    async def start(self) -> None: ...
+
+    async def write(self, reports: Mapping[MapKey, Report | None]) -> Mapping[MapKey, str]:
+        """Write each verdict that changed (None: the map is gone; forget it). Returns the keys that
+        failed, each with a one-line reason; the caller retries them with backoff."""
+        ...
+
+
+def caught_up(seen: str, written: str) -> bool:
+    """Whether a map seen at resourceVersion `seen` includes our write that returned `written`.
+    Versions are compared as numbers, as every API server backed by etcd gives them; an opaque
+    pair counts only when equal."""
+    if seen.isdigit() and written.isdigit():
+        return int(seen) >= int(written)
+    return seen == written
+
+
+class ConditionSink:
+    """This instance's condition on each TrafficMap, compared with what the map already says.
+
+    The watch cache (`maps`) lags our own writes: compared with it alone, a verdict is written
+    again on every re-decide until our write's event arrives, with a new lastTransitionTime, which
+    is a real change and an event for every other region, whose caches lag too (issue 20). So the
+    sink remembers the condition it last wrote per map and the resourceVersion the apply returned,
+    and compares with that until the cache holds that version or a newer one."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        maps: Store[TrafficMap | InvalidObject],
+        instance: str,
+        *,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        concurrency: int = 8,
+    ) -> None:
+        self._kube = kube
+        self._maps = maps
+        self._instance = instance
+        self._type = condition_type(instance)
+        self._wall_clock = wall_clock
+        # A few concurrent writes keep 10,000 first-time conditions to seconds without flooding
+        # the API server.
+        self._concurrency = concurrency
+        self._written: dict[MapKey, tuple[Condition, str]] = {}
+
+    async def start(self) -> None:
+        return None
+
+    async def write(self, reports: Mapping[MapKey, Report | None]) -> Mapping[MapKey, str]:
+        failed: dict[MapKey, str] = {}
+        semaphore = asyncio.Semaphore(self._concurrency)
+
+        async def one(key: MapKey, report: Report) -> None:
+            condition = condition_for(report, self._instance, self._current(key), self._wall_clock())
+            if condition is None:
+                return
+            async with semaphore:
+                try:
+                    version = await write_condition(self._kube, key, condition, self._instance)
+                except KubeError as exc:
+                    if exc.not_found:  # the map is gone; its deletion event follows
+                        self._written.pop(key, None)
+                    else:
+                        failed[key] = str(exc)
+                    return
+            self._written[key] = (validate(Condition, condition), version)
+            metrics.STATUS_WRITES.labels(result="written").inc()
+
+        async with asyncio.TaskGroup() as group:
+            for key, report in reports.items():
+                if report is None:
+                    self._written.pop(key, None)
+                else:
+                    group.create_task(one(key, report))
+        return failed
+
+    def _current(self, key: MapKey) -> Condition | None:
+        """Our condition on the map as far as we know: what we last wrote until the cache shows
+        that write, then what the cache holds."""
+        written = self._written.get(key)
+        if written is not None:
+            condition, version = written
+            if not caught_up(self._maps.version(key), version):
+                return condition
+            del self._written[key]
+        return self._seen(self._maps.get(key))
+
+    def _seen(self, item: TrafficMap | InvalidObject | None) -> Condition | None:
+        if isinstance(item, TrafficMap):
+            return item.status.condition(self._type)
+        if isinstance(item, InvalidObject):
+            # An invalid map still carries our condition: read it, or it would be written on every pass.
+            status = item.raw.get("status")
+            conditions = status.get("conditions") if isinstance(status, dict) else None
+            for raw in conditions if isinstance(conditions, list) else ():
+                if isinstance(raw, dict) and raw.get("type") == self._type:
+                    try:
+                        return validate(Condition, raw)
+                    except ValidationError:
+                        return None
+        return None

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import helm_python as helm
@@ -25,6 +26,7 @@ import yaml
 
 from adapters.nginx_lua import LuaStats
 from publisher import metrics
+from publisher.served_split import SplitVerifier
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "ome-gateway-publisher"
@@ -52,9 +54,12 @@ def _series(metric: str, labels: dict[str, str], values: str, **extra: str) -> d
 @functools.cache
 def _rules(per_map: str = "problems") -> dict[str, Any]:
     """The PrometheusRule's spec (a Prometheus rule file), as the chart renders it."""
+    return _rendered_rules({"metrics": {"perMap": per_map, "prometheusRule": {"enabled": True}}})
+
+
+def _rendered_rules(changes: dict[str, Any]) -> dict[str, Any]:
     chart = helm.Chart.load(str(CHART))
-    values = {"instanceName": INSTANCE, "metrics": {"perMap": per_map, "prometheusRule": {"enabled": True}}}
-    rendered = chart.render(values, name="region-1", namespace="ome-gateway")
+    rendered = chart.render({"instanceName": INSTANCE, **changes}, name="region-1", namespace="ome-gateway")
     rule = yaml.safe_load(rendered["ome-gateway-publisher/templates/prometheusrule.yaml"])
     return rule["spec"]
 
@@ -91,7 +96,7 @@ class Case:
                     "exp_alerts": [
                         {
                             "exp_labels": {**labels, "severity": severity},
-                            "exp_annotations": {"summary": summary, "description": rule["annotations"]["description"]},
+                            "exp_annotations": {"summary": summary, **{k: rule["annotations"][k] for k in ("description", "runbook_url")}},
                         }
                         for labels, summary in alerts
                     ],
@@ -192,6 +197,14 @@ CASES: dict[str, Case] = {
          _series("ome_gateway_publisher_map_held", TARGET, "_x6 1x10", reason="VerificationFailed", **MAP)],
         {"8m": [], "11m": [({**TARGET, **MAP}, "TrafficMap llm/chat held for over 10m")]},
     ),
+    # Through the chart's ServiceMonitor with honorLabels false (its default) the pod's namespace
+    # wins and the map's is exported_namespace (issue 23, finding 9): the summary still names the map.
+    "map-held-scraped-without-honor-labels": Case(
+        "OmeGatewayPublisherMapHeld",
+        [_series("ome_gateway_publisher_map_held", {**TARGET, "namespace": "ome-gateway"}, "1x15", reason="ProbeStale",
+                 exported_namespace="llm", name="chat")],
+        {"11m": [({**TARGET, "namespace": "ome-gateway", "exported_namespace": "llm", "name": "chat"}, "TrafficMap llm/chat held for over 10m")]},
+    ),
     "map-held-briefly": Case(
         "OmeGatewayPublisherMapHeld",
         [_series("ome_gateway_publisher_map_held", TARGET, "1x4 stale", reason="ProbeStale", **MAP)],
@@ -249,6 +262,19 @@ CASES: dict[str, Case] = {
          _series("ome_gateway_publisher_nginx_table_used_bytes", TARGET, "26843546x15")],
         {"12m": []},
     ),
+    "split-off": Case(
+        "OmeGatewayPublisherSplitOff",
+        # Off from 2m on; the alert waits 5m more.
+        [_series("ome_gateway_publisher_split_off", TARGET, "_x2 1x15", namespace="prod", name="chat", gateway="gw-1")],
+        {"5m": [], "8m": [({**TARGET, "namespace": "prod", "name": "chat", "gateway": "gw-1"},
+                           f"{TARGET['pod']}: prod/chat is not served at its weights by gw-1")]},
+    ),
+    "split-off-cleared": Case(
+        "OmeGatewayPublisherSplitOff",
+        # Off for 4 minutes, then verified again (the series goes away): never long enough.
+        [_series("ome_gateway_publisher_split_off", TARGET, "1x4 _x15", namespace="prod", name="chat", gateway="gw-1")],
+        {"3m": [], "10m": []},
+    ),
     # Another region's sidecar does not answer for this one.
     "other-region-down": Case(
         "OmeGatewayPublisherDown",
@@ -303,14 +329,36 @@ def test_no_rule_names_a_job() -> None:
             assert f'ome_io_gateway_publisher_instance="{INSTANCE}"' in rule["expr"], rule["alert"]
 
 
+class _OneEnvoy:
+    """An xDS transport with one Envoy connected, for the per-Envoy series."""
+
+    def envoys(self) -> list[Any]:
+        return [SimpleNamespace(name="ome-gateway-envoy", node="ome-gateway-envoy", peer="ipv4:127.0.0.1", nacks={}, unacked_since=None, sent=0)]
+
+    def served(self, key: Any) -> dict[str, str | None]:
+        return {}
+
+
 def _exported_names() -> set[str]:
-    """Every series name the sidecar's registry can export, NGINX Lua mode's included."""
+    """Every series name the sidecar's registry can export, NGINX Lua mode's and xDS mode's included."""
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     metrics.watch_nginx_table(LuaStats(bytes_capacity=1 << 20, bytes_free=1 << 19))
+    metrics.watch_envoys(_OneEnvoy())
+    metrics.watch_split(SplitVerifier(_NoCounts(), 60.0, "envoy", lambda key: None))
     try:
         return {family.name + suffix for family in metrics.REGISTRY.collect() for suffix in suffixes[family.type]}
     finally:
         metrics.watch_nginx_table(None)
+        metrics.watch_envoys(None)
+        metrics.watch_split(None)
+
+
+class _NoCounts:
+    def enable(self, interval: float) -> None:
+        return None
+
+    async def collect(self) -> list[Any]:
+        return []
 
 
 def _dashboard_queries() -> list[str]:
@@ -346,3 +394,73 @@ def test_the_dashboard_covers_what_the_issue_asks() -> None:
         assert subject in titles, subject
     for query in _dashboard_queries():
         assert 'ome_io_gateway_publisher_instance=~"$instance"' in query, query
+
+
+# --- runbooks, rules of one's own, Prometheus durations (issue 23, finding 5) ----------------------
+
+
+def _github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces as '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_alert_links_its_runbook_in_the_chart_readme() -> None:
+    readme = (CHART / "README.md").read_text()
+    runbooks = readme[readme.index("\n## Runbooks\n") + 1:]
+    runbooks = runbooks.split("\n## ")[0]
+    anchors = {_github_anchor(line.lstrip("#")) for line in runbooks.splitlines() if line.startswith("### ")}
+    base = yaml.safe_load((CHART / "values.yaml").read_text())["metrics"]["prometheusRule"]["runbookBaseUrl"]
+    for per_map in ("problems", "none"):
+        for rule in (rule for group in _rules(per_map)["groups"] for rule in group["rules"]):
+            url = rule["annotations"]["runbook_url"]
+            assert url == f"{base}#{rule['alert'].lower()}", url
+            assert url.partition("#")[2] in anchors, f"{rule['alert']}: no runbook section in the chart README"
+    # And no runbook for an alert that does not exist.
+    alerts = {rule["alert"].lower() for per_map in ("problems", "none") for group in _rules(per_map)["groups"] for rule in group["rules"]}
+    assert anchors == alerts
+
+
+def test_the_runbook_base_url_is_a_value() -> None:
+    spec = _rendered_rules({"metrics": {"prometheusRule": {"enabled": True, "runbookBaseUrl": "https://wiki.example.com/ome"}}})
+    for rule in spec["groups"][0]["rules"]:
+        assert rule["annotations"]["runbook_url"] == f"https://wiki.example.com/ome#{rule['alert'].lower()}"
+
+
+MY_RULES = [
+    {"alert": "MyGatewayHeldTooMany", "expr": f'ome_gateway_publisher_maps{{ome_io_gateway_publisher_instance="{INSTANCE}",state="held"}} > 100',
+     "for": "15m", "labels": {"severity": "page"}, "annotations": {"summary": "over 100 maps held"}},
+    {"record": "ome:published_maps:sum", "expr": 'sum(ome_gateway_publisher_maps{state="published"})'},
+]
+
+
+def test_additional_rules_join_the_charts_group(tmp_path: Path) -> None:
+    spec = _rendered_rules({"metrics": {"prometheusRule": {"enabled": True, "additionalRules": MY_RULES}}})
+    (group,) = spec["groups"]
+    assert group["rules"][-2:] == MY_RULES
+    assert {rule["alert"] for rule in _rules()["groups"][0]["rules"]} <= {rule.get("alert") for rule in group["rules"]}
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(spec))
+    assert PROMTOOL is not None
+    checked = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.parametrize("rule", [{"alert": "NoExpr"}, {"expr": "up"}, {"alert": "A", "record": "b", "expr": "up"}, {"alert": "A", "expr": "up", "for": "5 minutes"}],
+                         ids=["no-expr", "neither-alert-nor-record", "both", "bad-for"])
+def test_the_schema_refuses_a_rule_prometheus_would_not_load(rule: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        helm.Chart.load(str(CHART)).validate_schema({"metrics": {"prometheusRule": {"additionalRules": [rule]}}})
+
+
+@pytest.mark.parametrize("duration", ["5m", "1h30m", "2d12h", "1w", "90s", "1y2w3d4h5m6s7ms", "0", "1s1h", "30s30s", "1.5m", "5"])
+def test_the_schemas_prometheus_durations_are_the_ones_prometheus_loads(tmp_path: Path, duration: str) -> None:
+    admitted = True
+    try:
+        helm.Chart.load(str(CHART)).validate_schema({"metrics": {"prometheusRule": {"downFor": duration}}})
+    except helm.HelmValuesError:
+        admitted = False
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "up == 0", "for": duration}]}]}))
+    assert PROMTOOL is not None
+    loaded = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60, check=False).returncode == 0
+    assert admitted == loaded, f"{duration}: schema {'admits' if admitted else 'refuses'}, promtool {'loads' if loaded else 'refuses'}"

@@ -53,8 +53,8 @@ def test_run_help_lists_choices_and_units(capsys):
                   "--ome-published-gate {auto,require,ignore}", "--metrics-per-map {all,problems,none}"):
         assert shown in text, shown
     for duration, default in (("--resync", "1m"), ("--nginx-min-reload-interval", "2s"), ("--route-status-timeout", "5s")):
-        assert re.search(rf"{duration} DURATION .*?\(a duration: 500ms, 60s, 2m, 1h; default: {default}\)", text), duration
-    assert re.search(r"--probe-max-age DURATION .*?\(a duration: 500ms, 60s, 2m, 1h\)", text)
+        assert re.search(rf"{duration} DURATION .*?\(a duration: 1h30m, 2m, 60s, 1\.5s, 500ms; default: {default}\)", text), duration
+    assert re.search(r"--probe-max-age DURATION .*?\(a duration: 1h30m, 2m, 60s, 1\.5s, 500ms\)", text)
 
 
 def test_report_status_help_reads_right(capsys):

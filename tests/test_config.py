@@ -72,12 +72,12 @@ def test_unknown_key_in_the_file_is_refused(tmp_path):
         load({"config": str(file)}, environ={})
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("60s", 60.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), ("1.5", 1.5), (3, 3.0)])
+@pytest.mark.parametrize(("text", "seconds"), [("60s", 60.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), ("1m30s", 90.0), (1.5, 1.5), (3, 3.0)])
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["0s", "-1s", "1d", "", "fast"])
+@pytest.mark.parametrize("text", ["0s", "-1s", "1d", "", "fast", "1.5"])
 def test_bad_durations(text):
     with pytest.raises(ValueError):
         parse_duration(text)
@@ -90,8 +90,9 @@ def test_envoy_admin_needs_a_scheme():
 
 
 def test_once_with_leader_election_is_refused_unless_no_status_is_written():
-    with pytest.raises(ConfigError, match="--once cannot be combined with --leader-elect"):
-        load({"once": True, "leader_elect": True}, environ={})
+    for flags in ({"once": True, "leader_elect": True}, {"once": True, "leader_elect": True, "source": "kube"}):
+        with pytest.raises(ConfigError, match="--once cannot be combined with --leader-elect"):
+            load(flags, environ={})
     assert load({"once": True, "leader_elect": True, "report_status": False}, environ={}).once
     assert load({"dry_run": True, "leader_elect": True}, environ={}).dry_run
 
@@ -101,12 +102,30 @@ def test_one_pass_has_a_bounded_default_timeout():
     assert load({}, environ={"OME_PUBLISHER_TIMEOUT": "5s"}).timeout == 5.0
 
 
-def test_missing_paths_names_each_option(tmp_path):
+def test_path_problems_names_each_option(tmp_path):
     cfg = load({"adapter": "envoy", "envoy_dir": str(tmp_path / "nope"), "envoy_ca_file": str(tmp_path / "ca.pem"),
                 "kubeconfig": str(tmp_path / "kc")}, environ={})
-    assert config.missing_paths(cfg) == [
+    assert config.path_problems(cfg) == [
         f"--kubeconfig {tmp_path / 'kc'}: no such file",
         f"--envoy-dir {tmp_path / 'nope'}: no such directory",
         f"--envoy-ca-file {tmp_path / 'ca.pem'}: no such file",
     ]
-    assert config.missing_paths(load({"json_path": str(tmp_path / "out.json")}, environ={})) == []
+    assert config.path_problems(load({"json_path": str(tmp_path / "out.json")}, environ={})) == []
+
+
+def test_status_mode_defaults_to_condition_and_no_report_status_is_off():
+    assert load({}, environ={}).effective_status_mode == "condition"
+    assert load(parse_flags("--status-mode", "report"), environ={}).effective_status_mode == "report"
+    assert load({}, environ={"OME_PUBLISHER_STATUS_MODE": "report"}).effective_status_mode == "report"
+    assert load(parse_flags("--no-report-status"), environ={}).effective_status_mode == "off"
+    assert load(parse_flags("--no-report-status", "--status-mode", "off"), environ={}).effective_status_mode == "off"
+    with pytest.raises(ConfigError, match="--no-report-status is --status-mode off: it contradicts --status-mode report"):
+        load(parse_flags("--no-report-status", "--status-mode", "report"), environ={})
+    with pytest.raises(ConfigError, match="--status-mode"):
+        load({}, environ={"OME_PUBLISHER_STATUS_MODE": "crd"})
+
+
+def test_once_with_leader_election_is_allowed_when_the_status_mode_is_off():
+    assert load({"once": True, "leader_elect": True, "status_mode": "off"}, environ={}).once
+    with pytest.raises(ConfigError, match="--once cannot be combined with --leader-elect"):
+        load({"once": True, "leader_elect": True, "status_mode": "report"}, environ={})

@@ -113,6 +113,11 @@ async def test_demo_follows_the_change_and_leaves_nothing_running(monkeypatch) -
     assert re.search(r"worker-a\s+2\s+40\.0%", text[:phase_2]) and re.search(r"worker-b\s+3\s+60\.0%", text[:phase_2])
     assert re.search(r"worker-a\s+1\s+100\.0%\s+100\.0%", text[phase_2:])
     assert re.search(r"worker-b\s+0\s+0\.0%\s+0\.0%\s+0$", text[phase_2:], re.MULTILINE)
+    # Envoy's own count of each phase, from its Load Reporting Service, is every request sent.
+    first_count, second_count = re.findall(r"Envoy's own count \(Load Reporting Service\), (\d+) requests: (.*)", text)
+    assert first_count[0] == second_count[0] == "2000"
+    assert re.fullmatch(r"worker-a \d+ \(\d+\.\d%\), worker-b \d+ \(\d+\.\d%\)", first_count[1])
+    assert second_count[1] == "worker-a 2000 (100.0%), worker-b 0 (0.0%)"
 
     ((process, bootstrap_path),) = started
     assert process.returncode is not None, "envoy still running"

@@ -12,6 +12,7 @@ from publisher import loop
 from publisher.kube import Kube
 from publisher.loop import LoopOptions, Publisher
 from publisher.model import MapKey
+from publisher.status import ConditionSink
 from publisher.source import KubeSource, Stores, WatchOptions
 from tests.builders import make_condition, make_entry, make_isvc, make_map
 from tests.gateways import Backends, assert_measured_split, eventually, free_port
@@ -42,7 +43,8 @@ async def test_a_trafficmap_change_is_live_in_envoy_within_a_second(kube_api, ku
         adapter = ADAPTERS["envoy"].engine("envoy", EnvoyOptions(envoy_dir=directory, envoy_admin=f"http://127.0.0.1:{admin}"))
         kube = await Kube.connect(kubeconfig)
         stores = Stores.empty()
-        publisher = Publisher(stores, adapter, LoopOptions(adapter_name="envoy", instance="e2e"), kube=kube)
+        publisher = Publisher(stores, adapter, LoopOptions(adapter_name="envoy", instance="e2e"),
+                              status_sink=ConditionSink(kube, stores.maps, "e2e"))
         source = KubeSource(kube, stores, publisher, WatchOptions(), clock=publisher.clock)
         await adapter.start()  # the empty files Envoy starts from
         url = f"http://127.0.0.1:{listen}/"

@@ -12,9 +12,10 @@ import pytest
 
 from adapters import ADAPTERS
 from adapters.json_file import JsonOptions
-from publisher import loop
+from publisher import loop, status
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
+from publisher.model import MapKey
 from publisher.source import KubeSource, Stores, WatchOptions
 from tests.builders import make_condition, make_entry, make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI
@@ -78,12 +79,13 @@ async def running(kubeconfig: Path, out: Path, *, instance: str = "eu", leader: 
                   report_status: bool = True, watch: WatchOptions | None = None) -> AsyncIterator[Publisher]:
     kube = await Kube.connect(kubeconfig)
     stores = Stores.empty()
+    sink = status.ConditionSink(kube, stores.maps, instance) if report_status else None
     publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)),
-                          LoopOptions(instance=instance, report_status=report_status, resync=3600), kube=kube)
+                          LoopOptions(instance=instance, resync=3600), status_sink=sink)
     # Short backoff: the fake answers at once, and tests wait on reconnects.
-    watch = watch or WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5)
+    watch = watch or WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5, instance=instance)
     source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
-    task = asyncio.create_task(loop.run(publisher, source, leader=leader))
+    task = asyncio.create_task(loop.run(publisher, source, leader=leader, kube=kube))
     try:
         await eventually(lambda: publisher.is_synced or task.done())
         if task.done():
@@ -248,3 +250,27 @@ async def test_server_errors_at_start_are_retried(kube_api, kubeconfig, tmp_path
     out = tmp_path / "out.json"
     async with running(kubeconfig, out, report_status=False):
         await eventually(lambda: published(out) == {"chat": [2, 3]})
+
+
+async def test_another_regions_condition_is_noted_not_decided(kube_api, kubeconfig, tmp_path):
+    # Issue 20, finding 3: every region's status write reached every other region's loop as a
+    # change, to be parsed, validated and decided again: O(R) work per change per sidecar.
+    seed(kube_api)
+    out = tmp_path / "out.json"
+    async with running(kubeconfig, out, report_status=False) as publisher:
+        await eventually(lambda: published(out) == {"chat": [2, 3]})
+        changed: list = []
+        passed_on = publisher.changed
+        publisher.changed = lambda keys, *, at: (changed.extend(keys), passed_on(keys, at=at))
+        kube = await Kube.connect(kubeconfig)
+        try:
+            condition = {"type": "gateway-publisher.ome.io/us", "status": "True", "reason": "Published", "message": "us",
+                         "observedGeneration": 1, "lastTransitionTime": "2026-11-30T12:00:00Z"}
+            version = await status.write_condition(kube, MapKey("prod", "chat"), condition, "us")
+        finally:
+            await kube.close()
+        # The event arrived: the Store holds the map's new version, with the object it had.
+        await eventually(lambda: publisher.stores.maps.version(MapKey("prod", "chat")) == version)
+        rescale(kube_api, "chat", 4)
+        await eventually(lambda: published(out) == {"chat": [1, 3]})
+        assert changed == [("prod", "chat")]  # the rescale alone

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PURE = {"publisher.model", "publisher.quantity", "publisher.weights", "publisher.gate", "publisher.verify", "publisher.plan"}
+PURE = {"publisher.model", "publisher.quantity", "publisher.weights", "publisher.gate", "publisher.verify", "publisher.plan", "publisher.split"}
 IO_LIBRARIES = {"asyncio", "aiohttp", "kubernetes_asyncio", "prometheus_client", "logging", "subprocess", "socket"}
 STAGES = {"publisher.gate", "publisher.verify", "publisher.plan", "publisher.loop"}
-EDGES = {"publisher.kube", "publisher.source", "publisher.status"}
+EDGES = {"publisher.kube", "publisher.source", "publisher.status", "publisher.region_report", "publisher.fleet"}
 
 
 def modules() -> dict[str, set[str]]:

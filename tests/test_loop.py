@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -411,6 +412,8 @@ async def test_an_error_deciding_one_map_holds_it_and_the_others_publish():
     assert embed in gateway.held
     assert publisher.states[embed].state == "published"
     assert publisher.states[CHAT].reason == Reason.INTERNAL_ERROR
+    # The exception's type and message, not its repr (issue 23, point 7).
+    assert re.fullmatch(r"[a-z ]+ this map raised [A-Za-z]+Error: [^()]+", publisher.states[CHAT].message), publisher.states[CHAT].message
 
 
 async def test_a_map_read_back_that_todays_check_refuses_is_kept():
@@ -577,6 +580,31 @@ async def test_a_sidecar_stopped_before_its_first_sync_puts_the_collector_back()
     assert gc.get_threshold() == default
 
 
+async def test_a_deleted_maps_records_are_dropped_its_prober_note_and_status_backoff_too(caplog):
+    """Issue 21, finding 8: a deleted map's stalled-prober note and status backoff stayed forever:
+    a map of the same name later had its stalled prober go unlogged, and its status writes started
+    from the old backoff."""
+    publisher, stores, gateway = make_publisher(probe_max_age=60.0)
+    stale = make_entry("worker-a", allocated=1, ready=1, weight=1,
+                       probe={"result": "Passing", "gated": False, "lastProbeTime": "2020-01-01T00:00:00Z"})
+    raw = make_map(entries=[stale])
+    put_map(stores, raw)
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert publisher.states[CHAT].state == "published"
+    publisher.status_backoff.delay(CHAT)  # a status write of it failed
+    stores.maps.delete(CHAT)
+    publisher.changed([CHAT], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert CHAT not in gateway.held and CHAT not in publisher.states
+    assert publisher.status_backoff.failures(CHAT) == 0
+    put_map(stores, raw)
+    publisher.changed([CHAT], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert [r.getMessage() for r in caplog.records].count("prober stalled") == 2, "the new map's stalled prober is news"
+
+
 # --- issue 21: the loop's side of partial failures ------------------------------------------------
 
 
@@ -646,7 +674,7 @@ async def test_maps_wait_pending_while_no_gateway_client_is_connected():
     clock = FakeClock()
     gateway = MemoryGateway(fail_with=[NotConnected("no Envoy connected")])
     stores = Stores.empty()
-    publisher = Publisher(stores, memory_engine(gateway)[0], LoopOptions(adapter_name="memory"), kube=object(), clock=clock)  # type: ignore[arg-type]
+    publisher = Publisher(stores, memory_engine(gateway)[0], LoopOptions(adapter_name="memory"), status_sink=object(), clock=clock)  # type: ignore[arg-type]
     put_map(stores, make_map())
     await publisher.start()
     publisher.synced()

@@ -1,15 +1,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from publisher.model import InvalidObject, MapKey, TrafficMap
-from publisher.source import Bookmark, DirectorySource, Event, Relist, Store, Stores, WatchError, WatchState
-from tests.builders import make_isvc, make_map
+from publisher.source import Bookmark, DirectorySource, Event, Relist, Store, Stores, WatchError, WatchState, relevant_digest
+from tests.builders import make_condition, make_isvc, make_map
 
 CHAT = MapKey("prod", "chat")
 
@@ -173,19 +175,35 @@ async def test_run_reports_synced_once_and_sees_changes(tmp_path):
 # --- ReconnectBackoff and refusals: pure ------------------------------------------------------------
 
 
-def test_backoff_doubles_up_to_its_cap_with_jitter_down_to_half():
+def jitter_at(monkeypatch, end: str) -> None:
+    """tenacity's random waits (random.uniform) always at the top or the bottom of their range."""
+    monkeypatch.setattr("random.uniform", (lambda low, high: high) if end == "top" else (lambda low, high: low))
+
+
+def test_backoff_doubles_up_to_its_cap_with_jitter_down_to_half(monkeypatch):
     from publisher.source import ReconnectBackoff
 
-    top = ReconnectBackoff(1.0, 8.0, 60.0, jitter=lambda: 1.0)
+    jitter_at(monkeypatch, "top")
+    top = ReconnectBackoff(1.0, 8.0, 60.0)
     assert [top.failed() for _ in range(6)] == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
-    bottom = ReconnectBackoff(1.0, 8.0, 60.0, jitter=lambda: 0.0)
+    jitter_at(monkeypatch, "bottom")
+    bottom = ReconnectBackoff(1.0, 8.0, 60.0)
     assert [bottom.failed() for _ in range(3)] == [0.5, 1.0, 2.0]
 
 
-def test_backoff_starts_over_only_after_a_connection_that_lasted():
+def test_backoff_jitter_stays_between_half_and_the_whole_step():
     from publisher.source import ReconnectBackoff
 
-    backoff = ReconnectBackoff(1.0, 64.0, 60.0, jitter=lambda: 1.0)
+    backoff = ReconnectBackoff(1.0, 8.0, 60.0)
+    for step in (1.0, 2.0, 4.0, 8.0, 8.0):
+        assert step / 2 <= backoff.failed() <= step
+
+
+def test_backoff_starts_over_only_after_a_connection_that_lasted(monkeypatch):
+    from publisher.source import ReconnectBackoff
+
+    jitter_at(monkeypatch, "top")
+    backoff = ReconnectBackoff(1.0, 64.0, 60.0)
     backoff.failed(), backoff.failed()
     backoff.connected_for(59.9)
     assert backoff.failed() == 4.0
@@ -209,3 +227,116 @@ def test_a_refusal_names_verb_resource_scope_and_fix(code, namespace, expected):
     from publisher.source import describe_refusal
 
     assert expected in describe_refusal(KubeError(code, "", "denied"), "list", TRAFFIC_MAPS, namespace)
+
+
+# --- Issue 21, finding 8: source edges ---------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def kube_source(kubeconfig, sink, stores=None):
+    from publisher.kube import Kube
+    from publisher.source import KubeSource, WatchOptions
+
+    kube = await Kube.connect(kubeconfig)
+    stores = stores or Stores.empty()
+    source = KubeSource(kube, stores, sink, WatchOptions(backoff_initial=0.01, backoff_max=0.05, silence_timeout=5), clock=time.monotonic)
+    task = asyncio.create_task(source.run())
+    try:
+        yield stores, task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await kube.close()
+
+
+@pytest.mark.parametrize(
+    ("verb", "body"),
+    [
+        ("list", b"<html><body>502 Bad Gateway</body></html>"),
+        ("list", b'{"kind":"TrafficMapList","items":[{"metadata":'),
+        ("list", b"[1, 2]"),
+        ("list", b'{"items": "none", "metadata": {}}'),
+        ("watch", b'{"type":"ADDED","object":"not an object"}\n'),
+    ],
+    ids=["proxy-page", "truncated", "not-an-object", "items-not-a-list", "watch-object-not-an-object"],
+)
+async def test_a_2xx_answer_that_is_not_what_was_asked_is_retried_and_never_ends_the_source(kube_api, kubeconfig, verb, body):
+    """A 2xx body that is not JSON (a proxy's page) raised out of the informer and ended the process."""
+    from tests.gateways import eventually
+
+    kube_api.create(make_isvc())
+    kube_api.create(make_map())
+    kube_api.answer_next(2, body, verb=verb)
+    sink = Sink()
+    async with kube_source(kubeconfig, sink) as (stores, task):
+        await eventually(lambda: (sink.synced_count == 1 and kube_api.count(verb) >= 3) or task.done(), timeout=10)
+        assert not task.done(), task.exception()
+        assert isinstance(stores.maps.get(CHAT), TrafficMap)
+        sink.keys.clear()
+        kube_api.update(make_map(generation=4, resource_version=""))
+        await eventually(lambda: CHAT in sink.keys or task.done(), timeout=10)
+        assert not task.done(), task.exception()
+
+
+async def test_a_map_is_woken_by_the_inferenceservice_its_spec_names_not_by_its_own_name(kube_api, kubeconfig):
+    """A map whose spec.service differs from its name saw its InferenceService's changes only at resync."""
+    from tests.gateways import eventually
+
+    llm = kube_api.create(make_isvc("llm"))
+    kube_api.create(make_map(spec={"service": "llm"}))
+    sink = Sink()
+    async with kube_source(kubeconfig, sink) as (stores, task):
+        await eventually(lambda: sink.synced_count == 1 or task.done(), timeout=10)
+        sink.keys.clear()
+        llm["metadata"]["annotations"] = {"changed": "yes"}
+        kube_api.update(llm)
+        await eventually(lambda: CHAT in sink.keys or task.done(), timeout=10)
+        assert not task.done(), task.exception()
+
+
+async def test_a_directory_map_is_woken_by_the_inferenceservice_it_names_until_it_names_another(tmp_path):
+    write(tmp_path / "isvc.yaml", make_isvc("llm"), make_isvc("other"))
+    write(tmp_path / "chat.yaml", make_map(spec={"service": "llm"}))
+    stores, sink = Stores.empty(), Sink()
+    source = DirectorySource(tmp_path, stores, sink, clock=lambda: 0.0)
+    await source.scan()
+    sink.keys.clear()
+    write(tmp_path / "isvc.yaml", make_isvc("llm", generation=7), make_isvc("other"))
+    await source.scan()
+    assert sink.keys == {CHAT}
+    write(tmp_path / "chat.yaml", make_map(spec={"service": "other"}))
+    await source.scan()
+    sink.keys.clear()
+    write(tmp_path / "isvc.yaml", make_isvc("llm", generation=8), make_isvc("other"))
+    await source.scan()
+    assert sink.keys == set(), "chat names other now"
+    write(tmp_path / "isvc.yaml", make_isvc("llm", generation=8), make_isvc("other", generation=9))
+    await source.scan()
+    assert sink.keys == {CHAT}
+
+
+# --- issue 20: other regions' conditions are noted, not parsed ----------------------------------
+
+
+def with_condition(raw: dict, type_: str, status: str = "True", manager: str | None = None, version: str = "9") -> dict:
+    """`raw` with one more condition, the managedFields entry its writer gets and a new version."""
+    out = json.loads(json.dumps(raw))
+    out["status"].setdefault("conditions", []).append(make_condition(type_, status))
+    out["metadata"]["resourceVersion"] = version
+    out["metadata"].setdefault("managedFields", []).append({"manager": manager or type_, "operation": "Apply", "subresource": "status"})
+    return out
+
+
+@pytest.mark.parametrize(
+    ("change", "matters"),
+    [
+        (lambda raw: with_condition(raw, "gateway-publisher.ome.io/us", manager="ome-gateway-publisher-us"), False),
+        (lambda raw: with_condition(raw, "gateway-publisher.ome.io/eu"), True),
+        (lambda raw: with_condition(raw, "Published"), True),
+        (lambda raw: make_map(generation=4, resource_version="9"), True),
+    ],
+    ids=["other-region", "own-condition", "omes-condition", "spec"],
+)
+def test_only_other_instances_conditions_leave_the_digest_alone(change, matters):
+    raw = make_map()
+    assert (relevant_digest(change(raw), "gateway-publisher.ome.io/eu") != relevant_digest(raw, "gateway-publisher.ome.io/eu")) is matters

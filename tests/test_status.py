@@ -1,12 +1,25 @@
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
-from publisher.model import Condition, Reason, validate
-from publisher.status import Report, condition_for, condition_type, field_manager
+from publisher.kube import Kube
+from publisher import loop
+from publisher.loop import LoopOptions, Publisher
+from publisher.model import Condition, MapKey, Reason, parse_traffic_map, validate
+from publisher.source import KubeSource, Stores, WatchOptions, parse_isvc
+from publisher.status import ConditionSink, Report, caught_up, condition_for, condition_type, field_manager
+from tests.builders import make_condition, make_entry
+from tests.fakes.kube_api import FakeKubeAPI
+from tests.fakes.memory_adapter import memory_engine
+from tests.test_kube_integration import ISVC, TM, ours, seed
+
+FIELD_MANAGER = "ome-gateway-publisher-eu"
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -47,3 +60,164 @@ def test_transition_time_moves_only_with_status(report, moves):
     condition = condition_for(report, "eu", existing(), NOW)
     assert condition is not None
     assert (condition["lastTransitionTime"] == "2026-11-30T12:00:00Z") == moves
+
+
+# --- issue 20: the condition sink against the fake API server -----------------------------------
+
+
+def cache(stores: Stores, api: FakeKubeAPI, name: str = "chat") -> MapKey:
+    """What the watch cache holds of the map and its InferenceService: the server's objects now."""
+    raw, isvc = api.get(TM, "prod", name), api.get(ISVC, "prod", name)
+    item = parse_traffic_map(raw)
+    stores.maps.upsert(item.key, item, raw["metadata"]["resourceVersion"])
+    stores.isvcs.upsert(item.key, parse_isvc(isvc), isvc["metadata"]["resourceVersion"])
+    return item.key
+
+
+async def decide_and_report(publisher: Publisher, keys: list[MapKey]) -> None:
+    """One pass over `keys`, as an event for each would give, and the status writes it queues."""
+    publisher.changed(keys, at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    await publisher.write_reports(publisher.status_queue.take_ready())
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@contextlib.asynccontextmanager
+async def driven(kubeconfig: Path, instance: str = "eu", clock: FakeClock | None = None) -> AsyncIterator[tuple[Publisher, Stores]]:
+    """A publisher with the condition sink, driven pass by pass by the test (no source, no tasks)."""
+    kube = await Kube.connect(kubeconfig)
+    try:
+        stores = Stores.empty()
+        engine, _ = memory_engine()
+        sink = ConditionSink(kube, stores.maps, instance)
+        publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name, instance=instance), status_sink=sink,
+                              clock=clock or FakeClock())
+        await publisher.start()
+        publisher.synced()
+        yield publisher, stores
+    finally:
+        await kube.close()
+
+
+async def test_a_cache_lagging_our_own_write_is_not_written_from_again(kube_api, kubeconfig):
+    # Issue 20, finding 1: re-decided before the watch delivered our write, the map looked as if it
+    # had no condition of ours, and it was written again (with a new lastTransitionTime, a change
+    # and an event for every other region).
+    seed(kube_api)
+    async with driven(kubeconfig) as (publisher, stores):
+        key = cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        assert ours(kube_api)["reason"] == "Published"
+        # Another region's event makes us decide again; the cache does not have our write yet.
+        await decide_and_report(publisher, [key])
+        assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 1
+        # The watch catches up; a decision from then on compares with what the cache holds.
+        cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 1
+
+
+def ome_writes_entries(api: FakeKubeAPI, name: str = "chat") -> None:
+    """OME's first write of a change: worker-b scales to 4 replicas, new weights, the generation
+    moves; its Routable condition still speaks of the generation before."""
+    current = api.get(TM, "prod", name)
+    current["spec"]["entries"] = [make_entry("worker-a", allocated=4, ready=4, weight=1),
+                                  make_entry("worker-b", allocated=4, ready=4, factor="3", weight=3)]
+    api.update(current)
+
+
+def ome_writes_routable(api: FakeKubeAPI, name: str = "chat") -> None:
+    """OME's second write: the Routable condition for the map's generation now."""
+    current = api.get(TM, "prod", name)
+    routable = make_condition("Routable", observed_generation=current["metadata"]["generation"])
+    current["status"]["conditions"] = [c for c in current["status"]["conditions"] if c["type"] != "Routable"] + [routable]
+    api.update(current)
+
+
+async def test_a_hold_between_omes_two_writes_is_not_written(kube_api, kubeconfig):
+    # Issue 20, finding 2: deciding between OME's two writes holds the map RoutableOutdated for a
+    # few milliseconds; its False and the True after it were half the status writes.
+    seed(kube_api)
+    clock = FakeClock()
+    async with driven(kubeconfig, clock=clock) as (publisher, stores):
+        key = cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        ome_writes_entries(kube_api)
+        cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        assert publisher.states[key].reason == "RoutableOutdated"
+        clock.now += 0.01
+        ome_writes_routable(kube_api)
+        cache(stores, kube_api)
+        await decide_and_report(publisher, [key])  # published, generation 2: written at once
+        assert ours(kube_api)["observedGeneration"] == 2
+        clock.now += 1
+        await publisher.write_reports(publisher.status_queue.take_ready())
+    assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 2
+    assert ours(kube_api)["status"] == "True"
+
+
+async def test_a_hold_that_stands_is_written_after_the_delay_with_its_latest_verdict(kube_api, kubeconfig):
+    seed(kube_api)
+    clock = FakeClock()
+    async with driven(kubeconfig, clock=clock) as (publisher, stores):
+        key = cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        ome_writes_entries(kube_api)
+        cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        assert ours(kube_api)["status"] == "True"
+        clock.now += 0.3
+        await decide_and_report(publisher, [key])  # decided again while held: the delay runs from the first
+        clock.now += 0.2
+        await publisher.write_reports(publisher.status_queue.take_ready())
+        condition = ours(kube_api)
+        assert (condition["status"], condition["reason"]) == ("False", "RoutableOutdated")
+        assert publisher.adapter.confirmed[key] is not None  # the gateway keeps generation 1 meanwhile
+    assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 2
+
+
+async def test_an_invalid_maps_condition_is_read_back_not_written_on_every_pass(kube_api, kubeconfig):
+    seed(kube_api)
+    clock = FakeClock()
+    async with driven(kubeconfig, clock=clock) as (publisher, stores):
+        key = cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        invalid = kube_api.get(TM, "prod", "chat")
+        invalid["spec"]["entries"][0]["weight"] = -1
+        kube_api.update(invalid)
+        cache(stores, kube_api)
+        await decide_and_report(publisher, [key])
+        clock.now += 1
+        await publisher.write_reports(publisher.status_queue.take_ready())
+        assert ours(kube_api)["reason"] == "InvalidMap"
+        cache(stores, kube_api)  # the watch delivers our write
+        await decide_and_report(publisher, [key])
+    assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 2
+
+
+async def test_once_writes_a_hold_without_waiting_for_the_delay(kube_api, kubeconfig):
+    seed(kube_api, routable=False)
+    kube = await Kube.connect(kubeconfig)
+    try:
+        stores = Stores.empty()
+        engine, _ = memory_engine()
+        publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name, instance="eu", status_delay=3600),
+                              status_sink=ConditionSink(kube, stores.maps, "eu"))
+        await loop.once(publisher, KubeSource(kube, stores, publisher, WatchOptions(instance="eu"), clock=publisher.clock), timeout=30)
+    finally:
+        await kube.close()
+    assert (ours(kube_api)["status"], ours(kube_api)["reason"]) == ("False", "RoutableOutdated")
+
+
+@pytest.mark.parametrize(("seen", "written", "expected"), [("41", "42", False), ("42", "42", True), ("100", "42", True),
+                                                          ("", "42", False), ("abc", "abc", True), ("abd", "abc", False)])
+def test_the_cache_has_caught_up_with_a_write_at_its_version_or_a_newer_one(seen, written, expected):
+    assert caught_up(seen, written) is expected

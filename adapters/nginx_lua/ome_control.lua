@@ -8,14 +8,16 @@
 -- from the change log without the batch lock (410: too old, another boot or ahead: read /table);
 -- with wait, it answers once the version moves past VERSION or the wait ends. POST /batch
 -- (format in ome_table.parse_batch) validates a whole batch and applies all of it or nothing (400
--- with a reason, 507 when the table is full, 409 when expect_boot names another boot), answering
--- with the state.
+-- with a reason, 507 when the table is full, 409 when expect_boot names another boot, 500 when a
+-- refused batch could not be undone whole), answering with the state. POST /counts answers request
+-- counts per map backend (ome_counts).
 local cjson = require("cjson.safe")
 local table_ = require("ome_table")
+local counts = require("ome_counts")
 
 local _M = {}
 
-local secret = nil
+local secret_digest = nil
 
 -- Runs in init_by_lua (as root, before workers drop privileges): no secret, no start.
 function _M.init(secret_file)
@@ -25,7 +27,7 @@ function _M.init(secret_file)
     file:close()
     text = text:gsub("^%s+", ""):gsub("%s+$", "")
     if #text < 16 then error("ome-gateway-publisher: the secret in " .. secret_file .. " is shorter than 16 characters") end
-    secret = text
+    secret_digest = ngx.sha1_bin(text)
     table_.init()
 end
 
@@ -36,29 +38,57 @@ local function reply(status, body)
     return ngx.exit(status)
 end
 
-local function authorized()
-    local header = ngx.var.http_authorization
-    if type(header) ~= "string" then return false end
-    local given = header:match("^Bearer (.+)$")
-    if given == nil or #given ~= #secret then return false end
-    -- Compares every byte, so the time taken says nothing about where a guess went wrong.
+-- Whether `given` is the secret, in the same steps whatever `given` is: digests of one length
+-- are compared byte by byte to the end, so neither where a guess goes wrong nor its length shows
+-- in the time taken.
+function _M.is_secret(given)
+    local digest = ngx.sha1_bin(given)
     local differ = 0
-    for i = 1, #secret do
-        if given:byte(i) ~= secret:byte(i) then differ = differ + 1 end
+    for i = 1, #secret_digest do
+        differ = bit.bor(differ, bit.bxor(digest:byte(i), secret_digest:byte(i)))
     end
     return differ == 0
 end
 
--- One batch at a time across workers; the lock expires on its own should a worker die holding it.
+local function authorized()
+    local header = ngx.var.http_authorization
+    if type(header) ~= "string" then return false end
+    local given = header:match("^Bearer (.+)$")
+    return given ~= nil and _M.is_secret(given)
+end
+
+-- Whether the process a lock value names ("<pid> <count>") is still running.
+local function holder_alive(holder)
+    local pid = holder:match("^(%d+) ")
+    local stat = pid and io.open("/proc/" .. pid .. "/stat", "rb")
+    if not stat then return false end
+    stat:close()
+    return true
+end
+
+-- One batch at a time across workers. The lock has no expiry, so a long batch never loses it
+-- halfway; it names its holder, and a waiter takes it over only from a process that is gone (a
+-- worker that died holding it). The break key lets one waiter alone remove a given dead holder's
+-- lock, so two cannot each remove the other's fresh one.
+local acquisitions = 0
 local function locked(dict, work)
+    acquisitions = acquisitions + 1
+    local mine = ngx.worker.pid() .. " " .. acquisitions
     for _ = 1, 500 do
-        if dict:safe_add("meta:lock", true, 10) then
+        if dict:safe_add("meta:lock", mine) then
             local ok, a, b, c = pcall(work)
             dict:delete("meta:lock")
             if not ok then error(a) end
             return a, b, c
         end
-        ngx.sleep(0.002)
+        local holder = dict:get("meta:lock")
+        if holder and not holder_alive(holder) and dict:safe_add("meta:lock_break:" .. holder, true, 60)
+            and dict:get("meta:lock") == holder then
+            ngx.log(ngx.WARN, "ome-gateway-publisher: taking over the batch lock of a worker that is gone: ", holder)
+            dict:delete("meta:lock")
+        else
+            ngx.sleep(0.002)
+        end
     end
     return false, 503, "another batch is being applied"
 end
@@ -149,6 +179,10 @@ function _M.handle()
     end
     if uri == "/changes" and method == "GET" then return changes() end
     if uri == "/batch" and method == "POST" then return batch() end
+    if uri == "/counts" and method == "POST" then
+        ngx.req.read_body()
+        return reply(counts.read(ngx.req.get_body_data()))
+    end
     return reply(404, { error = "no such control endpoint" })
 end
 

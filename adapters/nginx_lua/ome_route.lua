@@ -8,6 +8,7 @@
 local balancer = require("ngx.balancer")
 local lrucache = require("resty.lrucache") -- lua-resty-core depends on it
 local table_ = require("ome_table")
+local counts = require("ome_counts")
 
 local _M = {}
 
@@ -75,6 +76,7 @@ function _M.access()
     state.next_address = state.next_address + 1
     ngx.ctx.ome_backend = backend
     ngx.ctx.ome_first = state.next_address
+    counts.note(key, backend.cluster)
 end
 
 function _M.balance()

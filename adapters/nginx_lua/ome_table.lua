@@ -3,8 +3,9 @@
 -- Keys: "m:<namespace>/<name>" holds one map's entry (the JSON text the sidecar sent, kept
 -- verbatim so both sides compute the same checksum); "h:<hostname>" names the map that owns a
 -- hostname; "meta:*" holds the boot id, the version and the checksum. A batch is validated whole
--- before any of it is applied, and a batch the dict has no room for is undone: nothing else in
--- the table changes (safe_set never evicts). "c:<version>" is the change log: the maps batch
+-- before any of it is applied, and a batch the dict has no room for is undone, every key back to
+-- the value it had: nothing else in the table changes (safe_set never evicts). A replace batch
+-- counts the checksum afresh, so it also repairs a table that no longer matches its own. "c:<version>" is the change log: the maps batch
 -- <version> changed, kept for the versions above meta:log_floor, so a reader can ask what changed
 -- since a version in O(changed) without the batch lock; meta:writes is odd while a batch writes.
 local cjson = require("cjson.safe")
@@ -198,7 +199,8 @@ local function plan(head, sets, deletes)
             if owners[hostname] then return nil, "hostname " .. hostname .. " is claimed by " .. owners[hostname] .. " and " .. key end
             owners[hostname] = key
             local holder = dict:get("h:" .. hostname)
-            if holder and holder ~= key and changes[holder] == nil then
+            -- A holder without an entry is a leftover of a damaged table, not an owner.
+            if holder and holder ~= key and changes[holder] == nil and dict:get("m:" .. holder) ~= nil then
                 return nil, key .. ": hostname " .. hostname .. " is held by " .. holder
             end
         end
@@ -269,28 +271,30 @@ local function log_changes(dict, version, changes)
     end
 end
 
--- Applies a planned batch; on a full dict, undoes what it did and returns nil, "table full".
-local function apply(changes)
+-- Applies a planned batch; on a full dict, undoes what it did and returns nil, "table full"
+-- (false as a third value when the undo could not put every previous value back).
+local function apply(changes, replace)
     local dict = _M.dict()
     local done = {} -- {dict key, previous value} in the order written
     local function put(name, value)
-        local previous = dict:get(name)
-        local ok, err
+        -- Recorded before writing: a safe_set that needs a larger slot frees the old value and
+        -- then may fail for room, so the previous value is lost to the dict either way.
+        done[#done + 1] = { name, dict:get(name) }
         if value == nil then
             dict:delete(name)
-            ok = true
-        else
-            ok, err = dict:safe_set(name, value)
+            return true
         end
-        if ok then done[#done + 1] = { name, previous } end
-        return ok, err
+        return dict:safe_set(name, value)
     end
+    -- In reverse order, so each write's room is back before the value it replaced needs it.
     local function undo()
+        local restored = true
         for i = #done, 1, -1 do
             local name, previous = done[i][1], done[i][2]
             dict:delete(name)
-            if previous ~= nil then dict:safe_set(name, previous) end
+            if previous ~= nil and not dict:safe_set(name, previous) then restored = false end
         end
+        return restored
     end
     -- Removals first: they free room for what the batch adds.
     for key, change in pairs(changes) do
@@ -299,22 +303,22 @@ local function apply(changes)
         end
         if not change.text and change.old then put("m:" .. key, nil) end
     end
-    local checksum = dict:get("meta:checksum") or 0
-    local maps = 0
+    -- A replace counts from nothing: the table it replaces may not match its own checksum.
+    local checksum = replace and 0 or dict:get("meta:checksum") or 0
+    local maps = replace and -(dict:get("meta:maps") or 0) or 0
     for key, change in pairs(changes) do
         if change.text then
             local ok, err = put("m:" .. key, change.text)
             if ok then ok, err = put("h:" .. change.entry.hostname, key) end
             if not ok then
-                undo()
-                return nil, "table full (" .. tostring(err) .. "): raise the shared-dict size"
+                return nil, "table full (" .. tostring(err) .. "): raise the shared-dict size", undo()
             end
             checksum = (checksum + entry_hash(key, change.text)) % CHECKSUM_MODULUS
-            if not change.old then maps = maps + 1 end
-        elseif change.old then
+            if replace or not change.old then maps = maps + 1 end
+        elseif change.old and not replace then
             maps = maps - 1
         end
-        if change.old then checksum = (checksum - entry_hash(key, change.old)) % CHECKSUM_MODULUS end
+        if change.old and not replace then checksum = (checksum - entry_hash(key, change.old)) % CHECKSUM_MODULUS end
     end
     -- Logged before the version moves: a reader that sees the new version finds its record.
     local version = (dict:get("meta:version") or 0) + 1
@@ -327,18 +331,22 @@ local function apply(changes)
 end
 
 -- Validates and applies one parsed batch; returns true, or false, an HTTP status and a reason.
+-- 507: refused for room, the table exactly as before; 500: the undo could not restore it, and the
+-- table no longer matches its checksum (the sidecar restores it whole).
 function _M.apply_batch(head, sets, deletes)
     local changes, reason = plan(head, sets, deletes)
     if not changes then return false, 400, reason end
     local dict = _M.dict()
     dict:incr("meta:writes", 1, 0)
-    local done, ok, err = pcall(apply, changes)
-    if done and not ok and drop_log(dict, dict:get("meta:version") or 0) then
+    local replace = head.replace == true
+    local done, ok, err, restored = pcall(apply, changes, replace)
+    if done and not ok and restored and drop_log(dict, dict:get("meta:version") or 0) then
         -- The log never costs a batch: its room goes to the table, and readers read /table.
-        done, ok, err = pcall(apply, changes)
+        done, ok, err, restored = pcall(apply, changes, replace)
     end
     dict:incr("meta:writes", 1, 0)
     if not done then error(ok) end
+    if not ok and not restored then return false, 500, err .. "; the undo could not restore every entry" end
     if not ok then return false, 507, err end
     return true
 end

@@ -4,18 +4,22 @@
 path it writes inside `directory`, and stops it by PID (SIGQUIT, then SIGKILL after a bound).
 `extra_server` adds a server block of the operator's own to the main nginx.conf ({listen} is filled in).
 `running_lua_nginx(directory)` does the same for an NGINX serving `ome-publisher nginx-config`'s
-snippet (Lua mode); `restart()` stops it and starts a new master on the same ports.
+snippet (Lua mode); `restart()` stops it and starts a new master on the same ports; `eval(code)`
+runs Lua inside it through a test-only listener, to break its table the ways a fault would.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from adapters.nginx import NginxOptions, render
 from adapters.nginx_lua import LOAD_MODULES, http_snippet
@@ -152,6 +156,17 @@ http {{
     uwsgi_temp_path {dir}/tmp/uwsgi;
     scgi_temp_path {dir}/tmp/scgi;
     include {conf};
+    # Test-only: runs the Lua chunk POSTed to it and answers what it returns.
+    server {{
+        listen 127.0.0.1:{eval_port};
+        location / {{
+            content_by_lua_block {{
+                ngx.req.read_body()
+                local chunk = assert(loadstring(ngx.req.get_body_data()))
+                ngx.say(require("cjson").encode({{ chunk() }}))
+            }}
+        }}
+    }}
 }}
 """
 
@@ -163,6 +178,7 @@ class RunningLuaNginx:
     secret_file: Path
     listen_port: int
     control_port: int
+    eval_port: int
     process: asyncio.subprocess.Process | None = None
 
     @property
@@ -197,6 +213,27 @@ class RunningLuaNginx:
         path = self.directory / "error.log"
         return path.read_text() if path.exists() else ""
 
+    async def eval(self, code: str) -> list[Any]:
+        """What the Lua chunk `code` returns, run inside a worker (the shared dict is
+        ngx.shared.ome_routes)."""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            async with session.post(f"http://127.0.0.1:{self.eval_port}/", data=code) as response:
+                assert response.status == 200, await response.text()
+                return json.loads(await response.text())
+
+    def configure(self, *, shared_dict_size: str, counts_dict_size: str | None = "1m", ca_file: Path | None = None) -> None:
+        """Write the nginx-config snippet, read at the next start."""
+        (self.directory / "ome-lua.conf").write_text(
+            http_snippet(
+                listen=f"127.0.0.1:{self.listen_port}",
+                control_listen=f"127.0.0.1:{self.control_port}",
+                secret_file=self.secret_file,
+                shared_dict_size=shared_dict_size,
+                counts_dict_size=counts_dict_size,
+                ca_file=ca_file,
+            )
+        )
+
     async def start(self) -> None:
         with (self.directory / "stderr.log").open("ab") as stderr:
             self.process = await asyncio.create_subprocess_exec(
@@ -228,29 +265,31 @@ class RunningLuaNginx:
 
 @contextlib.asynccontextmanager
 async def running_lua_nginx(
-    directory: Path, *, workers: int = 2, shared_dict_size: str = "4m", ca_file: Path | None = None
+    directory: Path,
+    *,
+    workers: int = 2,
+    shared_dict_size: str = "4m",
+    counts_dict_size: str | None = "1m",
+    ca_file: Path | None = None,
+    start: bool = True,
 ) -> AsyncIterator[RunningLuaNginx]:
-    """NGINX with the Lua modules, serving the nginx-config snippet with an empty table."""
+    """NGINX with the Lua modules, serving the nginx-config snippet with an empty table; with
+    `start=False`, configured on its ports but not started (a test starts it later)."""
     (directory / "tmp").mkdir(parents=True, exist_ok=True)
     secret_file = directory / "secret"
     secret_file.write_text("test-secret-0123456789abcdef\n")
-    listen_port, control_port = free_port(), free_port()
+    listen_port, control_port, eval_port = free_port(), free_port(), free_port()
     snippet = directory / "ome-lua.conf"
-    snippet.write_text(
-        http_snippet(
-            listen=f"127.0.0.1:{listen_port}",
-            control_listen=f"127.0.0.1:{control_port}",
-            secret_file=secret_file,
-            shared_dict_size=shared_dict_size,
-            ca_file=ca_file,
-        )
-    )
     main_conf = directory / "nginx.conf"
     load_modules = "".join(f"load_module /usr/lib/nginx/{module};\n" for module in LOAD_MODULES)
-    main_conf.write_text(_LUA_MAIN_CONF.format(load_modules=load_modules, dir=directory, workers=workers, conf=snippet))
-    nginx = RunningLuaNginx(directory, main_conf, secret_file, listen_port, control_port)
+    main_conf.write_text(
+        _LUA_MAIN_CONF.format(load_modules=load_modules, dir=directory, workers=workers, conf=snippet, eval_port=eval_port)
+    )
+    nginx = RunningLuaNginx(directory, main_conf, secret_file, listen_port, control_port, eval_port)
+    nginx.configure(shared_dict_size=shared_dict_size, counts_dict_size=counts_dict_size, ca_file=ca_file)
     try:
-        await nginx.start()
+        if start:
+            await nginx.start()
         yield nginx
     finally:
         await nginx.stop()

@@ -1,6 +1,8 @@
 """The adapter contract: every gateway, run by the engine against its real gateway (or the fake
 API server), keeps the same promises. A gateway joins by adding a factory to GATEWAYS that yields
-a fresh engine on the same gateway each time it is called (a restart)."""
+a fresh engine on the same gateway each time it is called (a restart). The last section holds the
+xDS gateway to its promises with several clients: two that disagree at a restart, one that leaves
+mid-write, a late one's refusal."""
 
 from __future__ import annotations
 
@@ -13,11 +15,14 @@ from typing import Any
 import pytest
 
 from adapters import ADAPTERS, Engine
+from adapters.base import Unavailable
 from adapters.envoy import EnvoyOptions, bootstrap, run_envoy, xds_bootstrap
+from adapters.envoy_resources import XdsRenderer
 from adapters.json_file import JsonOptions
 from publisher.model import MAX_WEIGHT, Backend, MapKey, Publication, Reason
 from tests.adapters.nginx_fixtures import running_nginx
-from tests.gateways import free_port
+from tests.adapters.xds_clients import ScriptedEnvoy, holding, refuse_clusters_of
+from tests.gateways import eventually, free_port
 
 EngineFactory = Callable[[], Engine[Any]]
 
@@ -191,3 +196,83 @@ async def test_withdrawal_leaves_the_others(gateway):
     await engine.apply({MapKey("prod", "a"): None})
     assert set(await served(gateway)) == {MapKey("prod", "b")}
     await engine.aclose()
+
+
+# --- xDS: a gateway of several clients (scripted delta-ADS clients over gRPC on 127.0.0.1) -------
+
+
+@contextlib.asynccontextmanager
+async def xds_engine(*, ack_timeout: float = 60.0) -> AsyncIterator[tuple[Engine[Any], int]]:
+    """An xDS engine serving on a free port. The ACK timeout is long, so a write that waits it
+    out instead of being released fails the test's own bound."""
+    port = free_port()
+    engine = ADAPTERS["envoy"].engine("envoy", EnvoyOptions(envoy_xds_listen=f"127.0.0.1:{port}"))
+    engine.transport.ack_timeout = ack_timeout
+    engine.transport.read_wait = 5.0
+    serving = asyncio.create_task(engine.serve())
+    try:
+        await asyncio.wait_for(engine.transport.started(), 10)
+        yield engine, port
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await engine.aclose()
+
+
+@contextlib.asynccontextmanager
+async def scripted(*envoys: ScriptedEnvoy) -> AsyncIterator[None]:
+    try:
+        for envoy in envoys:
+            await envoy.connect()
+        yield
+    finally:
+        for envoy in envoys:
+            await envoy.leave()
+
+
+async def test_xds_two_clients_that_disagree_at_restart_keep_the_map_and_converge_on_the_engines_write():
+    older, newer = pub("chat", 1), pub("chat", 1, 2)
+    renderer = XdsRenderer()
+    async with xds_engine() as (engine, port):
+        envoys = [ScriptedEnvoy(port, "behind", held=holding([renderer.render(older.key, older.route)])),
+                  ScriptedEnvoy(port, "ahead", held=holding([renderer.render(newer.key, newer.route)]))]
+        async with scripted(*envoys):
+            assert dict(await engine.start()) == {newer.key: newer.route}  # a tie: the first by name
+            latest = pub("chat", 3, 1)
+            result = await engine.apply({latest.key: latest})
+            assert not result.rejected and result.wrote
+            assert [e.serves(latest.key) for e in envoys] == [latest.route, latest.route]
+
+
+async def test_xds_a_client_that_leaves_mid_write_releases_it():
+    chat = pub("chat", 1)
+    async with xds_engine() as (engine, port):
+        stays, leaves = ScriptedEnvoy(port, "stays"), ScriptedEnvoy(port, "leaves")
+        async with scripted(stays, leaves):
+            await engine.start()
+            leaves.answering.clear()
+            applying = asyncio.create_task(engine.apply({chat.key: chat}))
+            await eventually(lambda: leaves.responses, timeout=10)
+            await leaves.leave()
+            assert not (await asyncio.wait_for(applying, 20)).rejected
+            assert engine.confirmed == {chat.key: chat.route} and stays.serves(chat.key) == chat.route
+            # The last one leaving mid-write: nobody acknowledged it, so the outcome is unknown.
+            stays.answering.clear()
+            moved = pub("chat", 0, 1)
+            applying = asyncio.create_task(engine.apply({moved.key: moved}))
+            await eventually(lambda: len(stays.responses) > 1, timeout=10)
+            await stays.leave()
+            with pytest.raises(Unavailable):
+                await asyncio.wait_for(applying, 20)
+
+
+async def test_xds_a_late_clients_refusal_is_reported():
+    chat = pub("chat", 1)
+    async with xds_engine() as (engine, port):
+        first = ScriptedEnvoy(port, "first")
+        async with scripted(first):
+            await engine.start()
+            assert not (await engine.apply({chat.key: chat})).rejected
+            async with scripted(ScriptedEnvoy(port, "late", refuse=refuse_clusters_of(chat.key, "cannot take it"))):
+                refusals = await eventually(engine.transport.refusals, timeout=10)
+            assert refusals == {chat.key: "envoy late refused the cluster: cannot take it"}

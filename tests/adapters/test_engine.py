@@ -97,6 +97,8 @@ async def test_a_renderer_error_holds_only_that_map():
     await engine.start()
     result = await engine.apply(changes(pub("boom", 1), pub("fine", 1)))
     assert result.rejected[MapKey("prod", "boom")].reason == Reason.INTERNAL_ERROR
+    # In words, not the exception's repr (issue 23, point 7).
+    assert result.rejected[MapKey("prod", "boom")].message == "rendering for the memory gateway failed: RuntimeError: renderer bug"
     assert set(gateway.held) == {MapKey("prod", "fine")}
 
 

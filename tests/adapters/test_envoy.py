@@ -691,3 +691,17 @@ async def test_envoy_one_rejected_map_among_five_good_ones_is_isolated(gateway, 
         assert set(await measure(gateway.url, pub.hostname, 20)) <= {"a", "b"}
     assert await measure(gateway.url, bad.hostname, 10) == {"status:404": 10}
     assert read_routes((gateway.directory / RDS_FILE).read_text())[1] == routes(*good)
+
+
+def test_weights_envoy_would_refuse_on_every_push_are_invalid_plan_up_front() -> None:
+    """Issue 21, finding 12: Envoy refuses weights that sum past a uint32; both renderers passed
+    them, and the map was ApplyFailed and retried forever."""
+    from adapters.envoy import EnvoyRenderer
+    from adapters.envoy_resources import XdsRenderer
+
+    key = MapKey("ns", "m")
+    over = Route("m.example.com", tuple(Backend(f"c{i}", "http://127.0.0.1:1", 1_000_000) for i in range(4295)))
+    within = Route("m.example.com", over.backends[:4294])
+    for renderer in (EnvoyRenderer(), XdsRenderer()):
+        assert "at most 4294967295" in (renderer.problem(key, over) or ""), renderer
+        assert renderer.problem(key, within) is None, renderer

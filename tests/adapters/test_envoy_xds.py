@@ -365,6 +365,30 @@ async def test_xds_envoy_started_without_its_control_plane_publishes_once_it_con
 
 
 @pytest.mark.slow
+async def test_run_once_in_xds_mode_serves_envoy_started_after_it_and_exits_0(tmp_path):
+    """Issue 21 finding 9: `run --once` never started the xDS server, so no Envoy could connect,
+    every map was ApplyFailed and it exited 1. Envoy starts after the sidecar here (any order)."""
+    port = free_port()
+    examples = Path(__file__).resolve().parents[2] / "examples" / "trafficmaps"
+    sidecar = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "publisher.cli", "run", "--once", "--timeout", "60s", "--source", f"dir:{examples}",
+        "--adapter", "envoy", "--envoy-xds-listen", f"127.0.0.1:{port}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        async with envoy(tmp_path, port) as running:
+            output, _ = await asyncio.wait_for(sidecar.communicate(), 60)
+            assert sidecar.returncode == 0, output.decode()
+            assert "published 2 map(s)" in output.decode()
+            # Served by the Envoy (its backends' names resolve nowhere: 503, not the 404 of no route).
+            assert await measure(running.url, "chat.example.com", 4) == {"status:503": 4}
+    finally:
+        if sidecar.returncode is None:
+            sidecar.kill()
+            await sidecar.wait()
+
+
+@pytest.mark.slow
 async def test_xds_an_envoy_that_stops_answering_is_cut_off_and_the_others_still_confirm(gateway, backends):
     transport, running = gateway
     transport.ack_timeout = 0.5
@@ -439,7 +463,8 @@ def readme_recipe() -> list[str]:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text[text.index("### Envoy beside the sidecar") :]
     section = section[: section.index("\n### ", 1)]
-    return [line[4:] for line in section.splitlines() if line.startswith("    ")]
+    block = "\n".join(line[4:] for line in section.splitlines() if line.startswith("    "))
+    return block.replace("\\\n", " ").splitlines()
 
 
 @pytest.mark.slow
@@ -456,7 +481,10 @@ async def test_the_readme_recipe_serves_a_trafficmap_through_envoy(kube_api, kub
     script = re.sub(r":(\d+)\b", lambda m: f":{free[int(m.group(1))]}", script)
     script = re.sub(r"^ome-publisher ", f"{sys.executable} -m publisher.cli ", script, flags=re.MULTILINE)
     script = re.sub(r"^envoy ", f"{envoy_binary()} ", script, flags=re.MULTILINE)
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT), "OME_PUBLISHER_LISTEN": f"127.0.0.1:{free[sidecar_port]}"}
+    # The recipe's `--kubeconfig ~/.kube/ome-cp`, under a HOME of the test's: the fake API server.
+    (tmp_path / "home" / ".kube").mkdir(parents=True)
+    (tmp_path / "home" / ".kube" / "ome-cp").write_text(kubeconfig.read_text())
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT), "OME_PUBLISHER_LISTEN": f"127.0.0.1:{free[sidecar_port]}"}
     async with Backends(("worker-a", "worker-b")) as backends:
         isvc = kube_api.create(make_isvc(host="chat.example.com"))
         entries = [make_entry(c, allocated=r, ready=r, weight=r, endpoint=backends.endpoint(c)) for c, r in (("worker-a", 1), ("worker-b", 3))]
@@ -478,7 +506,7 @@ async def test_the_readme_recipe_serves_a_trafficmap_through_envoy(kube_api, kub
                 async with session.get(f"http://127.0.0.1:{free[sidecar_port]}/debug/maps") as response:
                     (chat,) = (await response.json())["maps"]
             ((envoy_name, version),) = chat["envoys"].items()
-            assert envoy_name.startswith("ome-gateway-envoy@") and version
+            assert envoy_name == "ome-gateway-envoy" and version  # the node id: one Envoy, no peer port
         finally:
             os.killpg(process.pid, signal.SIGTERM)
             try:

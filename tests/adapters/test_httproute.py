@@ -31,6 +31,7 @@ from adapters.httproute import (
 )
 from publisher.kube import HTTP_ROUTES, Kube
 from publisher.model import Backend, Held, MapKey, Publication, Reason
+from publisher.status import ConditionSink
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.gateways import eventually
 from tests.test_kube_integration import ours, rescale, seed
@@ -649,7 +650,7 @@ async def test_a_traffic_map_reaches_its_route_through_the_loop(kube_api: FakeKu
     seed(kube_api)
     stores = Stores.empty()
     gateway = ADAPTERS["httproute"].engine("httproute", options(gateway_kubeconfig=kubeconfig, route_status_timeout=0.5))
-    publisher = Publisher(stores, gateway, LoopOptions(instance="eu", resync=3600), kube=kube)
+    publisher = Publisher(stores, gateway, LoopOptions(instance="eu", resync=3600), status_sink=ConditionSink(kube, stores.maps, "eu"))
     source = KubeSource(kube, stores, publisher, WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5), clock=publisher.clock)
     async with gateway_controller(kube_api):
         task = asyncio.create_task(loop.run(publisher, source))

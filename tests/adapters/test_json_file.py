@@ -114,3 +114,60 @@ async def test_corrupted_output_serves_nothing_and_heals(tmp_path, mode):
     assert await engine(tmp_path, mode).start() == {}
     assert (await adapter.reconcile()).repaired == {MapKey("prod", "a")}
     assert served_names(tmp_path, mode) == ["a"]
+
+
+async def test_a_map_whose_file_name_the_filesystem_cannot_hold_is_invalid_up_front(tmp_path):
+    """Issue 21, finding 12: a name over the filesystem's limit failed every --json-dir write
+    (Unavailable, for every map) instead of being held."""
+    too_long, longest = (Publication("prod", "m" * length, f"m{length}.example.com", 1, 1, (Backend("a", "http://a.example.com", 1),))
+                         for length in (241, 240))
+    held = engine(tmp_path, "dir").check(too_long)
+    assert held is not None and held.reason == Reason.INVALID_PLAN and "file name" in held.message
+    assert engine(tmp_path, "file").check(too_long) is None
+    adapter = engine(tmp_path, "dir")
+    assert adapter.check(longest) is None
+    await adapter.start()
+    assert not (await adapter.apply({longest.key: longest})).rejected
+    assert served_names(tmp_path, "dir") == ["m" * 240]
+
+
+def _index(tmp_path) -> dict:
+    return json.loads((tmp_path / INDEX_FILE).read_text())
+
+
+@pytest.mark.parametrize("damage", ["deleted", "not-json", "wrong-count"])
+async def test_a_damaged_index_is_repaired_by_resync_and_its_version_moves_on(tmp_path, damage):
+    """Issue 21, finding 11: a deleted or corrupted index.json stayed so until some map changed."""
+    adapter = engine(tmp_path, "dir")
+    await adapter.start()
+    await adapter.apply({p.key: p for p in (pub("a", 1), pub("b", 2))})
+    before = _index(tmp_path)
+    if damage == "deleted":
+        (tmp_path / INDEX_FILE).unlink()
+    else:
+        (tmp_path / INDEX_FILE).write_text("{not json" if damage == "not-json" else json.dumps({**before, "maps": 7}))
+    assert (await adapter.reconcile()).repaired == frozenset()
+    repaired = _index(tmp_path)
+    assert repaired["maps"] == 2 and repaired["version"] > before["version"]
+    await adapter.apply({MapKey("prod", "c"): pub("c", 1)})
+    assert _index(tmp_path)["version"] > repaired["version"] and _index(tmp_path)["maps"] == 3
+
+
+async def test_the_index_version_never_goes_backwards_across_a_restart_that_lost_the_index(tmp_path):
+    """Issue 21, finding 11: after a restart without index.json the version started again at 1."""
+    adapter = engine(tmp_path, "dir")
+    await adapter.start()
+    for weight in range(1, 6):
+        await adapter.apply({MapKey("prod", "a"): pub("a", weight)})
+    before = _index(tmp_path)["version"]
+    (tmp_path / INDEX_FILE).unlink()
+    restarted = engine(tmp_path, "dir")
+    await restarted.start()
+    assert _index(tmp_path) == {"version": _index(tmp_path)["version"], "maps": 1} and _index(tmp_path)["version"] > before
+    started = _index(tmp_path)["version"]
+    await restarted.apply({MapKey("prod", "a"): pub("a", 9)})
+    assert _index(tmp_path)["version"] == started + 1
+    # An index that parses but went back (restored from a backup): the counter still goes on.
+    (tmp_path / INDEX_FILE).write_text(json.dumps({"version": 1, "maps": 1}))
+    await restarted.reconcile()
+    assert _index(tmp_path)["version"] > started + 1

@@ -18,9 +18,11 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.base import Rejected, Unavailable
+from adapters.base import NotConnected, Rejected, Unavailable
+from adapters.engine import Engine
 from adapters.nginx import NginxOptions
 from adapters.nginx_lua import (
+    LUA_DIR,
     LuaPart,
     LuaRenderer,
     LuaStats,
@@ -33,9 +35,9 @@ from adapters.nginx_lua import (
 from publisher import app, metrics
 from publisher.cli import main
 from publisher.config import RunConfig
-from publisher.model import Backend, MapKey, Route
+from publisher.model import Backend, MapKey, Publication, Reason, Route
 from tests.adapters.nginx_fixtures import RunningLuaNginx, running_lua_nginx
-from tests.gateways import Backends, assert_measured_split, eventually, measure
+from tests.gateways import Backends, assert_measured_split, eventually, free_port, measure
 
 KEY = MapKey("ns", "m")
 HOST = "m.example.com"
@@ -58,6 +60,16 @@ def test_problem_refuses_an_endpoint_path_and_allows_mixed_schemes() -> None:
     renderer = LuaRenderer()
     assert renderer.problem(KEY, route(HOST, ("a", "http://10.0.0.1/v1", 1))) is not None
     assert renderer.problem(KEY, route(HOST, ("a", "http://10.0.0.1", 1), ("b", "https://b.example.net", 1))) is None
+
+
+def test_more_backends_than_the_lua_table_takes_is_invalid_plan_up_front(tmp_path: Path) -> None:
+    """Issue 21, finding 12: 65 backends passed every check, then NGINX refused the map on every
+    push (ApplyFailed, retried forever). `test_the_backend_limit_is_the_lua_tables` pins the 64."""
+    engine = Engine("nginx", LuaRenderer(), LuaTransport(NginxOptions(nginx_secret_file=tmp_path / "s")))
+    backends = tuple(Backend(f"c{i}", "http://127.0.0.1:1", 1) for i in range(65))
+    held = engine.check(Publication("ns", "m", HOST, 1, 1, backends))
+    assert held is not None and held.reason == Reason.INVALID_PLAN and "at most 64" in held.message
+    assert engine.check(Publication("ns", "m", HOST, 1, 1, backends[:64])) is None
 
 
 def test_entry_text_is_canonical_and_reads_back() -> None:
@@ -93,16 +105,33 @@ def test_http_snippet_refuses_values_nginx_would_read_as_syntax(overrides: dict)
         http_snippet(**arguments)
 
 
-def test_nginx_config_command_prints_the_snippet_and_the_load_module_lines(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", "/run/ome/secret",
+def test_nginx_config_command_prints_the_snippet_and_the_load_module_lines(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef\n")
+    code = main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", str(secret),
                  "--shared-dict-size", "64m", "--ca-file", "/etc/ome/ca.pem"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
-    for line in ["lua_shared_dict ome_routes 64m;", "listen 127.0.0.1:8082;", 'init("/run/ome/secret")',
+    for line in ["lua_shared_dict ome_routes 64m;", "listen 127.0.0.1:8082;", f'init("{secret}")',
                  "proxy_ssl_trusted_certificate /etc/ome/ca.pem;", "proxy_ssl_verify on;", "listen 8080 default_server;"]:  # fmt: skip
         assert line in out
     assert main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", "/s", "--load-modules"]) == 0
     assert "load_module modules/ngx_http_lua_module.so;" in capsys.readouterr().out
+
+
+def test_nginx_config_lua_dir_copies_the_modules_and_names_the_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 23, finding 9: the chart's init container rewrote the snippet's module path with sed."""
+    copy = tmp_path / "nginx" / "lua"
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef\n")  # nginx-config refuses a secret NGINX would (issue 23, finding 10)
+    assert main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", str(secret), "--lua-dir", str(copy)]) == 0
+    assert f'lua_package_path "{copy}/?.lua;;";' in capsys.readouterr().out
+    shipped = sorted(path.name for path in LUA_DIR.glob("*.lua"))
+    assert shipped and sorted(path.name for path in copy.iterdir()) == shipped
+    assert all((copy / name).read_bytes() == (LUA_DIR / name).read_bytes() for name in shipped)
+    (tmp_path / "file").write_text("")
+    assert main(["nginx-config", "--listen", "8080", "--control-listen", "127.0.0.1:8082", "--secret-file", str(secret), "--lua-dir", str(tmp_path / "file" / "lua")]) == 2
+    assert "--lua-dir" in capsys.readouterr().err
 
 
 def test_options_mode_lua_by_default_reload_when_a_conf_file_is_given(tmp_path: Path) -> None:
@@ -702,16 +731,28 @@ async def _served_addresses(lua: Lua) -> bool:
 
 
 @pytest.mark.slow
-async def test_a_stopped_nginx_is_unavailable(tmp_path: Path) -> None:
-    async with running_lua_nginx(tmp_path) as nginx:
-        options = nginx.options()
-    transport = LuaTransport(options, resolve=fake_resolve)
-    try:
-        with pytest.raises(Unavailable):
-            await transport.read()
-        assert transport.unready() is not None
-    finally:
-        await transport.aclose()
+async def test_an_nginx_not_answered_yet_is_waited_for_and_one_that_stops_answering_is_unavailable(tmp_path: Path) -> None:
+    """Issue 21, finding 7: the first read failed at once (Unavailable), and the sidecar exited 2
+    when it started before NGINX."""
+    async with running_lua_nginx(tmp_path, start=False) as nginx:
+        transport = LuaTransport(nginx.options(), resolve=fake_resolve)
+        try:
+            part = LuaRenderer().render(KEY, route(HOST, ("a", "http://127.0.0.1:1", 1)))
+            with pytest.raises(NotConnected):
+                await transport.write({KEY: part}, {KEY: part})
+            assert "not answered" in (transport.unready() or "")
+            reading = asyncio.create_task(transport.read())
+            await nginx.start()
+            assert await asyncio.wait_for(reading, 10) == {}
+            assert transport.unready() is None
+            await transport.write({KEY: part}, {KEY: part})
+            await nginx.stop()
+            with pytest.raises(Unavailable) as raised:
+                await transport.read()
+            assert not isinstance(raised.value, NotConnected)
+            assert transport.unready() is None, "NGINX keeps serving its table: the loop's window decides"
+        finally:
+            await transport.aclose()
 
 
 # --- https: per-request SNI, verified, never a connection verified for another name ---------------------
@@ -791,3 +832,240 @@ async def test_https_backend_with_the_wrong_certificate_name_is_refused_even_aft
             assert "certificate verify failed" in lua.nginx.errors() or "does not match" in lua.nginx.errors()
     finally:
         await runner.cleanup()
+
+
+# --- Issue 21, finding 6: all or nothing under memory pressure, repair, restore, secret, lock ----------
+
+
+async def _fill_with_one_map_batches(lua: Lua, session: aiohttp.ClientSession, first: int = 1) -> int:
+    """One-map batches until NGINX refuses one for room (the log already dropped): the dict then
+    has no free page. Returns how many were applied."""
+    for index in range(first, 5000):  # bounded: the small dicts of these tests hold far fewer
+        async with session.post(lua.nginx.control_url + "/batch", data=_one_map_batch(index)) as response:
+            if response.status != 200:
+                assert response.status == 507, await response.text()
+                return index - first
+    pytest.fail("the table never filled")
+
+
+def _grown(backends: int) -> Route:
+    """m0's route with `backends` long-named backends: an entry of several pages."""
+    return route("m0.example.com", *((f"backend-{i:02d}-" + "x" * 48, "http://127.0.0.1:1", 1) for i in range(backends)))
+
+
+@pytest.mark.slow
+async def test_a_refused_batch_that_grows_an_entry_leaves_every_entry_version_and_checksum_as_before(tmp_path: Path) -> None:
+    """safe_set of a larger value frees the old one before it fails for room: the entry it tried
+    to grow used to vanish (its host 404) behind a 507 that said nothing was applied."""
+    async with Backends(("a",)) as backends, lua_nginx(tmp_path, shared_dict_size="128k", workers=1) as lua:
+        await lua.push({MapKey("ns", "m0"): route("m0.example.com", ("a", backends.endpoint("a"), 1))})
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {lua.nginx.secret_file.read_text().strip()}"}) as session:
+            await _fill_with_one_map_batches(lua, session)
+        before = (await lua.control("GET", "/table"))[1]
+        with pytest.raises(Rejected, match="table full"):
+            await lua.push({MapKey("ns", "m0"): _grown(64)})
+        after = (await lua.control("GET", "/table"))[1]
+        assert {k: after[k] for k in ("version", "checksum", "lines")} == {k: before[k] for k in ("version", "checksum", "lines")}
+        assert checksum({MapKey(*line.split(" ", 1)[0].split("/")): line.split(" ", 1)[1] for line in after["lines"]}) == after["checksum"]
+        assert await measure(lua.nginx.url, "m0.example.com", 5) == {"a": 5}
+        assert (await lua.nginx.eval('return ngx.shared.ome_routes:get("h:m0.example.com")')) == ["ns/m0"]
+
+
+async def _consistent(lua: Lua) -> dict[MapKey, str]:
+    """The table's entries, checked against its own checksum."""
+    table = (await lua.control("GET", "/table"))[1]
+    entries = {MapKey(*line.split(" ", 1)[0].split("/")): line.split(" ", 1)[1] for line in table["lines"]}
+    assert checksum(entries) == table["checksum"], "the table matches its own checksum"
+    return entries
+
+
+@pytest.mark.slow
+async def test_a_table_that_fails_its_own_checksum_is_replaced_whole_from_the_confirmed_snapshot(tmp_path: Path) -> None:
+    """It used to fail every write of every map ("does not match its own checksum") until NGINX
+    restarted."""
+    async with Backends(("a",)) as backends, lua_nginx(tmp_path) as lua:
+        m0, n = MapKey("ns", "m0"), MapKey("ns", "n")
+        confirmed = {m0: route("m0.example.com", ("a", backends.endpoint("a"), 1)), n: route("n.example.com", ("a", backends.endpoint("a"), 2))}
+        await lua.push(confirmed)
+        # The state a batch that lost an entry left: the entry gone, its hostname and the checksum kept.
+        await lua.nginx.eval('ngx.shared.ome_routes:delete("m:ns/m0")')
+        with pytest.raises(Unavailable, match="did not confirm"):
+            await lua.push({m0: route("m0.example.com", ("a", backends.endpoint("a"), 5))})
+        assert await lua.transport.read() == confirmed
+        assert set(await _consistent(lua)) == {m0, n}
+        assert await measure(lua.nginx.url, "m0.example.com", 5) == {"a": 5}
+        await lua.push({m0: route("m0.example.com", ("a", backends.endpoint("a"), 5))})
+        assert (await lua.transport.read())[m0] == route("m0.example.com", ("a", backends.endpoint("a"), 5))
+
+
+@pytest.mark.slow
+async def test_a_new_sidecar_finding_a_table_that_fails_its_checksum_replaces_it_by_what_it_serves(tmp_path: Path) -> None:
+    async with Backends(("a",)) as backends, lua_nginx(tmp_path) as lua:
+        m0, n = MapKey("ns", "m0"), MapKey("ns", "n")
+        await lua.push({m0: route("m0.example.com", ("a", backends.endpoint("a"), 1)), n: route("n.example.com", ("a", backends.endpoint("a"), 1))})
+        await lua.nginx.eval('ngx.shared.ome_routes:delete("m:ns/m0")')
+        fresh = LuaTransport(lua.nginx.options(), resolve=fake_resolve)
+        try:
+            assert await fresh.read() == {n: route("n.example.com", ("a", backends.endpoint("a"), 1))}
+            assert set(await _consistent(lua)) == {n}
+            # The hostname the lost entry left behind is no one's: another map may take it.
+            part = lua.renderer.render(MapKey("ns", "o"), route("m0.example.com", ("a", backends.endpoint("a"), 1)))
+            await fresh.write({MapKey("ns", "o"): part}, {MapKey("ns", "o"): part})
+            assert await measure(lua.nginx.url, "m0.example.com", 5) == {"a": 5}
+        finally:
+            await fresh.aclose()
+
+
+@pytest.mark.slow
+async def test_a_confirmed_table_an_nginx_restarted_with_a_smaller_dict_refuses_is_unavailable_not_rejected(tmp_path: Path) -> None:
+    """A refused restore was `Rejected`: the engine bisected it and every map became ApplyFailed."""
+    async with lua_nginx(tmp_path, shared_dict_size="1m") as lua:
+        many = {MapKey("ns", f"m{i}"): route(f"m{i}.example.com", ("a", "http://127.0.0.1:1", 1)) for i in range(600)}
+        await lua.push(many)
+        lua.nginx.configure(shared_dict_size="128k")
+        await lua.nginx.restart()
+        with pytest.raises(Unavailable, match="whole confirmed table"):
+            await lua.push({MapKey("ns", "m1"): route("m1.example.com", ("a", "http://127.0.0.1:1", 2))})
+        with pytest.raises(Unavailable, match="whole confirmed table"):
+            await lua.transport.read()
+        lua.nginx.configure(shared_dict_size="1m")
+        await lua.nginx.restart()
+        assert await lua.transport.read() == many
+
+
+@pytest.mark.slow
+async def test_the_secret_check_takes_the_same_steps_whatever_the_guess_and_its_length(tmp_path: Path) -> None:
+    """It returned at once on a length mismatch, and so told a guess's length."""
+    async with lua_nginx(tmp_path) as lua:
+        secret = lua.nginx.secret_file.read_text().strip()
+        guesses = [secret, "x" + secret[1:], secret[:-1] + "x", secret[:-1], secret + "x", "x", "y" * 200]
+        # Counts the Lua VM instructions of each check (the interpreter: traces run no hooks).
+        steps, answers = await lua.nginx.eval(f"""
+            jit.off()
+            local control = require("ome_control")
+            local steps, answers = {{}}, {{}}
+            for i, guess in ipairs(require("cjson").decode({json.dumps(json.dumps(guesses))})) do
+                local count = 0
+                debug.sethook(function() count = count + 1 end, "", 1)
+                answers[i] = control.is_secret(guess)
+                debug.sethook()
+                steps[i] = count
+            end
+            return steps, answers""")
+        assert answers == [True] + [False] * (len(guesses) - 1)
+        # Every wrong guess alike (the right one may differ: its answer says as much).
+        assert len(set(steps[1:])) == 1, dict(zip(guesses, steps))
+
+
+@pytest.mark.slow
+async def test_the_batch_lock_never_expires_and_is_taken_over_only_from_a_process_that_is_gone(tmp_path: Path) -> None:
+    """It expired after 10 s whatever the batch; a holder that is gone is the one case to take it over."""
+    async with lua_nginx(tmp_path) as lua:
+        gone = await asyncio.create_subprocess_exec("true")
+        await gone.wait()
+        assert lua.nginx.process is not None
+        for holder, status in [(f"{lua.nginx.process.pid} 1", 503), (f"{gone.pid} 1", 200)]:
+            assert await lua.nginx.eval(f'return (ngx.shared.ome_routes:safe_add("meta:lock", "{holder}"))') == [True]
+            assert (await lua.control("POST", "/batch", _one_map_batch(1)))[0] == status, holder
+            await lua.nginx.eval('ngx.shared.ome_routes:delete("meta:lock")')
+        assert (await lua.control("GET", "/state"))[1]["version"] == 1
+        source = (Path(__file__).parents[2] / "adapters/nginx_lua/ome_control.lua").read_text()
+        assert 'safe_add("meta:lock", mine)' in source, "taken with no expiry"
+
+
+@pytest.mark.slow
+async def test_the_backend_limit_is_the_lua_tables(tmp_path: Path) -> None:
+    async with lua_nginx(tmp_path) as lua:
+        await lua.push({MapKey("ns", "m0"): _grown(64)})
+        with pytest.raises(Rejected, match="at most 64"):
+            await lua.push({MapKey("ns", "m0"): _grown(65)})
+
+
+# --- Issue 21, findings 10 and 7: readiness while NGINX cannot be read, and start-up before NGINX ------
+
+
+@dataclass
+class LuaSidecar:
+    port: int
+    task: asyncio.Task[object]
+
+    async def readyz(self) -> tuple[int, str]:
+        """(status, body) of /readyz; (0, why) while nothing answers."""
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+                async with session.get(f"http://127.0.0.1:{self.port}/readyz") as response:
+                    return response.status, await response.text()
+        except aiohttp.ClientError as exc:
+            return 0, repr(exc)
+
+
+@contextlib.asynccontextmanager
+async def lua_sidecar(nginx: RunningLuaNginx, backends: Backends, directory: Path, *, resync: float) -> AsyncIterator[LuaSidecar]:
+    """`ome-publisher run` in Lua mode on a directory holding the chat map (host chat.example.com,
+    all of it to worker-a)."""
+    import yaml
+
+    from tests.builders import make_entry, make_isvc, make_map
+
+    maps = directory / "maps"
+    maps.mkdir()
+    entries = [make_entry("worker-a", allocated=1, ready=1, weight=1, endpoint=backends.endpoint("worker-a"))]
+    (maps / "chat.yaml").write_text(yaml.safe_dump_all([make_isvc(host="chat.example.com"), make_map(entries=entries)]))
+    port = free_port()
+    config = RunConfig(source=f"dir:{maps}", adapter="nginx", nginx_mode="lua", nginx_control_url=nginx.control_url,
+                       nginx_secret_file=nginx.secret_file, listen=f"127.0.0.1:{port}", resync=resync)  # fmt: skip
+    task: asyncio.Task[object] = asyncio.create_task(app.run(config))
+    try:
+        yield LuaSidecar(port, task)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        metrics.watch_nginx_table(None)
+
+
+@pytest.mark.slow
+async def test_readyz_stays_200_while_the_control_listener_is_unreachable_until_three_resync_intervals_pass(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Finding 10: /readyz turned 503 within a second of the control listener becoming
+    unreachable, while NGINX kept serving; the README promises three resync intervals."""
+    async with Backends(("worker-a",)) as backends, running_lua_nginx(tmp_path / "nginx") as nginx:
+        async with lua_sidecar(nginx, backends, tmp_path, resync=1.0) as sidecar:
+            await eventually(lambda: _readyz_is(sidecar, 200), timeout=20)
+            await eventually(lambda: _served(nginx, {"worker-a": 4}), timeout=10)
+            await nginx.stop()
+            await eventually(lambda: any(r.getMessage() == "nginx control listener unavailable" for r in caplog.records), timeout=10)
+            status, body = await sidecar.readyz()
+            assert status == 200, body
+            await eventually(lambda: _readyz_is(sidecar, 503), timeout=30)
+            assert "last successful sync" in (await sidecar.readyz())[1]
+            await nginx.start()
+            await eventually(lambda: _readyz_is(sidecar, 200), timeout=30)
+            await eventually(lambda: _served(nginx, {"worker-a": 4}), timeout=10)
+            assert not sidecar.task.done()
+
+
+@pytest.mark.slow
+async def test_a_sidecar_started_before_nginx_waits_unready_then_publishes_once_nginx_answers(tmp_path: Path) -> None:
+    """Finding 7: the sidecar exited 2 within 40 ms when NGINX's control listener did not answer
+    yet, and the chart starts the sidecar first."""
+    async with Backends(("worker-a",)) as backends, running_lua_nginx(tmp_path / "nginx", start=False) as nginx:
+        async with lua_sidecar(nginx, backends, tmp_path, resync=60.0) as sidecar:
+            await eventually(lambda: _readyz_is(sidecar, 503, "not answered"), timeout=20)
+            assert not sidecar.task.done()
+            await nginx.start()
+            await eventually(lambda: _served(nginx, {"worker-a": 4}), timeout=20)
+            await eventually(lambda: _readyz_is(sidecar, 200), timeout=20)
+            assert not sidecar.task.done()
+
+
+async def _readyz_is(sidecar: LuaSidecar, status: int, text: str = "") -> bool:
+    if sidecar.task.done():
+        sidecar.task.result()  # raises what ended the sidecar
+        pytest.fail("the sidecar ended")
+    answer = await sidecar.readyz()
+    return answer[0] == status and text in answer[1]
+
+
+async def _served(nginx: RunningLuaNginx, expected: dict[str, int]) -> bool:
+    return await measure(nginx.url, "chat.example.com", sum(expected.values())) == expected

@@ -20,6 +20,8 @@ MISSING: Any = object()
 
 # Lists merged per item on apply (x-kubernetes-list-type: map), by the path of the list and its key.
 LIST_MAPS: dict[tuple[str, ...], str] = {("status", "conditions"): "type"}
+# Objects replaced whole on apply and owned as one field (x-kubernetes-map-type: atomic), by path.
+ATOMIC_MAPS: frozenset[tuple[str, ...]] = frozenset({("maps",)})
 
 
 class Invalid(Exception):
@@ -146,7 +148,7 @@ def field_paths(obj: Mapping[str, Any], names: tuple[str, ...] = (), prefix: Pat
         here = prefix + (f"f:{field}",)
         field_names = names + (field,)
         key = _list_map_key(field_names)
-        if isinstance(value, dict) and value:
+        if isinstance(value, dict) and value and field_names not in ATOMIC_MAPS:
             paths |= field_paths(value, field_names, here)
         elif isinstance(value, list) and key is not None:
             for item in value:
@@ -195,7 +197,7 @@ def _remove(obj: dict[str, Any], path: Path) -> None:
 
 def merge_applied(current: Any, applied: Any, names: tuple[str, ...] = ()) -> Any:
     """Overlay an apply configuration: maps merge, list-maps merge per key, everything else replaces."""
-    if isinstance(current, dict) and isinstance(applied, dict):
+    if isinstance(current, dict) and isinstance(applied, dict) and names not in ATOMIC_MAPS:
         result = dict(current)
         for field, value in applied.items():
             result[field] = merge_applied(current.get(field, MISSING), value, names + (field,))
@@ -456,3 +458,43 @@ def validate_httproute(obj: Mapping[str, Any]) -> None:
             weight = ref.get("weight", 1)
             if not isinstance(weight, int) or isinstance(weight, bool) or not 0 <= weight <= 1_000_000:
                 raise Invalid(f"{where}.weight: Invalid value: {weight!r}: must be between 0 and 1000000")
+
+
+_REGION_REPORT_FIELDS = frozenset({"apiVersion", "kind", "metadata", "region", "maps"})
+_VERDICT_FIELDS = frozenset({"observedGeneration", "status", "reason", "message", "lastTransitionTime"})
+
+
+def validate_region_report(obj: Mapping[str, Any]) -> None:
+    """A RegionReport as the chart's CRD schema checks it (unknown fields are refused here, where a
+    real server would prune them, so a writer's typo shows)."""
+    unknown = sorted(set(obj) - _REGION_REPORT_FIELDS)
+    if unknown:
+        raise Invalid(f"{unknown[0]}: Forbidden: field not declared in the schema")
+    if not isinstance(obj.get("region", ""), str):
+        raise Invalid("region: Invalid value: must be a string")
+    maps = obj.get("maps", {})
+    if not isinstance(maps, dict):
+        raise Invalid("maps: Invalid value: must be an object")
+    for name, entry in maps.items():
+        where = f"maps[{name}]"
+        if not isinstance(entry, dict):
+            raise Invalid(f"{where}: Invalid value: must be an object")
+        extra = sorted(set(entry) - _VERDICT_FIELDS)
+        if extra:
+            raise Invalid(f"{where}.{extra[0]}: Forbidden: field not declared in the schema")
+        for required in ("status", "reason", "lastTransitionTime"):
+            if required not in entry:
+                raise Invalid(f"{where}.{required}: Required value")
+        if entry["status"] not in ("True", "False", "Unknown"):
+            raise Invalid(f"{where}.status: Unsupported value: {entry['status']!r}")
+        reason = entry["reason"]
+        if not isinstance(reason, str) or not 1 <= len(reason) <= 1024 or not _CONDITION_REASON.match(reason):
+            raise Invalid(f"{where}.reason: Invalid value: {reason!r}")
+        message = entry.get("message", "")
+        if not isinstance(message, str) or len(message) > 32768:
+            raise Invalid(f"{where}.message: Too long: may not be longer than 32768")
+        generation = entry.get("observedGeneration", 0)
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+            raise Invalid(f"{where}.observedGeneration: Invalid value: {generation!r}: must be >= 0")
+        if not _is_rfc3339(entry["lastTransitionTime"]):
+            raise Invalid(f"{where}.lastTransitionTime: Invalid value: {entry['lastTransitionTime']!r}")

@@ -1,7 +1,8 @@
 """A fake Kubernetes API server on real HTTP (127.0.0.1, port 0) for kubernetes_asyncio to talk to.
 
 Resources: ome.io/v1beta1 trafficmaps and inferenceservices, gateway.networking.k8s.io/v1 httproutes
-(all three with a status subresource), coordination.k8s.io/v1 leases, v1 services. All namespaced.
+(all three with a status subresource), gateway-publisher.ome.io/v1alpha1 regionreports (the chart's
+CRD, no status subresource), coordination.k8s.io/v1 leases, v1 services. All namespaced.
 
 Promises, each tested in tests/fakes/test_kube_api.py:
 1. Lists, namespaced and across namespaces, kind `<Kind>List` with metadata.resourceVersion;
@@ -15,7 +16,9 @@ Promises, each tested in tests/fakes/test_kube_api.py:
 3. One global resourceVersion counter (a string of an integer), bumped by every write that changes
    something; a write that changes nothing is a no-op (same resourceVersion, no event). Create sets
    uid and creationTimestamp. For resources with a status subresource, metadata.generation starts
-   at 1 and is bumped only when something outside metadata and status changes (the spec).
+   at 1 and is bumped only when something outside metadata and status changes (the spec); a
+   custom resource without one (regionreports) has it bumped by any change outside metadata.
+   A PUT of a custom resource must carry metadata.resourceVersion (422 otherwise).
    Objects must be DNS-1123 subdomain names; a create of a CRD drops `status`.
 4. Status subresource: PUT/PATCH on `.../{name}/status` changes only status; writes to the main
    resource keep the stored status.
@@ -33,7 +36,11 @@ Promises, each tested in tests/fakes/test_kube_api.py:
    <= 316), status True/False/Unknown, reason (pattern, 1..1024), message (<= 32768),
    lastTransitionTime (RFC 3339 with a zone), observedGeneration >= 0, no duplicate type -> 422.
    HTTPRoute validation: backendRefs weight 0..1,000,000, at most 16 backendRefs per rule and 16
-   rules and hostnames, hostnames valid.
+   rules and hostnames, hostnames valid. RegionReport validation (the CRD's schema): `region` a
+   string, `maps` an object of entries with status True/False/Unknown, a reason as a condition's,
+   message <= 32768, observedGeneration >= 0, lastTransitionTime RFC 3339; no other top-level
+   field. Its `maps` is atomic on apply (x-kubernetes-map-type: atomic): the applier replaces it
+   whole and managedFields name `f:maps` alone.
 7. Watch (`watch=true|1`) with resourceVersion, allowWatchBookmarks, timeoutSeconds, label and field
    selectors: newline-delimited JSON events ADDED, MODIFIED, DELETED, BOOKMARK, ERROR. From version N
    it replays the events after N out of a bounded history; N older than the history gives one ERROR
@@ -41,7 +48,8 @@ Promises, each tested in tests/fakes/test_kube_api.py:
    HTTP 410). No version or "0": synthetic ADDED events for the current objects first. With
    `bookmark_interval` set, BOOKMARK events carry only kind, apiVersion and metadata.resourceVersion.
 8. Fault knobs: `expire_history()`, `drop_watches()`, `change_silently(obj)`, `set_latency(s)`,
-   `fail_next(n, status=500, verb=None)`; `requests` records every call (verb, path, content type,
+   `fail_next(n, status=500, verb=None)`, `answer_next(n, body, verb=None)` (200 with a raw body: a
+   proxy's page, a truncated list); `requests` records every call (verb, path, content type,
    fieldManager) and `count(...)` filters them; `in_flight` and `peak_in_flight` count requests being answered, now
    and at most. `refuse(401|403, verb=None, resource=None)` answers
    every matching request as a real server does without credentials (401 Unauthorized) or without
@@ -103,11 +111,17 @@ class Resource:
         """`group/version/plural` (`v1/services` for the core group): how helpers name a resource."""
         return f"{self.api_version}/{self.plural}"
 
+    @property
+    def tracks_generation(self) -> bool:
+        """metadata.generation is kept: every custom resource, as a real server keeps it."""
+        return not self.builtin
+
 
 RESOURCES: tuple[Resource, ...] = (
     Resource("ome.io", "v1beta1", "trafficmaps", "TrafficMap", True, False),
     Resource("ome.io", "v1beta1", "inferenceservices", "InferenceService", True, False),
     Resource("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute", True, False),
+    Resource("gateway-publisher.ome.io", "v1alpha1", "regionreports", "RegionReport", False, False),
     Resource("coordination.k8s.io", "v1", "leases", "Lease", False, True),
     Resource("", "v1", "services", "Service", False, True),
 )
@@ -235,6 +249,7 @@ class FakeKubeAPI:
         self._page_snapshots = page_snapshots
         self._latency = 0.0
         self._failures: list[tuple[int, str | None]] = []
+        self._raw_answers: list[tuple[bytes, str | None]] = []
         self._refusals: list[tuple[int, str | None, str | None]] = []
         self._port = 0
         self._runner: web.AppRunner | None = None
@@ -352,6 +367,10 @@ class FakeKubeAPI:
         """The next `n` requests (of `verb`, when given) answer `status` with a Status body."""
         self._failures.extend([(status, verb)] * n)
 
+    def answer_next(self, n: int, body: bytes, *, verb: str | None = None) -> None:
+        """The next `n` requests (of `verb`, when given) answer 200 with `body` as it is."""
+        self._raw_answers.extend([(body, verb)] * n)
+
     def refuse(self, status: int, *, verb: str | None = None, resource: str | None = None) -> None:
         """Answer every request (of `verb`, on the resource whose plural is `resource`, when given)
         with 401 Unauthorized or 403 Forbidden, worded as a real API server words them."""
@@ -429,6 +448,10 @@ class FakeKubeAPI:
                 self._failures.remove(failure)
                 code = failure[0]
                 raise ApiError(code, _FAILURE_REASONS.get(code, "InternalError"), f"injected failure {code}")
+            raw = next((a for a in self._raw_answers if a[1] is None or a[1] == verb), None)
+            if raw is not None:
+                self._raw_answers.remove(raw)
+                return web.Response(body=raw[0], content_type="application/json")
             if route[0] == "discovery":
                 return web.json_response(route[1])
             _, resource, namespace, name, subresource = route
@@ -629,7 +652,7 @@ class FakeKubeAPI:
         metadata.update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=_now())
         for server_field in ("resourceVersion", "managedFields", "deletionTimestamp"):
             metadata.pop(server_field, None)
-        if resource.status_subresource:
+        if resource.tracks_generation:
             metadata["generation"] = 1
         if owners is None:
             owners = sem.record_update(None, body, [], manager=manager, subresource="", now=_now(), scope=self._main_scope(resource, body))
@@ -644,7 +667,7 @@ class FakeKubeAPI:
             raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
         current = self._get(resource, namespace, name)
         sent_rv = metadata.get("resourceVersion")
-        if sent_rv is None and resource.status_subresource:
+        if sent_rv is None and not resource.builtin:
             raise sem.Invalid("metadata.resourceVersion: Invalid value: 0x0: must be specified for an update")
         if sent_rv is not None and sent_rv != current["metadata"]["resourceVersion"]:
             raise self._conflict(resource, name)
@@ -767,13 +790,14 @@ class FakeKubeAPI:
                 meta.pop(fixed, None)
         new["apiVersion"], new["kind"] = resource.api_version, resource.kind
         self._validate(resource, new, status_write=subresource == "status" or not resource.status_subresource)
-        if resource.status_subresource and self._spec_of(new) != self._spec_of(current):
+        if resource.tracks_generation and self._spec_of(new, resource) != self._spec_of(current, resource):
             meta["generation"] = old_meta.get("generation", 1) + 1
         return self._commit(resource, current, new, owners, "MODIFIED", emit=True)
 
     @staticmethod
-    def _spec_of(obj: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+    def _spec_of(obj: Mapping[str, Any], resource: Resource) -> dict[str, Any]:
+        """What moves metadata.generation: all but metadata, and status when it is a subresource."""
+        return {k: v for k, v in obj.items() if k != "metadata" and not (k == "status" and resource.status_subresource)}
 
     def _commit(self, resource: Resource, current: dict[str, Any] | None, new: dict[str, Any], owners: list[sem.Ownership], event: str, *, emit: bool) -> dict[str, Any]:
         meta = new["metadata"]
@@ -820,7 +844,7 @@ class FakeKubeAPI:
         new["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         new["apiVersion"], new["kind"] = resource.api_version, resource.kind
         self._validate(resource, new, status_write=True)
-        if resource.status_subresource and self._spec_of(new) != self._spec_of(current):
+        if resource.tracks_generation and self._spec_of(new, resource) != self._spec_of(current, resource):
             new["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
         owners = self._owners.get((resource.key, namespace, current["metadata"]["name"]), [])
         return self._commit(resource, current, new, owners, "MODIFIED", emit=emit)
@@ -950,6 +974,8 @@ class FakeKubeAPI:
             sem.validate_httproute(obj)
         if resource.plural == "trafficmaps" and status_write:
             sem.validate_conditions(obj.get("status"))
+        if resource.plural == "regionreports":
+            sem.validate_region_report(obj)
 
     @staticmethod
     def _details(resource: Resource, name: str) -> dict[str, Any]:
@@ -967,7 +993,7 @@ class FakeKubeAPI:
 # --- kubectl ---------------------------------------------------------------------------------------
 
 # What `kubectl get` resolves a resource type from (singular names and short names).
-_SHORT_NAMES = {"trafficmaps": ["tm"], "inferenceservices": ["isvc"], "services": ["svc"]}
+_SHORT_NAMES = {"trafficmaps": ["tm"], "inferenceservices": ["isvc"], "services": ["svc"], "regionreports": ["rr"]}
 _VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 
 

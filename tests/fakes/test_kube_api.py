@@ -765,7 +765,7 @@ async def test_discovery_documents(http: aiohttp.ClientSession) -> None:
     _, version = await call(http, "GET", "/version")
     _, groups = await call(http, "GET", "/apis")
     assert version["major"] == "1"
-    assert {g["name"] for g in groups["groups"]} == {"ome.io", "gateway.networking.k8s.io", "coordination.k8s.io"}
+    assert {g["name"] for g in groups["groups"]} == {"ome.io", "gateway.networking.k8s.io", "gateway-publisher.ome.io", "coordination.k8s.io"}
 
 
 # --- end to end through kubernetes_asyncio --------------------------------------------------------
@@ -834,3 +834,97 @@ async def test_watch_with_initial_events_ends_them_with_an_annotated_bookmark(ku
     assert end["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
     assert int(end["object"]["metadata"]["resourceVersion"]) >= int(added["object"]["metadata"]["resourceVersion"])
     assert changed is not None and changed["type"] == "MODIFIED"
+
+
+# --- RegionReports (the chart's CRD, no status subresource) ----------------------------------------
+
+REPORTS = "/apis/gateway-publisher.ome.io/v1alpha1"
+
+
+def verdict(**overrides: Any) -> dict[str, Any]:
+    return {"observedGeneration": 1, "status": "True", "reason": "Published", "message": "m",
+            "lastTransitionTime": "2025-01-02T03:04:05Z", **overrides}
+
+
+def region_report(name: str = "eu-0", namespace: str = "default", **maps: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "gateway-publisher.ome.io/v1alpha1",
+        "kind": "RegionReport",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"gateway-publisher.ome.io/region": name.rsplit("-", 1)[0]}},
+        "region": name.rsplit("-", 1)[0],
+        "maps": maps,
+    }
+
+
+def report_path(name: str = "", namespace: str = "default") -> str:
+    return f"{REPORTS}/namespaces/{namespace}/regionreports" + (f"/{name}" if name else "")
+
+
+async def test_region_reports_are_namespaced_listed_by_label_and_deleted(http: aiohttp.ClientSession) -> None:
+    for name, namespace in (("eu-0", "prod"), ("eu-1", "prod"), ("us-0", "prod"), ("eu-0", "dev")):
+        code, created = await call(http, "POST", report_path(namespace=namespace), region_report(name, namespace, chat=verdict()))
+        assert code == 201 and created["metadata"]["generation"] == 1, created
+    _, listed = await call(http, "GET", f"{REPORTS}/regionreports", labelSelector="gateway-publisher.ome.io/region=eu")
+    assert listed["kind"] == "RegionReportList"
+    assert sorted((o["metadata"]["namespace"], o["metadata"]["name"]) for o in listed["items"]) == [("dev", "eu-0"), ("prod", "eu-0"), ("prod", "eu-1")]
+    _, prod = await call(http, "GET", report_path(namespace="prod"))
+    assert len(prod["items"]) == 3
+    code, got = await call(http, "GET", report_path("eu-0", "dev"))
+    assert code == 200 and got["maps"] == {"chat": verdict()}
+    code, _ = await call(http, "DELETE", report_path("eu-0", "dev"))
+    assert code == 200
+    code, body = await call(http, "GET", report_path("eu-0", "dev"))
+    assert code == 404
+    assert_status(body, 404, "NotFound")
+
+
+async def test_region_report_maps_are_atomic_on_apply(kube_api: FakeKubeAPI, http: aiohttp.ClientSession) -> None:  # noqa: F811
+    code, first = await call(http, "PATCH", report_path("eu-0"), region_report(chat=verdict(), embed=verdict()),
+                             content_type=PATCH_APPLY, fieldManager="ome-gateway-publisher-eu")
+    assert code == 201
+    (owned,) = first["metadata"]["managedFields"]
+    # One field, whatever the number of maps: x-kubernetes-map-type: atomic.
+    assert owned["fieldsV1"]["f:maps"] == {} and set(owned["fieldsV1"]) == {"f:maps", "f:region", "f:metadata"}
+    code, second = await call(http, "PATCH", report_path("eu-0"), region_report(chat=verdict(status="False", reason="ApplyFailed")),
+                              content_type=PATCH_APPLY, fieldManager="ome-gateway-publisher-eu")
+    assert code == 200
+    assert second["maps"] == {"chat": verdict(status="False", reason="ApplyFailed")}  # replaced whole: embed is gone
+    assert second["metadata"]["generation"] == 2
+
+
+async def test_region_report_apply_and_delete_honour_a_resource_version(kube_api: FakeKubeAPI, http: aiohttp.ClientSession) -> None:  # noqa: F811
+    _, created = await call(http, "POST", report_path(), region_report(chat=verdict()))
+    stale = created["metadata"]["resourceVersion"]
+    body = region_report(chat=verdict(message="new"))
+    body["metadata"]["resourceVersion"] = stale
+    code, applied = await call(http, "PATCH", report_path("eu-0"), body, content_type=PATCH_APPLY, fieldManager="eu", force="true")
+    assert code == 200 and applied["maps"]["chat"]["message"] == "new"
+    code, refused = await call(http, "PATCH", report_path("eu-0"), body, content_type=PATCH_APPLY, fieldManager="eu", force="true")
+    assert code == 409
+    assert_status(refused, 409, "Conflict")
+    code, refused = await call(http, "DELETE", report_path("eu-0"), {"preconditions": {"resourceVersion": stale}})
+    assert code == 409
+    code, _ = await call(http, "PUT", report_path("eu-0"), region_report(chat=verdict()))
+    assert code == 422  # a custom resource's update must carry its resourceVersion
+    code, _ = await call(http, "DELETE", report_path("eu-0"), {"preconditions": {"resourceVersion": applied["metadata"]["resourceVersion"]}})
+    assert code == 200
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param({"maps": {"chat": verdict(status="Yes")}}, id="status"),
+        pytest.param({"maps": {"chat": verdict(reason="not a reason")}}, id="reason"),
+        pytest.param({"maps": {"chat": verdict(observedGeneration=-1)}}, id="generation"),
+        pytest.param({"maps": {"chat": verdict(lastTransitionTime="yesterday")}}, id="time"),
+        pytest.param({"maps": {"chat": verdict(message="x" * 32769)}}, id="message"),
+        pytest.param({"maps": {"chat": {**verdict(), "extra": 1}}}, id="entry-field"),
+        pytest.param({"maps": {"chat": {"status": "True"}}}, id="required"),
+        pytest.param({"spec": {}}, id="top-level-field"),
+        pytest.param({"maps": []}, id="maps-type"),
+    ],
+)
+async def test_invalid_region_report_is_rejected(http: aiohttp.ClientSession, bad: dict[str, Any]) -> None:
+    code, body = await call(http, "POST", report_path(), {**region_report(), **bad})
+    assert code == 422
+    assert_status(body, 422, "Invalid")

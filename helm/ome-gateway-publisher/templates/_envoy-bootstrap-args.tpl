@@ -10,6 +10,9 @@ xds mode points Envoy at the sidecar's xDS server; files mode at the files the s
 {{- if .Values.adapter.envoy.backendStats }}
 - --backend-stats
 {{- end }}
+{{- if not .Values.splitVerify.enabled }}
+- --no-load-stats
+{{- end }}
 {{- else }}
 - --envoy-dir=/run/ome-gateway
 - {{ printf "--envoy-route-config=%s" .Values.adapter.envoy.routeConfig | quote }}

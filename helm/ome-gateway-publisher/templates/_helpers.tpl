@@ -92,16 +92,37 @@ JSON adapter) on the gateway-config volume; "" when it pushes (xDS, Lua) or writ
 
 {{/* TrafficMaps and InferenceServices read, and this instance's status condition written. */}}
 {{- define "ome-gateway-publisher.sourceRules" -}}
+{{- $status := include "ome-gateway-publisher.statusMode" . -}}
 - apiGroups: ["ome.io"]
   resources: ["trafficmaps", "inferenceservices"]
   verbs: ["get", "list", "watch"]
-{{- if .Values.reportStatus }}
+{{- if eq $status "condition" }}
 - apiGroups: ["ome.io"]
   resources: ["trafficmaps/status"]
   verbs: ["patch"]
+{{- else if eq $status "report" }}
+- apiGroups: ["gateway-publisher.ome.io"]
+  resources: ["regionreports"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+{{- end }}
+{{- end }}
+
+{{/* condition | report | off: reportStatus false is off, whatever statusMode says. */}}
+{{- define "ome-gateway-publisher.statusMode" -}}
+{{- if .Values.reportStatus }}{{ .Values.statusMode }}{{ else }}off{{ end }}
+{{- end }}
+
+{{/* An image reference from an image value: by digest when one is given (immutable; the tag is
+then only for people), else by tag. The context is (list <image> <default tag>). */}}
+{{- define "ome-gateway-publisher.imageRef" -}}
+{{- $image := index . 0 }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default (index . 1) $image.tag) }}
 {{- end }}
 {{- end }}
 
 {{- define "ome-gateway-publisher.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- include "ome-gateway-publisher.imageRef" (list .Values.image .Chart.AppVersion) }}
 {{- end }}

@@ -23,12 +23,15 @@ against `ome-publisher run --help`.
 - {{ printf "--probe-max-age=%s" . | quote }}
 {{- end }}
 - {{ printf "--host-template=%s" .Values.hostTemplate | quote }}
-{{- if not .Values.reportStatus }}
-- --no-report-status
-{{- end }}
+- {{ printf "--split-verify=%s" (ternary "on" "off" .Values.splitVerify.enabled) | quote }}
+- {{ printf "--split-interval=%s" .Values.splitVerify.interval | quote }}
+- {{ printf "--status-mode=%s" (include "ome-gateway-publisher.statusMode" .) | quote }}
 {{- if .Values.leaderElection.enabled }}
 - --leader-elect
 - {{ printf "--lease-namespace=%s" (include "ome-gateway-publisher.leaseNamespace" .) | quote }}
+{{- end }}
+{{- with .Values.statusDelay }}
+- {{ printf "--status-delay=%s" . | quote }}
 {{- end }}
 - {{ printf "--listen=0.0.0.0:%d" (int .Values.metrics.port) | quote }}
 - {{ printf "--metrics-per-map=%s" .Values.metrics.perMap | quote }}

@@ -1,0 +1,237 @@
+"""Pure: one Envoy's xDS session as data, and the plan that brings it to the target.
+
+`EnvoyState` is what one Envoy told us and acknowledged: the resources it holds (name -> version,
+from its ACKs and from the versions it lists when it reconnects), the types and route
+configurations it subscribed, the first requests still owed an answer, the maps to look at
+(`dirty`) and the parts it refused. `plan` is the next step toward the target for a set of maps,
+recomputed from that state after every answer, in the order Envoy needs: clusters ACKed before
+any route names them, scopes of withdrawn maps removed before new scopes take their host, route
+configurations once Envoy subscribed them, clusters no route names any more last. A map the
+engine neither wrote nor withdrew is never touched. No I/O, no asyncio, no logging: the stream
+pump in adapters.envoy_xds sends what the plan says and feeds the answers back.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Set
+from dataclasses import dataclass, field
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from adapters.envoy_resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, Resource, cluster_name, key_of, map_name, route_from_version
+from publisher.model import MapKey, Route
+
+__all__ = ["KIND", "AwaitRequest", "EnvoyState", "Item", "Send", "plan", "served_by_most"]
+
+KIND = {CLUSTER_TYPE: "cluster", SCOPE_TYPE: "scope", ROUTE_TYPE: "route"}
+
+
+@dataclass
+class Item:
+    """One map's share of one response (for `part` of the target, None when withdrawn):
+    resources to add or update, names to remove."""
+
+    key: MapKey
+    part: MapResources | None
+    resources: tuple[Resource, ...] = ()
+    removed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send `items` of `type_url` (built lazily, batch by batch) and wait for each answer. Empty
+    only to answer Envoy's first request of the type, which it waits for before asking more."""
+
+    type_url: str
+    items: Iterable[Item]
+
+
+@dataclass(frozen=True)
+class AwaitRequest:
+    """Nothing can be sent before Envoy's next request: it has not subscribed `type_url` yet, or
+    not the route configurations of `keys` (whose scopes it just took). Waiting too long for a
+    type means the Envoy is behind; for routes, those maps are left to its later subscription."""
+
+    type_url: str
+    keys: frozenset[MapKey] = frozenset()
+
+
+Step = Send | AwaitRequest
+
+
+@dataclass
+class EnvoyState:
+    """What one Envoy holds, subscribed and refused, as its requests and answers said."""
+
+    held: dict[str, dict[str, str]] = field(default_factory=lambda: {CLUSTER_TYPE: {}, SCOPE_TYPE: {}, ROUTE_TYPE: {}})
+    clusters_of: dict[MapKey, set[str]] = field(default_factory=dict)
+    subscribed: set[str] = field(default_factory=set)  # types Envoy asked for
+    owed_first: set[str] = field(default_factory=set)  # types whose first request awaits an answer
+    routes_wanted: set[str] = field(default_factory=set)  # RDS names Envoy subscribed
+    dirty: set[MapKey] = field(default_factory=set)  # maps to bring to the target
+    refused: dict[MapKey, tuple[MapResources | None, str]] = field(default_factory=dict)  # part -> Envoy's words
+
+    # --- what Envoy told us --------------------------------------------------------------------------
+
+    def receive(self, request: discovery_pb2.DeltaDiscoveryRequest, target: Iterable[MapKey]) -> None:
+        """A request's subscriptions and listed versions (its answer to a response is the pump's)."""
+        type_url = request.type_url
+        if type_url not in KIND:
+            return
+        for name, version in request.initial_resource_versions.items():
+            self.hold(type_url, name, version)
+        if type_url not in self.subscribed:
+            self.subscribed.add(type_url)
+            if type_url != ROUTE_TYPE:
+                self.owed_first.add(type_url)
+            self.dirty.update(target)
+            self.dirty.update(k for n in request.initial_resource_versions if (k := key_of(n)) is not None)
+        if type_url == ROUTE_TYPE:
+            for name in request.resource_names_subscribe:
+                self.routes_wanted.add(name)
+                if (key := key_of(name)) is not None:
+                    self.dirty.add(key)
+            for name in request.resource_names_unsubscribe:
+                self.routes_wanted.discard(name)
+                self.held[ROUTE_TYPE].pop(name, None)
+
+    def hold(self, type_url: str, name: str, version: str | None) -> None:
+        if version is None:
+            self.held[type_url].pop(name, None)
+        else:
+            self.held[type_url][name] = version
+        key = key_of(name)
+        if type_url == CLUSTER_TYPE and key is not None:
+            names = self.clusters_of.setdefault(key, set())
+            if version is None:
+                names.discard(name)
+                if not names:
+                    del self.clusters_of[key]
+            else:
+                names.add(name)
+
+    def acknowledged(self, type_url: str, items: Iterable[Item]) -> None:
+        for item in items:
+            for resource in item.resources:
+                self.hold(type_url, resource.name, resource.version)
+            for name in item.removed:
+                self.hold(type_url, name, None)
+
+    # --- what it serves ------------------------------------------------------------------------------
+
+    def serves(self, key: MapKey) -> Route | None:
+        """The route this Envoy serves for `key`: its scope, its route configuration and every
+        cluster that names. A leftover cluster of an interrupted update is no reason to say no."""
+        name = map_name(key)
+        version = self.held[ROUTE_TYPE].get(name)
+        if version is None or name not in self.held[SCOPE_TYPE]:
+            return None
+        route = route_from_version(version)
+        held = self.held[CLUSTER_TYPE]
+        if route is None or any(cluster_name(key, b.cluster) not in held for b in route.backends):
+            return None
+        return route
+
+    @property
+    def readable(self) -> bool:
+        """Envoy has listed what it holds: its cluster and scope requests came, and its route
+        request too when it holds scopes."""
+        types = {CLUSTER_TYPE, SCOPE_TYPE} | ({ROUTE_TYPE} if self.held[SCOPE_TYPE] else set())
+        return types <= self.subscribed
+
+
+def served_by_most(states: Iterable[EnvoyState]) -> dict[MapKey, Route]:
+    """Every map one of `states` serves, with the route most of them serve (a tie: the first's)."""
+    votes: dict[MapKey, Counter[Route]] = {}
+    for state in states:
+        for name in state.held[SCOPE_TYPE]:
+            key = key_of(name)
+            if key is not None and (route := state.serves(key)) is not None:
+                votes.setdefault(key, Counter())[route] += 1
+    return {key: counts.most_common(1)[0][0] for key, counts in votes.items()}
+
+
+def plan(
+    state: EnvoyState, target: Mapping[MapKey, MapResources], withdrawn: Set[MapKey], keys: Set[MapKey], *, seeded: bool = True
+) -> Step | None:
+    """The next step toward `target` for `keys` on this Envoy, or None when there is none.
+
+    `target` and `withdrawn` are the parts the engine wrote and the maps it withdrew, as they were
+    when this round began; a map in neither is left as the Envoy holds it, and so is one whose
+    part it refused as it is. Before the first write (`seeded` false) only Envoy's first requests
+    are answered, empty: the target is unknown, and nothing the Envoy holds changes."""
+    if not seeded:
+        owed = [type_url for type_url in (CLUSTER_TYPE, SCOPE_TYPE) if type_url in state.owed_first]
+        return Send(owed[0], ()) if owed else None
+    live = _live(state, target, withdrawn, keys)
+    for type_url in (CLUSTER_TYPE, SCOPE_TYPE):
+        if type_url not in state.subscribed:
+            return AwaitRequest(type_url)
+        step = _first_nonempty(type_url, _cluster_adds(state, target, live)) if type_url == CLUSTER_TYPE else _scope_step(state, target, live)
+        if step is not None:
+            return step
+        if type_url in state.owed_first:
+            return Send(type_url, ())
+    held_routes = state.held[ROUTE_TYPE]
+    # A route configuration Envoy holds no version of is not built to be compared, only to be sent.
+    routes = [
+        k for k in live
+        if k in target and ((held := held_routes.get(map_name(k))) is None or held != target[k].route_config.version)
+    ]
+    if routes:
+        unsubscribed = frozenset(k for k in routes if map_name(k) not in state.routes_wanted)
+        if unsubscribed:
+            return AwaitRequest(ROUTE_TYPE, unsubscribed)
+        return Send(ROUTE_TYPE, (Item(k, target[k], (target[k].route_config,)) for k in routes))
+    stale = []
+    for key in live:
+        part = target.get(key)
+        keep = {r.name for r in part.clusters} if part is not None else set()
+        removed = tuple(sorted(state.clusters_of.get(key, set()) - keep))
+        if removed:
+            stale.append(Item(key, part, removed=removed))
+    return Send(CLUSTER_TYPE, stale) if stale else None
+
+
+def _live(state: EnvoyState, target: Mapping[MapKey, MapResources], withdrawn: Set[MapKey], keys: Set[MapKey]) -> list[MapKey]:
+    """`keys` the engine wrote or withdrew, less those whose part as it is this Envoy refused."""
+    refused = state.refused
+    return [
+        k for k in sorted(keys)
+        if (k in target or k in withdrawn) and not (k in refused and refused[k][0] == target.get(k))
+    ]
+
+
+def _cluster_adds(state: EnvoyState, target: Mapping[MapKey, MapResources], live: list[MapKey]) -> Iterator[Item]:
+    """New and changed clusters, built only as they are taken (a first publish, batch by batch)."""
+    held = state.held[CLUSTER_TYPE]
+    for key in live:
+        part = target.get(key)
+        if part is not None:
+            changed = tuple(r for r in part.clusters if held.get(r.name) != r.version)
+            if changed:
+                yield Item(key, part, changed)
+
+
+def _scope_step(state: EnvoyState, target: Mapping[MapKey, MapResources], live: list[MapKey]) -> Send | None:
+    """Scopes of withdrawn maps leave first, so their host is free for another map's scope; then
+    new and changed scopes."""
+    held = state.held[SCOPE_TYPE]
+    gone = [Item(k, None, removed=(map_name(k),)) for k in live if k not in target and map_name(k) in held]
+    if gone:
+        return Send(SCOPE_TYPE, gone)
+    scopes = [Item(k, target[k], (target[k].scope,)) for k in live if k in target and held.get(target[k].scope.name) != target[k].scope.version]
+    return Send(SCOPE_TYPE, scopes) if scopes else None
+
+
+def _first_nonempty(type_url: str, items: Iterator[Item]) -> Send | None:
+    first = next(items, None)
+    if first is None:
+        return None
+    return Send(type_url, _prepend(first, items))
+
+
+def _prepend(first: Item, rest: Iterator[Item]) -> Iterator[Item]:
+    yield first
+    yield from rest

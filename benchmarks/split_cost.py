@@ -1,0 +1,181 @@
+"""Benchmark: what the served-split check costs at scale, on each gateway that counts.
+
+Envoy (xDS mode): the xDS server and a real Envoy on 127.0.0.1, N maps of 4 backends published
+in one write, then Envoy's Load Reporting Service reporting every `--interval` seconds: the bytes
+of one report, the sidecar's time to fold one (and the longest the event loop was held by it), and
+Envoy's CPU per report interval with reports on against a second Envoy run with the bootstrap's
+`load_stats_config` left out (the same maps, the same idle window).
+
+NGINX (Lua mode): Debian's NGINX with the `nginx-config` snippet, N maps in its table: the time
+one full read of every map's counters takes (pages of `LuaRequestCounts.page_maps` maps) and the
+NGINX workers' CPU it costs; and NGINX's CPU per request with the log-phase counter against
+`nginx-config --counts-dict-size off`, over the same requests. Everything is stopped at the end.
+
+    python benchmarks/split_cost.py --maps 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from adapters.envoy import run_envoy, xds_bootstrap  # noqa: E402
+from adapters.envoy_resources import XdsRenderer  # noqa: E402
+from adapters.envoy_xds import XdsTransport  # noqa: E402
+from adapters.nginx_lua import LuaRenderer, LuaTransport  # noqa: E402
+from benchmarks.xds_scale import _free_port, _key, _route  # noqa: E402
+from publisher.model import Backend, MapKey, Route  # noqa: E402
+from tests.adapters.nginx_fixtures import running_lua_nginx  # noqa: E402
+from tests.gateways import Backends, measure  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / TICK
+
+
+class LoopLag:
+    """The longest the event loop was held between two ticks of a 1 ms timer."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            before = time.perf_counter()
+            await asyncio.sleep(0.001)
+            self.worst = max(self.worst, time.perf_counter() - before - 0.001)
+
+    def __enter__(self) -> LoopLag:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+async def _envoy_run(maps: int, interval: float, reports: int, load_stats: bool) -> dict[str, float]:
+    renderer = XdsRenderer()
+    transport = XdsTransport("127.0.0.1:0", renderer)
+    counter = transport.request_counter
+    counter.enable(interval)
+    serving = asyncio.create_task(transport.serve())
+    try:
+        port = await transport.started()
+        with tempfile.TemporaryDirectory(prefix="split-cost-") as tmp:
+            listen, admin = _free_port(), _free_port()
+            boot = Path(tmp) / "bootstrap.yaml"
+            boot.write_text(
+                xds_bootstrap(xds_host="127.0.0.1", xds_port=port, listen_host="127.0.0.1", listen_port=listen,
+                              admin_host="127.0.0.1", admin_port=admin, load_stats=load_stats)
+            )  # fmt: skip
+            async with run_envoy(boot, admin_url=f"http://127.0.0.1:{admin}", log_path=Path(tmp) / "envoy.log", ready_timeout=60) as envoy:
+                while transport.unready() is not None:
+                    await asyncio.sleep(0.01)
+                parts = {_key(i): renderer.render(_key(i), _route(i, (1, 1, 1, 1))) for i in range(maps)}
+                assert not (await transport.write(parts, parts)).rejected
+                # Envoy lists new clusters from the report after the one that first sees them.
+                await asyncio.sleep(2 * interval)
+                await counter.collect()
+                folded, seconds, size = counter.reports, counter.fold_seconds, counter.report_bytes
+                cpu = _cpu_seconds([envoy.process.pid])
+                with LoopLag() as lag:
+                    await asyncio.sleep(reports * interval)
+                cpu = _cpu_seconds([envoy.process.pid]) - cpu
+                got = counter.reports - folded
+                return {
+                    "reports": got,
+                    "bytes": (counter.report_bytes - size) / got if got else 0.0,
+                    "fold_ms": (counter.fold_seconds - seconds) / got * 1000 if got else 0.0,
+                    "lag_ms": lag.worst * 1000,
+                    "envoy_cpu_per_interval_ms": cpu / reports * 1000,
+                }
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await transport.aclose()
+
+
+def _nginx_route(index: int, a: str, b: str) -> Route:
+    return Route(f"model-{index}.example.com", (
+        Backend("worker-a", a, 1), Backend("worker-b", b, 1),
+        Backend("worker-c", "http://127.0.0.1:9", 0), Backend("worker-d", "http://127.0.0.1:10", 0),
+    ))  # fmt: skip
+
+
+async def _nginx_run(maps: int, requests: int, counts_dict_size: str | None) -> dict[str, float]:
+    renderer = LuaRenderer()
+    with tempfile.TemporaryDirectory(prefix="split-cost-nginx-") as tmp:
+        async with Backends(("a", "b")) as backends, running_lua_nginx(
+            Path(tmp), shared_dict_size="32m", counts_dict_size=counts_dict_size
+        ) as nginx:
+            a, b = backends.endpoint("a"), backends.endpoint("b")
+            transport = LuaTransport(nginx.options())
+            try:
+                parts = {MapKey(f"ns-{i % 100}", f"model-{i}"): renderer.render(MapKey("", ""), _nginx_route(i, a, b)) for i in range(maps)}
+                await transport.read()
+                await transport.write(parts, parts)
+                workers = sorted(nginx.pids()[1])
+                counter = transport.request_counter
+                counter.enable(60.0)
+                if counts_dict_size is not None:
+                    await counter.collect()  # the baseline
+                cpu = _cpu_seconds(workers)
+                await measure(nginx.url, "model-7.example.com", requests)
+                per_request = (_cpu_seconds(workers) - cpu) / requests
+                result = {"cpu_us_per_request": per_request * 1e6}
+                if counts_dict_size is not None:
+                    cpu = _cpu_seconds(workers)
+                    with LoopLag() as lag:
+                        started = time.perf_counter()
+                        (report,) = await counter.collect()
+                        result["read_s"] = time.perf_counter() - started
+                    result["read_nginx_cpu_ms"] = (_cpu_seconds(workers) - cpu) * 1000
+                    result["read_lag_ms"] = lag.worst * 1000
+                    result["counted"] = sum(report.counts.get(MapKey("ns-7", "model-7"), {}).values())
+                return result
+            finally:
+                await transport.aclose()
+
+
+async def main(maps: int, interval: float, reports: int, requests: int) -> None:
+    print(f"maps={maps} backends/map=4 report interval={interval:g}s", flush=True)
+    on = await _envoy_run(maps, interval, reports, load_stats=True)
+    off = await _envoy_run(maps, interval, reports, load_stats=False)
+    print(f"envoy: {on['reports']} reports of {on['bytes'] / 1e6:.2f} MB; sidecar folds one in {on['fold_ms']:.0f} ms "
+          f"(event loop held at most {on['lag_ms']:.1f} ms)", flush=True)  # fmt: skip
+    print(f"envoy CPU per interval: {on['envoy_cpu_per_interval_ms']:.0f} ms with reports, "
+          f"{off['envoy_cpu_per_interval_ms']:.0f} ms without", flush=True)  # fmt: skip
+    counting = await _nginx_run(maps, requests, "8m")
+    plain = await _nginx_run(maps, requests, None)
+    print(f"nginx: one read of every map's counters {counting['read_s']:.3f} s, NGINX workers' CPU "
+          f"{counting['read_nginx_cpu_ms']:.0f} ms, event loop held at most {counting['read_lag_ms']:.1f} ms "
+          f"({counting['counted']:.0f} of {requests} requests counted on the map sent to)", flush=True)  # fmt: skip
+    print(f"nginx CPU per request: {counting['cpu_us_per_request']:.1f} us counting, {plain['cpu_us_per_request']:.1f} us not "
+          f"({requests} requests each, fresh connections)", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--maps", type=int, default=10_000)
+    parser.add_argument("--interval", type=float, default=5.0, help="Envoy's report interval (the sidecar's floor is 10 s)")
+    parser.add_argument("--reports", type=int, default=4, help="report intervals measured per Envoy run")
+    parser.add_argument("--requests", type=int, default=5000, help="requests through NGINX per run")
+    arguments = parser.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main(arguments.maps, arguments.interval, arguments.reports, arguments.requests))

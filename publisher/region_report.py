@@ -1,0 +1,370 @@
+"""The report status mode: each region's verdicts live off the TrafficMap, in RegionReports.
+
+A RegionReport (gateway-publisher.ome.io/v1alpha1, namespaced, shipped by the chart as a CRD) holds
+one region's verdicts on at most SHARD_ENTRIES (8) maps of one namespace, in that namespace, named
+`<region>-<index>` and labelled `gateway-publisher.ome.io/region: <region>`:
+
+    region: eu-west
+    maps:                       # map name -> the facts of the condition mode's condition
+      chat: {observedGeneration: 3, status: "True", reason: Published, message: ..., lastTransitionTime: ...}
+
+No sidecar watches RegionReports, so a verdict is one write that reaches no sidecar's watch,
+whatever the number of regions; a TrafficMap stays the size OME makes it. `maps` is atomic
+(x-kubernetes-map-type), so managedFields name one field, not every map.
+
+`ReportSink` is a region's one writer, driven by the Publisher's status-writer task while it
+leads. It remembers each shard as last read or written (entries and resourceVersion) and writes a
+shard only when a verdict in it changed, once per batch: a create (POST, 409 if another instance of
+the region made it first), an apply under the region's field manager with the resourceVersion it
+last saw as a precondition, or, when its last map is gone, a delete with the same precondition.
+So a region writes only its own objects, and within a region a stale writer (a leader that lost
+its Lease) gets 409 Conflict instead of overwriting; it re-reads that shard and the caller retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from publisher import metrics, status
+from publisher.kube import Kube, KubeError, Resource
+from publisher.model import Condition, MapKey, validate
+
+GROUP = "gateway-publisher.ome.io"
+REGION_REPORTS = Resource(GROUP, "v1alpha1", "regionreports", "RegionReport")
+REGION_LABEL = f"{GROUP}/region"
+# etcd stores a whole object per write, so a shard's size is what one verdict change costs: a
+# typical verdict is 222 B of JSON, and a full shard of 8 about 2.4 KB with its metadata (32: 7.7
+# KB, 128: 29 KB). At worst (253-character names, messages at MAX_MESSAGE) a shard is 12 KB, under
+# 1% of etcd's 1.5 MiB request limit. A start-up of 10,000 maps is 1,250 writes per region, not 10,000.
+SHARD_ENTRIES = 8
+# A message longer than this is cut (the sidecar's log and /debug/maps keep it whole): with map
+# names of at most 253 characters, it is what bounds a shard's size.
+MAX_MESSAGE = 1024
+_ENTRY_FIELDS = ("observedGeneration", "status", "reason", "message", "lastTransitionTime")
+# Lists of this many objects a page: a region's reports at 10,000 maps are 1,250 objects.
+_PAGE = 500
+
+
+def shard_name(region: str, index: int) -> str:
+    return f"{region}-{index}"
+
+
+def report_object(region: str, namespace: str, index: int, entries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": REGION_REPORTS.api_version,
+        "kind": REGION_REPORTS.kind,
+        "metadata": {"name": shard_name(region, index), "namespace": namespace, "labels": {REGION_LABEL: region}},
+        "region": region,
+        "maps": {name: dict(entry) for name, entry in sorted(entries.items())},
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One region's verdict on one map, as a condition or a RegionReport entry says it."""
+
+    region: str
+    mode: str  # condition | report
+    status: str
+    reason: str
+    message: str
+    observed_generation: int | None
+    last_transition_time: str
+
+    def published(self, generation: int) -> bool:
+        """This region serves the map's current generation."""
+        return self.status == "True" and self.observed_generation == generation
+
+
+def parse_entry(region: str, raw: Any, mode: str = "report") -> Verdict | None:
+    """A RegionReport entry (or a condition) as a Verdict; None for one this module did not write."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        condition = validate(Condition, {"type": "x", **{k: raw[k] for k in _ENTRY_FIELDS if k in raw}})
+    except ValidationError:
+        return None
+    return Verdict(region, mode, condition.status, condition.reason, condition.message,
+                   condition.observed_generation, condition.last_transition_time)
+
+
+def parse_report(raw: Mapping[str, Any]) -> tuple[str, int, dict[str, Verdict]] | None:
+    """(region, shard index, verdict by map name) of a RegionReport; None when it is not one of ours."""
+    metadata = raw.get("metadata") or {}
+    region = (metadata.get("labels") or {}).get(REGION_LABEL)
+    name = metadata.get("name")
+    if not isinstance(region, str) or not isinstance(name, str) or raw.get("region") != region:
+        return None
+    prefix, _, index = name.rpartition("-")
+    maps = raw.get("maps")
+    if prefix != region or not index.isdigit() or not isinstance(maps, dict):
+        return None
+    verdicts = {}
+    for map_name, entry in maps.items():
+        verdict = parse_entry(region, entry)
+        if verdict is not None:
+            verdicts[str(map_name)] = verdict
+    return region, int(index), verdicts
+
+
+async def list_reports(kube: Kube, namespaces: tuple[str, ...] = (), label_selector: str | None = None) -> list[dict[str, Any]]:
+    """Every RegionReport in `namespaces` (all when empty), page by page. Raises KubeError."""
+    items: list[dict[str, Any]] = []
+    for namespace in namespaces or (None,):
+        token: str | None = None
+        while True:
+            page = await kube.list(REGION_REPORTS, namespace=namespace, label_selector=label_selector, limit=_PAGE, continue_token=token)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                break
+    return items
+
+
+async def forget_region(kube: Kube, region: str, namespaces: tuple[str, ...] = ()) -> int:
+    """Delete every RegionReport of `region` in `namespaces` (all when empty): what is left of a
+    region that was removed. Returns how many were deleted. Raises KubeError."""
+    deleted = 0
+    for raw in await list_reports(kube, namespaces, f"{REGION_LABEL}={region}"):
+        metadata = raw["metadata"]
+        try:
+            await kube.delete(REGION_REPORTS, metadata["namespace"], metadata["name"])
+        except KubeError as exc:
+            if not exc.not_found:
+                raise
+            continue
+        deleted += 1
+    return deleted
+
+
+@dataclass
+class _Shard:
+    """One RegionReport as the server last had it: entries by map name, and its resourceVersion
+    (None: not on the server)."""
+
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    resource_version: str | None = None
+
+
+ShardId = tuple[str, int]  # (namespace, index)
+
+
+class ReportSink:
+    """One region's RegionReports: the report mode's status sink (see the module docstring).
+
+    `known` says whether the source still holds a map; the first write (which comes after the
+    source's first full view) drops the entries of maps that went away while no instance ran."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        instance: str,
+        *,
+        known: Callable[[MapKey], bool],
+        namespaces: tuple[str, ...] = (),
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        concurrency: int = 8,
+    ) -> None:
+        self._kube = kube
+        self.region = instance
+        self._known = known
+        self._namespaces = namespaces
+        self._wall_clock = wall_clock
+        self._concurrency = concurrency
+        self._field_manager = status.field_manager(instance)
+        self._shards: dict[ShardId, _Shard] = {}
+        self._where: dict[MapKey, int] = {}
+        self._started = False
+        self._swept = False
+        self.writes = 0  # requests that changed a RegionReport, for tests and benchmarks
+
+    # --- reading ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Read this region's RegionReports, so a restart rewrites only verdicts that changed.
+        Raises KubeError."""
+        found = await list_reports(self._kube, self._namespaces, f"{REGION_LABEL}={self.region}")
+        self._shards.clear()
+        self._where.clear()
+        for raw in found:
+            self._load(raw)
+        self._started = True
+
+    def _load(self, raw: Mapping[str, Any]) -> None:
+        parsed = parse_report(raw)
+        if parsed is None or parsed[0] != self.region:
+            return
+        namespace = raw["metadata"].get("namespace", "default")
+        index = parsed[1]
+        entries = {name: dict(raw["maps"][name]) for name in parsed[2]}
+        self._shards[(namespace, index)] = _Shard(entries, raw["metadata"].get("resourceVersion"))
+        for name in entries:
+            # A map in two shards (two writers of one region at a leader change) keeps its first
+            # place; the other shard drops it at its next write.
+            self._where.setdefault(MapKey(namespace, name), index)
+
+    def verdict(self, key: MapKey) -> Verdict | None:
+        """What this region's report says of `key`, as last read or written."""
+        index = self._where.get(key)
+        entry = self._shards[(key.namespace, index)].entries.get(key.name) if index is not None else None
+        return parse_entry(self.region, entry) if entry is not None else None
+
+    # --- writing ------------------------------------------------------------------------------
+
+    async def write(self, reports: Mapping[MapKey, status.Report | None]) -> Mapping[MapKey, str]:
+        """Write the shards whose verdicts changed, one request each (None: the map is gone).
+        Returns the keys that failed, with a one-line reason; the caller retries them. Reads this
+        region's RegionReports first if `start` has not (an API server down at start-up delays
+        status, never the gateway)."""
+        if not self._started:
+            try:
+                await self.start()
+            except KubeError as exc:
+                return {key: f"reading this region's RegionReports: {exc}" for key in reports}
+        if not self._swept:
+            self._swept = True
+            gone = {key: None for key in self._where if key not in reports and not self._known(key)}
+            reports = {**gone, **reports}
+        now = self._wall_clock()
+        drafts: dict[ShardId, dict[str, dict[str, Any]]] = {}
+        placed: dict[ShardId, set[str]] = {}
+        members: dict[ShardId, list[MapKey]] = {}
+        for key, report in reports.items():
+            index = self._where.get(key)
+            if report is None:
+                if index is not None:
+                    self._draft(drafts, key.namespace, index).pop(key.name, None)
+                    members.setdefault((key.namespace, index), []).append(key)
+                continue
+            existing = self._shards[(key.namespace, index)].entries.get(key.name) if index is not None else None
+            entry = _entry_for(report, self.region, existing, now)
+            if entry is None:
+                continue
+            if index is None:
+                index = self._place(key.namespace, drafts)
+                placed.setdefault((key.namespace, index), set()).add(key.name)
+            self._draft(drafts, key.namespace, index)[key.name] = entry
+            members.setdefault((key.namespace, index), []).append(key)
+        failed: dict[MapKey, str] = {}
+        semaphore = asyncio.Semaphore(self._concurrency)
+
+        async def write_shard(shard_id: ShardId) -> None:
+            async with semaphore:
+                problem = await self._write_shard(shard_id, drafts[shard_id], placed.get(shard_id, set()))
+            if problem is not None:
+                failed.update((key, problem) for key in members[shard_id])
+
+        async with asyncio.TaskGroup() as group:
+            for shard_id in drafts:
+                group.create_task(write_shard(shard_id))
+        return failed
+
+    def _draft(self, drafts: dict[ShardId, dict[str, dict[str, Any]]], namespace: str, index: int) -> dict[str, dict[str, Any]]:
+        """The shard's next entries: what the server holds, less maps whose place is elsewhere."""
+        shard_id = (namespace, index)
+        if shard_id not in drafts:
+            shard = self._shards.get(shard_id) or _Shard()
+            drafts[shard_id] = {
+                name: entry for name, entry in shard.entries.items() if self._where.get(MapKey(namespace, name)) == index
+            }
+        return drafts[shard_id]
+
+    def _place(self, namespace: str, drafts: Mapping[ShardId, Mapping[str, Any]]) -> int:
+        """The lowest shard of `namespace` with room for one more map: shards fill densely, and a
+        place freed by a deleted map is taken by the next new one."""
+        index = 0
+        while True:
+            shard_id = (namespace, index)
+            entries = drafts.get(shard_id)
+            if entries is None:
+                shard = self._shards.get(shard_id)
+                entries = shard.entries if shard is not None else {}
+            if len(entries) < SHARD_ENTRIES:
+                return index
+            index += 1
+
+    async def _write_shard(self, shard_id: ShardId, entries: dict[str, dict[str, Any]], placed: set[str]) -> str | None:
+        """One request for one shard; on success the shard and the places of its maps are
+        remembered. Returns None, or why it failed (after a conflict, the shard is read again)."""
+        namespace, index = shard_id
+        shard = self._shards.get(shard_id) or _Shard()
+        if entries == shard.entries:
+            self._remember(shard_id, shard, placed)
+            return None
+        name = shard_name(self.region, index)
+        path = REGION_REPORTS.path(namespace, name)
+        try:
+            if not entries:
+                if shard.resource_version is not None:
+                    options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"resourceVersion": shard.resource_version}}
+                    await self._kube.request("DELETE", path, body=options)
+                stored = _Shard()
+            elif shard.resource_version is None:
+                created = await self._kube.request(
+                    "POST", REGION_REPORTS.path(namespace), query={"fieldManager": self._field_manager},
+                    body=report_object(self.region, namespace, index, entries),
+                )
+                stored = _Shard(entries, created["metadata"]["resourceVersion"])
+            else:
+                body = report_object(self.region, namespace, index, entries)
+                body["metadata"]["resourceVersion"] = shard.resource_version
+                applied = await self._kube.apply(REGION_REPORTS, body, field_manager=self._field_manager)
+                stored = _Shard(entries, applied["metadata"]["resourceVersion"])
+        except KubeError as exc:
+            if exc.conflict or exc.not_found:
+                # Another instance of this region wrote it (or removed it): read what it holds.
+                await self._reread(shard_id)
+            return f"RegionReport {namespace}/{name}: {exc}"
+        self.writes += 1
+        metrics.STATUS_WRITES.labels(result="written").inc()
+        self._remember(shard_id, stored, placed)
+        return None
+
+    def _remember(self, shard_id: ShardId, stored: _Shard, placed: set[str]) -> None:
+        namespace, index = shard_id
+        previous = self._shards.get(shard_id)
+        for name in previous.entries if previous is not None else ():
+            key = MapKey(namespace, name)
+            if name not in stored.entries and self._where.get(key) == index:
+                del self._where[key]
+        for name in stored.entries:
+            if name in placed or MapKey(namespace, name) not in self._where:
+                self._where[MapKey(namespace, name)] = index
+        if stored.resource_version is None and not stored.entries:
+            self._shards.pop(shard_id, None)
+        else:
+            self._shards[shard_id] = stored
+
+    async def _reread(self, shard_id: ShardId) -> None:
+        namespace, index = shard_id
+        try:
+            raw = await self._kube.get(REGION_REPORTS, namespace, shard_name(self.region, index))
+        except KubeError as exc:
+            if exc.not_found:
+                self._remember(shard_id, _Shard(), set())
+            return  # any other failure: the next attempt meets the conflict again and retries this
+        parsed = parse_report(raw)
+        entries = {name: dict(raw["maps"][name]) for name in parsed[2]} if parsed is not None else {}
+        self._remember(shard_id, _Shard(entries, raw["metadata"].get("resourceVersion")), set())
+
+
+def _entry_for(report: status.Report, region: str, existing: Mapping[str, Any] | None, now: datetime) -> dict[str, Any] | None:
+    """The entry to store, or None when `existing` already says the same: the condition mode's
+    rules (status.condition_for), with the message cut to MAX_MESSAGE."""
+    short = status.Report(report.published, report.reason, report.message[:MAX_MESSAGE], report.generation)
+    current = None
+    if existing is not None:
+        try:
+            current = validate(Condition, {"type": "x", **existing})
+        except ValidationError:
+            current = None
+    condition = status.condition_for(short, region, current, now)
+    if condition is None:
+        return None
+    return {name: condition[name] for name in _ENTRY_FIELDS}

@@ -1,0 +1,147 @@
+"""adapters/envoy_lrs.py: Envoy's own request counts per map backend (Load Reporting Service),
+folded purely, and (marked slow) reported by a real Envoy on the xDS bootstrap and judged by
+publisher.split."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+import pytest
+import yaml
+from envoy.config.endpoint.v3 import load_report_pb2
+
+from adapters.envoy import cluster_name, parse_cluster_name, xds_bootstrap
+from adapters.base import CountReport
+from adapters.envoy_lrs import LoadReports, fold_clusters
+from adapters.envoy_xds import XdsTransport
+from publisher.model import MapKey
+from publisher.split import SplitWindows
+from tests.adapters.test_envoy_xds import HOST, KEY, RENDERER, envoy, parts, route, write
+from tests.gateways import Backends, eventually, measure
+
+
+def cluster_stats(name: str, *localities: tuple[int, int, int]) -> load_report_pb2.ClusterStats:
+    return load_report_pb2.ClusterStats(
+        cluster_name=name,
+        upstream_locality_stats=[
+            load_report_pb2.UpstreamLocalityStats(total_successful_requests=ok, total_error_requests=err, total_issued_requests=issued)
+            for ok, err, issued in localities
+        ],
+    )
+
+
+def test_cluster_names_read_back_as_map_and_backend() -> None:
+    assert parse_cluster_name(cluster_name(KEY, "worker-a")) == (KEY, "worker-a")
+    assert parse_cluster_name("ome-xds") is None
+    assert parse_cluster_name("ome|a|b") is None
+
+
+def test_a_report_counts_answered_requests_per_map_backend_and_nothing_else() -> None:
+    counts: dict = {}
+    fold_clusters(
+        [
+            cluster_stats(cluster_name(KEY, "a"), (10, 2, 12), (3, 0, 3)),
+            # A backend on a closed port: every request in error, none issued.
+            cluster_stats(cluster_name(KEY, "b"), (0, 7, 0)),
+            cluster_stats(cluster_name(KEY, "c")),
+            cluster_stats("ome-xds", (99, 0, 99)),
+        ],
+        counts,
+    )
+    assert counts == {KEY: {"a": 15, "b": 7}}
+
+
+def test_the_bootstrap_reports_load_to_the_xds_cluster_unless_told_not_to() -> None:
+    on = yaml.safe_load(xds_bootstrap(xds_host="127.0.0.1", xds_port=1, listen_host="127.0.0.1", listen_port=2))
+    (service,) = on["cluster_manager"]["load_stats_config"]["grpc_services"]
+    assert service["envoy_grpc"]["cluster_name"] == on["dynamic_resources"]["ads_config"]["grpc_services"][0]["envoy_grpc"]["cluster_name"]
+    off = yaml.safe_load(xds_bootstrap(xds_host="127.0.0.1", xds_port=1, listen_host="127.0.0.1", listen_port=2, load_stats=False))
+    assert "cluster_manager" not in off
+
+
+class Collected:
+    """Every report collected, and the counts added up per instance."""
+
+    def __init__(self, counter: LoadReports) -> None:
+        self.counter = counter
+        self.counts: dict[str, dict[MapKey, dict[str, int]]] = defaultdict(dict)
+        self.reports: list[CountReport] = []
+
+    async def collect(self) -> None:
+        for report in await self.counter.collect():
+            self.reports.append(report)
+            for key, per in report.counts.items():
+                into = self.counts[report.instance].setdefault(key, {})
+                for cluster, n in per.items():
+                    into[cluster] = into.get(cluster, 0) + n
+
+    def intervals(self) -> int:
+        return sum(1 for r in self.reports if not (r.restarted or r.left))
+
+    def total(self, key: MapKey) -> int:
+        return sum(sum(by_map.get(key, {}).values()) for by_map in self.counts.values())
+
+
+async def eventually_collected(collected: Collected, condition) -> None:
+    async def check() -> bool:
+        await collected.collect()
+        return condition()
+
+    for _ in range(200):
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("not collected within 20 s")
+
+
+@pytest.mark.slow
+async def test_envoy_reports_the_split_it_served_and_a_skewed_one_is_named(tmp_path) -> None:
+    transport = XdsTransport("127.0.0.1:0", RENDERER)
+    reports = transport.request_counter
+    reports.enable(1.0)
+    collected = Collected(reports)
+    serving = asyncio.create_task(transport.serve())
+    try:
+        await asyncio.wait_for(transport.started(), 10)
+        async with Backends(("a", "b", "c", "d")) as backends, envoy(tmp_path, transport.port) as running:
+            await eventually(lambda: len(transport.envoys()) >= 1 and reports.instances(), timeout=20)
+            served = route({"a": 2, "b": 3, "c": 5, "d": 0}, backends)
+            assert (await write(transport, {}, parts((KEY, served)))).rejected == {}
+            # The first report after a new cluster may predate it: wait for one that follows.
+            await eventually_collected(collected, lambda: collected.intervals() >= 2)
+            got = await measure(running.url, HOST, 1000)
+            assert sum(got.values()) == 1000
+            await eventually_collected(collected, lambda: collected.total(KEY) >= 1000)
+            (instance,) = reports.instances()
+            counted = collected.counts[instance][KEY]
+            assert sum(counted.values()) == 1000 and "d" not in counted
+            assert counted == {name: got[name] for name in counted}  # Envoy's count is the backends' own
+
+            # Judge it, two windows of 2,000: against the weights it serves, and against weights
+            # 10 points away from them (a gateway that serves other weights than it confirmed).
+            right, wrong = SplitWindows(), SplitWindows()
+            right.route_changed(KEY, served)
+            wrong.route_changed(KEY, route({"a": 3, "b": 2, "c": 5, "d": 0}, backends))
+            for windows in (right, wrong):
+                windows.add(KEY, instance, {}, 0.0)
+                for t in (1.0, 2.0, 3.0, 4.0):
+                    windows.add(KEY, instance, counted, t)
+                    windows.judge_due(t)
+            assert right.state(KEY, instance)[0] == "verified"
+            assert list(wrong.off()) == [(KEY, instance)]
+        # Envoy gone: its stream ended, so its counting restarts with its next stream.
+        await eventually_collected(collected, lambda: not reports.instances())
+        assert [(r.restarted, r.left) for r in collected.reports if r.restarted or r.left] == [(True, False), (False, True)]
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await transport.aclose()
+
+
+def test_envoy_bootstrap_leaves_load_reports_out_when_asked(capsys) -> None:
+    from publisher.cli import main
+
+    for extra, reported in (([], True), (["--no-load-stats"], False)):
+        assert main(["envoy-bootstrap", "--xds", "127.0.0.1:18000", "--listen", "127.0.0.1:8080", *extra]) == 0
+        assert ("load_stats_config" in capsys.readouterr().out) is reported

@@ -1,0 +1,196 @@
+"""adapters/envoy_xds_plan.py, purely: the plan from the target and what one Envoy holds to the
+responses to send, step by step, and a property over random held states and targets: driven to
+the end, the Envoy serves every map written, holds nothing of a withdrawn one, keeps every map the
+engine did not name as it was, and never holds a route naming a cluster it lacks."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adapters.envoy_resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, XdsRenderer, cluster_name, map_name
+from adapters.envoy_xds_plan import AwaitRequest, EnvoyState, Send
+from adapters.envoy_xds_plan import plan as lazy_plan
+from envoy.service.discovery.v3 import discovery_pb2
+from publisher.model import Backend, MapKey, Route
+from tests.adapters.xds_clients import holding
+
+RENDERER = XdsRenderer()
+CHAT, EMBED = MapKey("prod", "chat"), MapKey("prod", "embed")
+
+
+def part(key: MapKey, host: str, **weights: int) -> MapResources:
+    return RENDERER.render(key, Route(host, tuple(Backend(c, f"http://{c}.example:8080", w) for c, w in weights.items())))
+
+
+def subscribed(state: EnvoyState, *types: str, target=()) -> EnvoyState:
+    for type_url in types:
+        state.receive(discovery_pb2.DeltaDiscoveryRequest(type_url=type_url), target)
+    return state
+
+
+def envoy_holding(*parts: MapResources, answered: bool = True) -> EnvoyState:
+    """An Envoy that reconnected listing `parts`, its requests received (and its first requests
+    `answered`, as after the empty answers of a start)."""
+    state = EnvoyState()
+    held = holding(parts)
+    for type_url in (CLUSTER_TYPE, SCOPE_TYPE):
+        state.receive(discovery_pb2.DeltaDiscoveryRequest(type_url=type_url, initial_resource_versions=held[type_url]), ())
+    if held[SCOPE_TYPE]:
+        state.receive(discovery_pb2.DeltaDiscoveryRequest(
+            type_url=ROUTE_TYPE, resource_names_subscribe=sorted(held[SCOPE_TYPE]), initial_resource_versions=held[ROUTE_TYPE]), ())
+    if answered:
+        state.owed_first.clear()
+    return state
+
+
+def plan(*args, **kwargs):
+    """The plan with a Send's items taken once (they are built lazily, as the pump takes them)."""
+    step = lazy_plan(*args, **kwargs)
+    return Send(step.type_url, tuple(step.items)) if isinstance(step, Send) else step
+
+
+def names(step: Send) -> tuple[str, list[str]]:
+    items = list(step.items)
+    return step.type_url, [r.name for i in items for r in i.resources] + [n for i in items for n in i.removed]
+
+
+def ack(state: EnvoyState, step: Send) -> None:
+    """What the pump does on an ACK, and what Envoy does after one: a new scope subscribes its route."""
+    items = list(step.items)
+    state.owed_first.discard(step.type_url)
+    state.acknowledged(step.type_url, items)
+    if step.type_url == SCOPE_TYPE:
+        added = [r.name for i in items for r in i.resources]
+        removed = [n for i in items for n in i.removed]
+        state.receive(discovery_pb2.DeltaDiscoveryRequest(type_url=ROUTE_TYPE, resource_names_subscribe=added, resource_names_unsubscribe=removed), ())
+
+
+def test_a_new_envoy_gets_clusters_then_the_scope_then_the_route_once_it_subscribes_each():
+    chat = part(CHAT, "chat.example.com", a=1, b=0)
+    state = subscribed(EnvoyState(), CLUSTER_TYPE, target=[CHAT])
+    target, keys = {CHAT: chat}, {CHAT}
+    step = plan(state, target, set(), keys)
+    assert isinstance(step, Send) and names(step) == (CLUSTER_TYPE, ["ome|prod|chat|a", "ome|prod|chat|b"])
+    ack(state, step)
+    assert plan(state, target, set(), keys) == AwaitRequest(SCOPE_TYPE)  # Envoy asks for scopes once its clusters are in
+    subscribed(state, SCOPE_TYPE)
+    step = plan(state, target, set(), keys)
+    assert names(step) == (SCOPE_TYPE, ["ome|prod|chat"])
+    state.owed_first.discard(SCOPE_TYPE)
+    state.acknowledged(SCOPE_TYPE, list(step.items))
+    assert plan(state, target, set(), keys) == AwaitRequest(ROUTE_TYPE, frozenset({CHAT}))
+    state.receive(discovery_pb2.DeltaDiscoveryRequest(type_url=ROUTE_TYPE, resource_names_subscribe=["ome|prod|chat"]), ())
+    step = plan(state, target, set(), keys)
+    assert names(step) == (ROUTE_TYPE, ["ome|prod|chat"])
+    ack(state, step)
+    assert plan(state, target, set(), keys) is None
+    assert state.serves(CHAT) == chat.route
+
+
+def test_a_withdrawn_map_loses_its_scope_before_its_clusters():
+    chat = part(CHAT, "chat.example.com", a=1)
+    state = envoy_holding(chat)
+    step = plan(state, {}, {CHAT}, {CHAT})
+    assert names(step) == (SCOPE_TYPE, ["ome|prod|chat"])
+    ack(state, step)
+    step = plan(state, {}, {CHAT}, {CHAT})
+    assert names(step) == (CLUSTER_TYPE, ["ome|prod|chat|a"])
+    ack(state, step)
+    assert plan(state, {}, {CHAT}, {CHAT}) is None and state.serves(CHAT) is None
+
+
+def test_a_map_the_engine_neither_wrote_nor_withdrew_is_left_as_the_envoy_holds_it():
+    state = envoy_holding(part(CHAT, "chat.example.com", a=1))
+    assert plan(state, {}, set(), {CHAT}) is None
+
+
+def test_a_weight_change_is_one_route_configuration():
+    state = envoy_holding(part(CHAT, "chat.example.com", a=1, b=1))
+    target = {CHAT: part(CHAT, "chat.example.com", a=3, b=1)}
+    step = plan(state, target, set(), {CHAT})
+    assert names(step) == (ROUTE_TYPE, ["ome|prod|chat"])
+    ack(state, step)
+    assert plan(state, target, set(), {CHAT}) is None
+
+
+def test_a_leftover_cluster_goes_once_the_route_no_longer_names_it():
+    state = envoy_holding(part(CHAT, "chat.example.com", a=1, old=1))
+    target = {CHAT: part(CHAT, "chat.example.com", a=1)}
+    step = plan(state, target, set(), {CHAT})
+    assert names(step) == (ROUTE_TYPE, ["ome|prod|chat"])
+    ack(state, step)
+    step = plan(state, target, set(), {CHAT})
+    assert names(step) == (CLUSTER_TYPE, ["ome|prod|chat|old"])
+
+
+def test_a_part_the_envoy_refused_is_not_planned_again_until_it_changes():
+    chat = part(CHAT, "chat.example.com", a=1)
+    state = envoy_holding()
+    state.refused[CHAT] = (chat, "no")
+    assert plan(state, {CHAT: chat}, set(), {CHAT}) is None
+    changed = part(CHAT, "chat.example.com", b=1)
+    assert names(plan(state, {CHAT: changed}, set(), {CHAT})) == (CLUSTER_TYPE, ["ome|prod|chat|b"])
+
+
+def test_before_the_first_write_only_the_first_requests_are_answered_empty():
+    state = envoy_holding(part(CHAT, "chat.example.com", a=1), answered=False)
+    step = plan(state, {}, set(), {CHAT}, seeded=False)
+    assert step == Send(CLUSTER_TYPE, ())
+    state.owed_first.discard(CLUSTER_TYPE)
+    assert plan(state, {}, set(), {CHAT}, seeded=False) == Send(SCOPE_TYPE, ())
+    state.owed_first.discard(SCOPE_TYPE)
+    assert plan(state, {}, set(), {CHAT}, seeded=False) is None
+
+
+def test_a_held_map_whose_route_names_every_cluster_is_served_despite_a_leftover():
+    state = envoy_holding(part(CHAT, "chat.example.com", a=1, old=1))
+    state.held[ROUTE_TYPE][map_name(CHAT)] = part(CHAT, "chat.example.com", a=1).route_config.version
+    assert state.serves(CHAT) == part(CHAT, "chat.example.com", a=1).route
+    state.hold(CLUSTER_TYPE, cluster_name(CHAT, "a"), None)
+    assert state.serves(CHAT) is None
+
+
+# --- a property: the plan, driven to the end ----------------------------------------------------
+
+KEYS = [MapKey("prod", n) for n in ("a", "b", "c", "d")]
+WEIGHTS = st.dictionaries(st.sampled_from(["x", "y", "z"]), st.integers(0, 3), min_size=1, max_size=3)
+PARTS = st.builds(lambda k, w, h: part(k, f"{h}.example.com", **w), st.sampled_from(KEYS), WEIGHTS, st.sampled_from(["one", "two"]))
+
+
+def _by_key(parts: list[MapResources]) -> dict[MapKey, MapResources]:
+    return {p.key: p for p in parts}
+
+
+@settings(max_examples=150, deadline=None)
+@given(held=st.lists(PARTS, max_size=4), target=st.lists(PARTS, max_size=4), withdrawn=st.sets(st.sampled_from(KEYS)),
+       keys=st.sets(st.sampled_from(KEYS)))
+def test_driven_to_the_end_the_plan_serves_the_target_and_touches_nothing_else(held, target, withdrawn, keys):
+    held_parts, target_parts = _by_key(held), _by_key(target)
+    withdrawn -= target_parts.keys()
+    state = envoy_holding(*held_parts.values())
+    before = {k: state.serves(k) for k in KEYS}
+    for _ in range(50):
+        step = plan(state, target_parts, withdrawn, keys)
+        if step is None:
+            break
+        if isinstance(step, AwaitRequest):
+            assert step.type_url == ROUTE_TYPE  # every type is subscribed: only new routes await Envoy
+            for key in step.keys:
+                state.receive(discovery_pb2.DeltaDiscoveryRequest(type_url=ROUTE_TYPE, resource_names_subscribe=[map_name(key)]), ())
+            continue
+        ack(state, step)
+        for key in KEYS:  # clusters first: a route Envoy holds never names a cluster it lacks
+            version = state.held[ROUTE_TYPE].get(map_name(key))
+            if version is not None and map_name(key) in state.held[SCOPE_TYPE]:
+                assert state.serves(key) is not None
+    else:
+        raise AssertionError("the plan did not finish")
+    for key in KEYS:
+        if key in keys and key in target_parts:
+            assert state.serves(key) == target_parts[key].route
+            assert state.clusters_of.get(key, set()) == {r.name for r in target_parts[key].clusters}
+        elif key in keys and key in withdrawn:
+            assert state.serves(key) is None and key not in state.clusters_of
+        else:
+            assert state.serves(key) == before[key]

@@ -1,0 +1,102 @@
+"""The chart's `helm test` hook (issue 23, finding 9): a Pod that checks the sidecar's /readyz and
+/debug/maps through the metrics Service. Its command, as rendered, is run here against real
+sidecars (the Service's URL swapped for theirs): a ready one passes, and one that is not ready (no
+Envoy connected to its xDS server) and one that is not there fail, saying why."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.builders import make_entry, make_isvc, make_map
+from tests.gateways import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "ome-gateway-publisher"
+HOOK = "ome-gateway-publisher/templates/tests/sidecar-test.yaml"
+
+
+def _hook(changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    rendered = helm.Chart.load(str(CHART)).render(changes or {}, name="eu-west", namespace="ome-gateway", is_install=True)
+    return yaml.safe_load(rendered[HOOK])
+
+
+def test_the_hook_is_a_test_pod_asking_the_metrics_service() -> None:
+    pod = _hook()
+    assert pod["kind"] == "Pod" and pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    (container,) = pod["spec"]["containers"]
+    assert container["command"][-1] == "http://eu-west-ome-gateway-publisher-metrics.ome-gateway.svc:9180"
+    assert container["image"] == "ghcr.io/ome/ome-gateway-publisher:0.1.0"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    for version in ("1.29", "1.37"):
+        kubernetes_validate.validate(pod, version, strict=True)
+    assert _hook({"metrics": {"port": 9300}})["spec"]["containers"][0]["command"][-1].endswith(":9300")
+
+
+def _check(url: str) -> subprocess.CompletedProcess[str]:
+    command = _hook()["spec"]["containers"][0]["command"]
+    assert command[:2] == ["python", "-c"]
+    return subprocess.run([sys.executable, *command[1:-1], url], capture_output=True, text=True, timeout=60, check=False)
+
+
+@contextlib.contextmanager
+def _sidecar(tmp_path: Path, *args: str) -> Iterator[str]:
+    port = free_port()
+    maps = tmp_path / "maps"
+    maps.mkdir(exist_ok=True)
+    (maps / "chat.yaml").write_text(yaml.safe_dump_all([make_isvc(), make_map(entries=[make_entry("worker-a", weight=1)])]))
+    log = (tmp_path / "sidecar.log").open("wb")
+    process = subprocess.Popen([sys.executable, "-m", "publisher.cli", "run", f"--source=dir:{maps}", f"--listen=127.0.0.1:{port}", *args],
+                               cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log)  # fmt: skip
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def _until_answered(url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    for _ in range(100):  # bounded: the sidecar starts within seconds
+        checked = _check(url)
+        if "Connection refused" not in checked.stderr:
+            return checked
+    pytest.fail((tmp_path / "sidecar.log").read_text())
+
+
+@pytest.mark.slow
+def test_the_hook_passes_on_a_ready_sidecar(tmp_path: Path) -> None:
+    with _sidecar(tmp_path, "--adapter=json", f"--json-path={tmp_path / 'out.json'}") as url:
+        for _ in range(100):  # bounded: ready after its first pass
+            checked = _until_answered(url, tmp_path)
+            if checked.returncode == 0:
+                break
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "/readyz: 200" in checked.stdout and "/debug/maps: 200, 1 maps {'published': 1}" in checked.stdout
+
+
+@pytest.mark.slow
+def test_the_hook_fails_on_a_sidecar_that_is_not_ready(tmp_path: Path) -> None:
+    with _sidecar(tmp_path, "--adapter=envoy", f"--envoy-xds-listen=127.0.0.1:{free_port()}") as url:
+        checked = _until_answered(url, tmp_path)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "/readyz: 503 " in checked.stdout
+
+
+def test_the_hook_fails_where_nothing_answers() -> None:
+    checked = _check(f"http://127.0.0.1:{free_port()}")
+    assert checked.returncode == 1 and "/readyz: [Errno 111] Connection refused" in checked.stderr

@@ -1,0 +1,117 @@
+"""publisher/served_split.py: the served-split check in the loop: windows follow confirmed routes,
+an off split is named in the map's condition message, /debug/maps and metrics, and never holds it."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from adapters.base import CountReport
+from publisher import metrics
+from publisher.model import Backend, MapKey, Route
+from publisher.served_split import SplitVerifier
+from tests.builders import make_map
+from tests.test_loop import CHAT, make_publisher, put_map
+
+
+class ScriptedCounter:
+    """A gateway's request counter whose reports the test hands over."""
+
+    def __init__(self) -> None:
+        self.interval: float | None = None
+        self.pending: list[CountReport] = []
+
+    def enable(self, interval: float) -> None:
+        self.interval = interval
+
+    async def collect(self) -> list[CountReport]:
+        pending, self.pending = self.pending, []
+        return pending
+
+
+def served(route: Route, shares: dict[str, float], n: int) -> dict[MapKey, dict[str, int]]:
+    return {CHAT: {b.cluster: round(shares[b.cluster] * n) for b in route.backends}}
+
+
+async def published_chat():
+    publisher, stores, gateway = make_publisher()
+    changed: list[MapKey] = []
+    verifier = SplitVerifier(ScriptedCounter(), 60.0, "memory", lambda key: (changed.append(key), publisher.split_changed(key)))
+    publisher.split = verifier
+    publisher.status_sink = object()  # reports are kept (no status writer runs here)
+    put_map(stores, make_map())
+    await publisher.sync_once({CHAT: None})
+    return publisher, verifier, changed, gateway.held[CHAT]
+
+
+async def test_a_correct_split_is_verified_and_a_skewed_one_named_in_the_condition_but_never_held():
+    publisher, verifier, changed, route = await published_chat()
+    assert [b.weight for b in route.backends] == [2, 3]
+    right = {"worker-a": 0.4, "worker-b": 0.6}
+    verifier.fold([CountReport("gw-1", restarted=True)], 0.0)
+    verifier.fold([CountReport("gw-1", served(route, right, 500))], 1.0)  # the first interval is skipped
+    for t in (2.0, 3.0):
+        verifier.fold([CountReport("gw-1", served(route, right, 2000))], t)
+    assert verifier.debug(CHAT)["instances"]["gw-1"]["verdict"] == "verified"
+    assert verifier.map_states == {"verified": 1}
+
+    skewed = {"worker-a": 0.5, "worker-b": 0.5}
+    verifier.fold([CountReport("gw-1", served(route, skewed, 2000))], 4.0)
+    assert changed == [] and verifier.note(CHAT) is None  # one off window is not enough
+    verifier.fold([CountReport("gw-1", served(route, skewed, 2000))], 5.0)
+    assert changed == [CHAT]
+    await publisher.sync_once(publisher.queue.take_ready())
+    report = publisher.reports[CHAT]
+    assert report.published and report.reason == "Published"
+    assert report.message.endswith("served split on memory gw-1 over 2,000 requests: worker-a 50%, worker-b 50% (weights 2/3)")
+    assert publisher.states[CHAT].state == "published"
+    window = next(m for m in publisher.debug_maps() if m["name"] == "chat")["split"]["instances"]["gw-1"]
+    assert window["verdict"] == "off" and window["observed"] == {"worker-a": 0.5, "worker-b": 0.5}
+    assert window["expected"] == {"worker-a": 0.4, "worker-b": 0.6} and window["largestDeviation"] == 0.1
+
+    metrics.watch_split(verifier)
+    try:
+        scrape = generate_latest(metrics.REGISTRY).decode()
+        assert 'ome_gateway_publisher_split_off{gateway="gw-1",name="chat",namespace="prod"} 1.0' in scrape
+        assert 'ome_gateway_publisher_split_maps{state="off"} 1.0' in scrape
+        for t in (6.0, 7.0):
+            verifier.fold([CountReport("gw-1", served(route, right, 2000))], t)
+        assert changed == [CHAT, CHAT] and verifier.note(CHAT) is None
+        scrape = generate_latest(metrics.REGISTRY).decode()
+        assert "split_off{" not in scrape
+        assert 'ome_gateway_publisher_split_reports_total{gateway="gw-1"} 7.0' in scrape
+    finally:
+        metrics.watch_split(None)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert "served split" not in publisher.reports[CHAT].message
+
+
+async def test_a_confirmed_weight_change_restarts_the_windows():
+    publisher, verifier, changed, route = await published_chat()
+    verifier.fold([CountReport("gw-1", restarted=True)], 0.0)
+    verifier.fold([CountReport("gw-1", served(route, {"worker-a": 0.4, "worker-b": 0.6}, 100))], 1.0)
+    verifier.fold([CountReport("gw-1", served(route, {"worker-a": 0.4, "worker-b": 0.6}, 1500))], 2.0)
+    assert verifier.debug(CHAT)["instances"]["gw-1"]["counting"] == 1500
+    moved = Route(route.hostname, (Backend("worker-a", route.backends[0].endpoint, 1), Backend("worker-b", route.backends[1].endpoint, 1)))
+    verifier.route_confirmed(CHAT, moved)
+    assert verifier.debug(CHAT)["instances"]["gw-1"]["counting"] == 0
+
+
+async def test_an_instance_that_leaves_is_forgotten_and_a_withdrawn_map_loses_its_note():
+    publisher, verifier, changed, route = await published_chat()
+    skewed = {"worker-a": 0.9, "worker-b": 0.1}
+    verifier.fold([CountReport("gw-1", restarted=True), CountReport("gw-2", restarted=True)], 0.0)
+    for t in (1.0, 2.0, 3.0):
+        verifier.fold([CountReport("gw-1", served(route, skewed, 2000))], t)
+    assert verifier.note(CHAT) is not None
+    verifier.fold([CountReport("gw-2", left=True)], 4.0)
+    assert sorted(verifier.debug(CHAT)["instances"]) == ["gw-1"]
+    verifier.route_confirmed(CHAT, None)
+    assert verifier.note(CHAT) is None and changed == [CHAT, CHAT]
+
+
+async def test_a_gateway_that_counts_nothing_says_so_in_debug_maps():
+    publisher, stores, gateway = make_publisher()
+    put_map(stores, make_map())
+    await publisher.sync_once({CHAT: None})
+    (entry,) = publisher.debug_maps()
+    assert entry["split"] == {"gateway": "memory", "verdict": "unsupported", "detail": "the memory gateway reports no request counts"}
