@@ -14,6 +14,7 @@ Exceptions, for failed I/O only:
     AdapterError
     ├── Rejected      the gateway refused the whole write; the last good config is kept
     └── Unavailable   the gateway could not be reached or read; retry later
+        └── NotConnected  no gateway client is connected: nothing was written; retry once one is
 
 A refusal the adapter can pin on single maps is not an exception: it isolates those maps, publishes
 the rest, and lists them in ApplyResult.rejected.
@@ -109,7 +110,8 @@ class ApplyResult:
         (HostConflict), or rendering raised (InternalError). The gateway keeps what it served
         for them before.
     notes: maps the gateway took, with something worth a line in their condition message.
-    released: maps waiting for a hostname that this apply freed: decide them again.
+    released: maps to decide again: waiting for a hostname that this apply freed, or whose
+        confirmed route changed when the gateway was read back (it lost or changed them).
     wrote: whether anything was written at all (False when nothing changed).
     reloads: gateway reloads this apply caused.
     """
@@ -121,12 +123,28 @@ class ApplyResult:
     reloads: int = 0
 
 
+@dataclass(frozen=True)
+class Reconciled:
+    """What one reconcile did.
+
+    repaired: maps that had drifted and whose repair the gateway confirmed.
+    refused: maps a gateway client refuses, with its words: one that connected after the write,
+        or the repair write itself. They are ApplyFailed and retried like a refused write.
+    released: maps to decide again: their confirmed route changed when the gateway was read back.
+    """
+
+    repaired: frozenset[MapKey] = frozenset()
+    refused: Mapping[MapKey, Held] = field(default_factory=dict)
+    released: frozenset[MapKey] = frozenset()
+
+
 @runtime_checkable
 class Adapter(Protocol):
     """What the loop drives: `adapters.engine.Engine`, or a wrapper around one (dry run).
 
-    `confirmed` is what the gateway serves; `apply(changes)` makes it serve each changed map's
-    route (None: withdraw); `reconcile()` repairs drift. One caller, one call at a time.
+    `confirmed` is what the gateway serves; `apply(decided)` makes it serve each decided map's
+    route (None: withdraw), writing only what differs from what it confirmed (or what a client
+    refused); `reconcile()` repairs drift. One caller, one call at a time.
     """
 
     name: str
@@ -142,7 +160,7 @@ class Adapter(Protocol):
 
     async def apply(self, changes: Mapping[MapKey, Publication | None]) -> ApplyResult: ...
 
-    async def reconcile(self) -> frozenset[MapKey]: ...
+    async def reconcile(self) -> Reconciled: ...
 
     def hold_off(self) -> float: ...
 
@@ -197,6 +215,16 @@ class Transport(Protocol[PartT]):
     file written but not confirmed, a table that a restart emptied); it raises `Unavailable` when
     it cannot tell.
 
+    `write` and `read` raise `NotConnected` when no gateway client is there to take them (no Envoy,
+    no NGINX control listener): nothing was written, and the engine retries later.
+
+    `refusals()`: the maps a client refused outside a write since the last call (an Envoy that
+    connected later and refused a map it was sent), each with the client's words; the call drains
+    them. A refusal that a later write of the same map superseded is not reported.
+
+    Hostnames are unique: the engine decides which map owns each one and never hands a transport
+    two parts with one hostname, so a transport may assume it (its own check is a guard only).
+
     A transport whose writes reload the gateway says so with a class attribute `reloads_gateway =
     True`: only then does the sidecar export `reloads_total`.
     """
@@ -219,6 +247,10 @@ class Transport(Protocol[PartT]):
         returns at once for a transport that has none."""
         ...
 
+    def refusals(self) -> Mapping[MapKey, str]:
+        """The maps a client refused outside a write since the last call, with its words; drains them."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -235,13 +267,17 @@ class TransportDefaults:
     async def serve(self) -> None:
         return None
 
+    def refusals(self) -> Mapping[MapKey, str]:
+        return {}
+
     async def aclose(self) -> None:
         return None
 
 
 def duplicate_hostname(parts: Mapping[MapKey, Any], what: str) -> str | None:
     """A message naming two maps whose parts (anything with a `.hostname`) claim one hostname, or
-    None: the defence of whole-file gateways, whose file would otherwise serve only one of them."""
+    None: a guard of whole-file gateways, whose file would otherwise serve only one of them. It
+    decides nothing: the engine owns hostnames and never writes two maps on one."""
     owners: dict[str, MapKey] = {}
     for key in sorted(parts):
         owner = owners.setdefault(parts[key].hostname, key)

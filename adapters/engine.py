@@ -6,6 +6,11 @@ snapshot of what the gateway last confirmed, which only a confirmed write or a r
 the gateway serves replaces. A write the gateway refuses as a whole is bisected down to the maps
 that cause it, so one bad map never blocks the others. One task drives it, one call at a time; it
 decides nothing about TrafficMaps and logs nothing: it returns what happened.
+
+Hostnames are decided here, once, for every gateway: the map serving a hostname keeps it until its
+own change away from it is confirmed; only then, in a later write of the same apply, is the
+hostname granted to a claimant (the older TrafficMap, then namespace/name). So no write, and no
+half of a bisected write, ever puts two maps on one hostname, whatever the gateway refuses.
 """
 
 from __future__ import annotations
@@ -15,7 +20,18 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic
 
-from adapters.base import ApplyResult, PartT, Rejected, Renderer, Transport, Unavailable, WriteResult, publication_problem
+from adapters.base import (
+    ApplyResult,
+    NotConnected,
+    PartT,
+    Reconciled,
+    Rejected,
+    Renderer,
+    Transport,
+    Unavailable,
+    WriteResult,
+    publication_problem,
+)
 from publisher.model import Held, MapKey, Publication, Reason, Route
 
 __all__ = ["Engine"]
@@ -46,8 +62,22 @@ class Engine(Generic[PartT]):
         self._transport = transport
         self._routes: dict[MapKey, Route] = {}
         self._parts: dict[MapKey, PartT] = {}
+        # Who owns each hostname, and every map the gateway serves on it: one, unless a read-back
+        # found several (a gateway written by hand or by an older sidecar).
         self._owners: dict[str, MapKey] = {}
+        self._served_on: dict[str, set[MapKey]] = {}
+        self._duplicates: set[str] = set()
+        # Each map's creationTimestamp, from the publications seen: the older claim keeps a hostname.
+        self._created: dict[MapKey, str] = {}
         self._waiting: dict[MapKey, str] = {}
+        # Confirmed maps some client refuses: written again with their next decision.
+        self._refused: dict[MapKey, Held] = {}
+        # Maps of a write whose outcome is unknown: clients may disagree on them, so they are
+        # decided again and written even when the read-back shows their route unchanged.
+        self._in_doubt: set[MapKey] = set()
+        # Maps a read-back changed, or left in doubt, not yet handed back to be decided again
+        # (kept across a call that raised after its read-back).
+        self._redecide: set[MapKey] = set()
         # The gateway's state must be read before the next write: at start, and after a write
         # whose outcome is unknown.
         self._unknown = True
@@ -68,65 +98,83 @@ class Engine(Generic[PartT]):
     async def start(self) -> Mapping[MapKey, Route]:
         """Read back what the gateway serves: the starting state after a restart."""
         await self._read_back()
+        self._redecide.clear()  # the caller decides every map read back
         return self.confirmed
 
-    async def apply(self, changes: Mapping[MapKey, Publication | None]) -> ApplyResult:
-        """Make the gateway serve each changed map's route (None: withdraw it).
+    async def apply(self, decided: Mapping[MapKey, Publication | None]) -> ApplyResult:
+        """Make the gateway serve each decided map's route (None: withdraw it), writing only the
+        maps whose route differs from the confirmed one, that a client refuses, or that a write
+        in doubt left the clients disagreeing on; and withdrawing a map read back on a hostname an
+        older map holds.
 
         Raises Unavailable when the gateway cannot be reached or did not confirm; what it then
         serves is read back before the next write. Everything else comes back in the result.
         """
         if self._unknown:
             await self._read_back()
+        for key, pub in decided.items():
+            if pub is not None:
+                self._created[key] = pub.created
         rejected: dict[MapKey, Held] = {}
         wanted: dict[MapKey, Route | None] = {}
-        for key, pub in changes.items():
+        for key, pub in decided.items():
             self._waiting.pop(key, None)
             route = pub.route if pub is not None else None
-            if route != self._routes.get(key):
+            if route != self._routes.get(key) or key in self._refused or key in self._in_doubt:
                 wanted[key] = route
-        losers = self._host_conflicts(wanted, {key: pub.created for key, pub in changes.items() if pub is not None})
-        for key, (hostname, owner) in losers.items():
-            del wanted[key]
-            self._waiting[key] = hostname
-            rejected[key] = Held(
-                Reason.HOST_CONFLICT,
-                f"hostname {hostname} is already served for {owner}; this map is published once {owner} lets it go",
-            )
-        parts: dict[MapKey, PartT | None] = {}
-        for key, route in wanted.items():
-            if route is None:
-                parts[key] = None
-                continue
-            try:
-                parts[key] = self._renderer.render(key, route)
-            except Exception as exc:  # noqa: BLE001 - one map's failure must not stop the others
-                rejected[key] = Held(Reason.INTERNAL_ERROR, f"rendering for the {self.name} gateway failed: {type(exc).__name__}: {exc}")
-        changed = {key: part for key, part in parts.items() if key in self._parts or part is not None}
+        # A map in doubt that is not decided now is written as confirmed, so the clients converge.
+        for key in self._in_doubt - wanted.keys():
+            if key in self._routes:
+                wanted[key] = self._routes[key]
+        self._settle_duplicates(wanted, rejected)
         written = _Written()
-        if changed:
-            await self._write(changed, wanted, written)
+        # Each round writes the changes that depend on no unwritten change; a claim on a hostname
+        # that a change frees waits for the round after the freeing write is confirmed.
+        while wanted:
+            ready, wanted = self._next_round(wanted, rejected)
+            if ready:
+                await self._render_and_write(ready, rejected, written)
         rejected.update(written.rejected)
         freed = written.freed
-        released = frozenset(key for key, hostname in self._waiting.items() if hostname in freed and key not in rejected)
+        released = {key for key, hostname in self._waiting.items() if hostname in freed and key not in rejected}
         for key in released:
             del self._waiting[key]
-        return ApplyResult(rejected, written.notes, released, written.wrote, written.reloads)
+        released.update(key for key in self._redecide if key not in decided)
+        self._redecide.clear()
+        return ApplyResult(rejected, written.notes, frozenset(released), written.wrote, written.reloads)
 
-    async def reconcile(self) -> frozenset[MapKey]:
+    async def reconcile(self) -> Reconciled:
         """Read back what the gateway serves and write back whatever drifted from the confirmed
-        snapshot. Returns the maps that had drifted. The snapshot is never replaced by the read:
-        the gateway is ours, so what we confirmed is what it must serve."""
+        snapshot. The snapshot is never replaced by the read: the gateway is ours, so what we
+        confirmed is what it must serve. After a write whose outcome is unknown, though, the read
+        is the snapshot, and the maps it changed are to be decided again."""
+        if self._unknown:
+            await self._read_back()
+            released, self._redecide = frozenset(self._redecide), set()
+            return Reconciled(refused=self._take_refusals(), released=released)
         served = await self._transport.read()
-        drift = frozenset(key for key in self._routes.keys() | served.keys() if served.get(key) != self._routes.get(key))
-        if drift:
-            repair = {key: self._parts.get(key) for key in drift}
+        refused = self._take_refusals()
+        drift = {key for key in self._routes.keys() | served.keys() if served.get(key) != self._routes.get(key)}
+        repair_in_doubt = self._in_doubt & self._routes.keys()
+        if drift or repair_in_doubt:
+            repair = {key: self._parts.get(key) for key in drift | repair_in_doubt}
             try:
-                await self._transport.write(_Overlay(self._parts, {}), repair)
+                result = await self._transport.write(_Overlay(self._parts, {}), repair)
+            except NotConnected:
+                raise
             except Unavailable:
                 self._unknown = True
+                self._in_doubt.update(repair)
                 raise
-        return drift
+            self._in_doubt -= repair.keys() - result.rejected.keys()
+            drift -= result.rejected.keys()
+            refused.update((key, self._refusal(key, why)) for key, why in result.rejected.items() if key in self._routes)
+            refused.update(self._take_refusals())
+        repaired = frozenset(drift - refused.keys())
+        for key in repaired:
+            self._refused.pop(key, None)
+        self._refused.update(refused)
+        return Reconciled(repaired, refused)
 
     def hold_off(self) -> float:
         return self._transport.hold_off()
@@ -143,6 +191,8 @@ class Engine(Generic[PartT]):
     # --- internals ----------------------------------------------------------------------------
 
     async def _read_back(self) -> None:
+        """Replace the snapshot with what the gateway serves; the maps whose route changed, and
+        those of the write in doubt, are to be decided again."""
         served = await self._transport.read()
         routes: dict[MapKey, Route] = {}
         parts: dict[MapKey, PartT] = {}
@@ -152,35 +202,96 @@ class Engine(Generic[PartT]):
             except Exception:  # noqa: BLE001 - a route we cannot render again is not ours to keep
                 continue
             routes[key] = route
+        changed = {key for key in self._routes.keys() | routes.keys() if self._routes.get(key) != routes.get(key)}
         self._routes, self._parts = routes, parts
-        self._owners = {}
-        for key in sorted(routes):
-            self._owners.setdefault(routes[key].hostname, key)
+        self._served_on = {}
+        for key, route in routes.items():
+            self._served_on.setdefault(route.hostname, set()).add(key)
+        self._owners = {hostname: min(keys, key=self._seniority) for hostname, keys in self._served_on.items()}
+        self._duplicates = {hostname for hostname, keys in self._served_on.items() if len(keys) > 1}
+        self._refused = {key: held for key, held in self._refused.items() if key in routes}
         self._unknown = False
+        self._redecide |= changed | self._in_doubt
+        # What no client serves is settled; what some serve is written again until they agree.
+        self._in_doubt &= routes.keys()
 
-    def _host_conflicts(
-        self, wanted: Mapping[MapKey, Route | None], created: Mapping[MapKey, str]
-    ) -> dict[MapKey, tuple[str, MapKey]]:
-        """Maps that ask for a hostname another map keeps: {loser: (hostname, owner)}.
+    def _seniority(self, key: MapKey) -> tuple[int, str, MapKey]:
+        """The order in which claims on one hostname win: the older TrafficMap, then
+        namespace/name; a map whose publication was never seen comes after every one that was."""
+        created = self._created.get(key)
+        return (0, created, key) if created is not None else (1, "", key)
 
-        The map serving a hostname keeps it unless it leaves it in this same apply; among new
-        claims the oldest TrafficMap wins, then namespace/name, so a restart decides the same."""
+    def _settle_duplicates(self, wanted: dict[MapKey, Route | None], rejected: dict[MapKey, Held]) -> None:
+        """A hostname the gateway serves for several maps keeps its senior one; the others are
+        withdrawn from the gateway and wait as HostConflict (unless they are leaving it anyway)."""
+        for hostname in self._duplicates:
+            keys = self._served_on[hostname]
+            owner = self._owners[hostname] = min(keys, key=self._seniority)
+            for key in keys - {owner}:
+                route = wanted.get(key, self._routes[key])
+                if route is None or route.hostname != hostname:
+                    continue
+                wanted[key] = None
+                rejected[key] = self._conflict(hostname, owner)
+                self._waiting[key] = hostname
+
+    def _next_round(
+        self, pending: Mapping[MapKey, Route | None], rejected: dict[MapKey, Held]
+    ) -> tuple[dict[MapKey, Route | None], dict[MapKey, Route | None]]:
+        """Split `pending` into what can be written now and what waits for it, holding claims on
+        a hostname another map keeps as HostConflict.
+
+        A claim on a hostname whose owner is itself changing waits until the owner's change was
+        written: confirmed, the hostname is free; refused, failed or held, the owner keeps it.
+        When nothing can be written (claims that wait on each other), they all wait as conflicts."""
+        ready: dict[MapKey, Route | None] = {}
+        later: dict[MapKey, Route | None] = {}
         claims: dict[str, list[MapKey]] = {}
-        for key, route in wanted.items():
-            if route is not None:
+        for key, route in pending.items():
+            if route is None:
+                ready[key] = None
+            else:
                 claims.setdefault(route.hostname, []).append(key)
-        losers: dict[MapKey, tuple[str, MapKey]] = {}
         for hostname, claimants in claims.items():
             owner = self._owners.get(hostname)
             if owner is not None and owner not in claimants:
-                leaving = owner in wanted
-                if not leaving:
-                    losers.update((key, (hostname, owner)) for key in claimants)
+                if owner in pending:
+                    later.update((key, pending[key]) for key in claimants)
                     continue
-            if owner is None or owner not in claimants:
-                owner = min(claimants, key=lambda key: (created.get(key, ""), key))
-            losers.update((key, (hostname, owner)) for key in claimants if key != owner)
-        return losers
+            else:
+                owner = owner if owner is not None else min(claimants, key=self._seniority)
+                ready[owner] = pending[owner]
+            for key in claimants:
+                if key != owner:
+                    rejected[key] = self._conflict(hostname, owner)
+                    self._waiting[key] = hostname
+        if not ready:
+            for key, route in later.items():
+                assert route is not None
+                rejected[key] = self._conflict(route.hostname, self._owners[route.hostname])
+                self._waiting[key] = route.hostname
+            later = {}
+        return ready, later
+
+    def _conflict(self, hostname: str, owner: MapKey) -> Held:
+        return Held(
+            Reason.HOST_CONFLICT,
+            f"hostname {hostname} is already served for {owner}; this map is published once {owner} lets it go",
+        )
+
+    async def _render_and_write(self, wanted: Mapping[MapKey, Route | None], rejected: dict[MapKey, Held], written: _Written) -> None:
+        parts: dict[MapKey, PartT | None] = {}
+        for key, route in wanted.items():
+            if route is None:
+                if key in self._parts:
+                    parts[key] = None
+                continue
+            try:
+                parts[key] = self._renderer.render(key, route)
+            except Exception as exc:  # noqa: BLE001 - one map's failure must not stop the others
+                rejected[key] = Held(Reason.INTERNAL_ERROR, f"rendering for the {self.name} gateway failed: {type(exc).__name__}: {exc}")
+        if parts:
+            await self._write(parts, wanted, written)
 
     async def _write(self, changes: dict[MapKey, PartT | None], routes: Mapping[MapKey, Route | None], written: _Written) -> None:
         """One transport write of `changes`; a refusal of several maps is bisected so only the
@@ -197,30 +308,56 @@ class Engine(Generic[PartT]):
             for part in (keys[:half], keys[half:]):
                 await self._write({key: changes[key] for key in part}, routes, written)
             return
+        except NotConnected:
+            raise  # nothing was written: what the gateway serves is still known
         except Unavailable:
             self._unknown = True
+            self._in_doubt.update(changes)
             raise
         written.wrote = True
         written.reloads += result.reloads
         written.notes.update(result.notes)
         for key, why in result.rejected.items():
-            written.rejected[key] = why if isinstance(why, Held) else Held(Reason.APPLY_FAILED, f"the {self.name} gateway refused it: {why}")
+            written.rejected[key] = self._refusal(key, why)
         for key, part in changes.items():
             if key in result.rejected:
                 continue
             self._commit(key, routes.get(key), part, written.freed)
+        late = self._take_refusals()
+        self._refused.update(late)
+        written.rejected.update(late)
+
+    def _refusal(self, key: MapKey, why: str | Held) -> Held:
+        return why if isinstance(why, Held) else Held(Reason.APPLY_FAILED, f"the {self.name} gateway refused it: {why}")
+
+    def _take_refusals(self) -> dict[MapKey, Held]:
+        """The refusals clients made outside a write, of maps the gateway is confirmed to serve."""
+        return {key: self._refusal(key, why) for key, why in self._transport.refusals().items() if key in self._routes}
 
     def _commit(self, key: MapKey, route: Route | None, part: PartT | None, freed: set[str]) -> None:
+        self._refused.pop(key, None)
+        self._in_doubt.discard(key)
         old = self._routes.get(key)
-        if old is not None and self._owners.get(old.hostname) == key:
-            del self._owners[old.hostname]
-            freed.add(old.hostname)
+        if old is not None:
+            served = self._served_on[old.hostname]
+            served.discard(key)
+            if len(served) < 2:
+                self._duplicates.discard(old.hostname)
+            if not served:
+                del self._served_on[old.hostname]
+            if self._owners.get(old.hostname) == key:
+                if served:
+                    self._owners[old.hostname] = min(served, key=self._seniority)
+                else:
+                    del self._owners[old.hostname]
+                    freed.add(old.hostname)
         if route is None or part is None:
             self._routes.pop(key, None)
             self._parts.pop(key, None)
             return
         self._routes[key] = route
         self._parts[key] = part
+        self._served_on.setdefault(route.hostname, set()).add(key)
         self._owners[route.hostname] = key
         freed.discard(route.hostname)
 

@@ -592,6 +592,9 @@ class NginxFileTransport:
     def unready(self) -> str | None:
         return None
 
+    def refusals(self) -> Mapping[MapKey, str]:
+        return {}
+
     async def serve(self) -> None:
         return None
 

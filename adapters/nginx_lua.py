@@ -446,6 +446,9 @@ class LuaTransport:
         waiting = "the NGINX control listener has not answered yet"
         return f"{waiting}: {self._problem}" if self._problem else waiting
 
+    def refusals(self) -> Mapping[MapKey, str]:
+        return {}
+
     async def serve(self) -> None:
         """Until cancelled: watch the boot id and restore the table after a restart; re-resolve
         names every resolve interval and push the maps whose addresses moved."""

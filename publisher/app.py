@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from adapters import ADAPTERS
-from adapters.base import Adapter, ApplyResult, RequestCounter, TransportDefaults, publication_problem
+from adapters.base import Adapter, ApplyResult, Reconciled, RequestCounter, TransportDefaults, publication_problem
 from publisher import gate, loop, metrics, status
 from publisher.config import ConfigError, RunConfig, adapter_options
 from publisher.kube import Kube
@@ -74,8 +74,8 @@ class DryRunAdapter(TransportDefaults):
                 self._routes[key] = pub.route
         return ApplyResult(wrote=False)
 
-    async def reconcile(self) -> frozenset[MapKey]:
-        return frozenset()
+    async def reconcile(self) -> Reconciled:
+        return Reconciled()
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
-from adapters.base import Adapter, AdapterError, ApplyResult
+from adapters.base import Adapter, AdapterError, ApplyResult, NotConnected
 from publisher import gate, metrics, plan, served_split, status
 from publisher.kube import Kube, KubeError, LeaseLock
 from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
@@ -44,6 +44,9 @@ DECIDE_SLICE = 256
 # collector's default 700-allocation trigger only rescans survivors: at 10,000 maps it was half of
 # the first list's CPU and of deciding. Collections still run, 140x less often.
 STARTUP_GC_THRESHOLD = 100_000
+# A map waiting for a gateway client to connect is retried at least this often, so a gateway that
+# comes up is written within seconds, however long it took.
+PENDING_RETRY_CAP = 5.0
 
 
 class KeyQueue:
@@ -170,6 +173,8 @@ class Publisher:
         self._state_counts: dict[str, int] = {}
         # What the source says is wrong (a refusal, an unreachable server), for /readyz.
         self.source_problem: Callable[[], str | None] = lambda: None
+        # Why the gateway cannot be written yet (no client connected), for /readyz; None once it can.
+        self.gateway_waiting: str | None = None
         # The stale-probe note last logged per map: a stalled prober is logged once, not per pass.
         self._probe_notes: dict[MapKey, str] = {}
         self._reconcile_due = False
@@ -238,7 +243,8 @@ class Publisher:
     # --- one pass ------------------------------------------------------------------------------
 
     async def sync_once(self, pending: Mapping[MapKey, float | None]) -> None:
-        """Decide `pending`, make one gateway write for every route that changed, queue reports."""
+        """Decide `pending`, hand every decision to the engine in one apply (it writes what
+        changed), queue reports."""
         if not pending:
             return
         outcomes: dict[MapKey, Outcome] = {}
@@ -246,39 +252,61 @@ class Publisher:
             outcomes[key] = self._decide_guarded(key)
             if count % DECIDE_SLICE == 0:
                 await asyncio.sleep(0)  # a first pass of 10,000 maps lets the gateway's tasks and the server run
+        # Every decision goes to the engine, which writes only what differs from what it
+        # confirmed, and also what a client refused or two maps serve on one hostname.
         confirmed = self.adapter.confirmed
-        changes: dict[MapKey, Publication | None] = {}
+        decided: dict[MapKey, Publication | None] = {}
         for key, outcome in outcomes.items():
             if isinstance(outcome, Publish):
-                if outcome.publication.route != confirmed.get(key):
-                    changes[key] = outcome.publication
-            elif isinstance(outcome, Withdraw) and key in confirmed:
-                changes[key] = None
-        before = {key: confirmed.get(key) for key in changes}
+                decided[key] = outcome.publication
+            elif isinstance(outcome, Withdraw):
+                decided[key] = None
+        before = {key: confirmed.get(key) for key in decided}
+        # What a failed write leaves failed (or pending): the maps it would have changed, and the
+        # maps that were failing already (a refusal is retried by writing the same route again).
+        changes = frozenset(
+            key for key, pub in decided.items()
+            if (pub.route if pub is not None else None) != before[key] or self._state(key).state == "failed"
+        )
         result = ApplyResult()
         failure: AdapterError | None = None
-        if changes:
+        if decided:
             started = self.clock()
             try:
-                result = await self.adapter.apply(changes)
+                result = await self.adapter.apply(decided)
+            except NotConnected as exc:
+                failure = exc
+                if self.gateway_waiting is None:
+                    log.warning("gateway not connected, maps wait", extra={"adapter": self.adapter.name, "maps": len(changes), "error": str(exc)})
+                self.gateway_waiting = str(exc)
             except AdapterError as exc:
                 failure = exc
                 log.warning("apply failed", extra={"adapter": self.adapter.name, "maps": len(changes), "error": str(exc)})
-            finally:
+            if result.wrote or failure is not None:
                 metrics.APPLY_DURATION.labels(adapter=self.adapter.name).observe(self.clock() - started)
             if failure is None:
                 self._record_apply(before, result, pending)
-        if failure is None and (changes or self.last_success is None):
-            # A first pass with nothing to write stands on the read-back start() confirmed.
-            self._gateway_confirmed()
+        if failure is None:
+            if changes or result.wrote or self.last_success is None:
+                # A first pass with nothing to write stands on the read-back start() confirmed.
+                self._gateway_confirmed()
+            if result.wrote or not self._state_counts.get("pending"):
+                self.gateway_waiting = None
         for key in result.released:
             self.queue.add(key)
-        failed_keys = frozenset(changes) if failure is not None else frozenset()
+        failed_keys = changes if failure is not None else frozenset()
         for key, outcome in outcomes.items():
             try:
                 self._settle(key, outcome, failed_keys, failure, result)
             except Exception as exc:  # noqa: BLE001 - the boundary, as in deciding
                 self._settle(key, self._internal_error(key, "reporting on", exc), failed_keys, failure, result)
+        # Maps outside this pass that the apply held (a client's late refusal, a duplicate hostname).
+        self._settle_rejected({key: held for key, held in result.rejected.items() if key not in outcomes})
+
+    def _settle_rejected(self, rejected: Mapping[MapKey, Held]) -> None:
+        result = ApplyResult(rejected=rejected)
+        for key, held in rejected.items():
+            self._settle(key, Hold(held), frozenset(), None, result)
 
     def _gateway_confirmed(self) -> None:
         """The gateway answered a write or a read-back: what readiness counts. A pass that had
@@ -314,6 +342,11 @@ class Publisher:
         item = self.stores.maps.get(key)
         generation = item.metadata.generation if isinstance(item, TrafficMap) else item.generation if item else 0
         failed: Held | None = None
+        if key in failed_keys and isinstance(failure, NotConnected):
+            # Nothing was written and nothing lost: not a failure, and the condition stays as it was.
+            self.queue.add_after(key, min(PENDING_RETRY_CAP, self.backoff.delay(key)))
+            self._set_state(key, MapState("pending", None, f"not written yet, retrying: {failure}"))
+            return
         if key in failed_keys:
             failed = Held(Reason.APPLY_FAILED, f"gateway write failed, retrying: {failure}")
         elif key in result.rejected:
@@ -466,8 +499,21 @@ class Publisher:
     async def start(self) -> None:
         """Read back what the gateway serves: the starting state after a restart. The source may
         be listing meanwhile; each map read back is queued too, so one the source no longer has is
-        withdrawn even when its first full view came first."""
-        for key, route in (await self.adapter.start()).items():
+        withdrawn even when its first full view came first. A gateway with no client connected
+        yet is waited for, retrying with backoff."""
+        delay = self.options.backoff_base
+        while True:
+            try:
+                served = await self.adapter.start()
+                break
+            except NotConnected as exc:
+                if self.gateway_waiting is None:
+                    log.warning("gateway not connected, waiting for it", extra={"adapter": self.adapter.name, "error": str(exc)})
+                self.gateway_waiting = str(exc)
+                await asyncio.sleep(delay)
+                delay = min(PENDING_RETRY_CAP, delay * 2)
+        self.gateway_waiting = None
+        for key, route in served.items():
             metrics.map_weights(key, route)
             if self.split is not None:
                 self.split.route_confirmed(key, route)
@@ -505,15 +551,19 @@ class Publisher:
             del self._resync_backlog[-DECIDE_SLICE:]
 
     async def reconcile(self) -> None:
-        """Read the gateway back and write back whatever drifted from what it confirmed."""
+        """Read the gateway back and write back whatever drifted from what it confirmed; hold
+        what a client refuses, and decide again what a read-back changed."""
         try:
-            drift = await self.adapter.reconcile()
+            done = await self.adapter.reconcile()
         except AdapterError as exc:
             log.warning("resync read failed", extra={"adapter": self.adapter.name, "error": str(exc)})
             return
         self._gateway_confirmed()
-        if drift:
-            log.warning("gateway drift repaired", extra={"adapter": self.adapter.name, "maps": len(drift)})
+        if done.repaired:
+            log.warning("gateway drift repaired", extra={"adapter": self.adapter.name, "maps": len(done.repaired)})
+        for key in done.released:
+            self.queue.add(key)
+        self._settle_rejected(done.refused)
 
     async def run_status_writer(self) -> None:
         assert self.status_sink is not None
@@ -544,9 +594,12 @@ class Publisher:
         resync intervals makes it unready (one that cannot be read meanwhile keeps serving)."""
         unready = self.adapter.unready()
         if not self.started:
-            return False, f"gateway not read yet: {unready}" if unready else "gateway not read yet"
+            why = self.gateway_waiting or unready
+            return False, f"gateway not read yet: {why}" if why else "gateway not read yet"
         if unready is not None:
             return False, unready
+        if self.gateway_waiting is not None:
+            return False, f"waiting for the gateway: {self.gateway_waiting}"
         if not self.is_synced:
             problem = self.source_problem()
             return False, f"waiting for the first sync: {problem}" if problem else "waiting for the first sync"
@@ -769,7 +822,8 @@ async def once(publisher: Publisher, source: Source, *, read_gateway: bool = Tru
         why = f": {problem}" if problem else ""
         unready = publisher.adapter.unready()
         if not publisher.started:
-            stage = f"the gateway's read-back ({unready})" if unready else "the gateway's read-back"
+            why = publisher.gateway_waiting or unready
+            stage = f"the gateway's read-back ({why})" if why else "the gateway's read-back"
         elif not publisher.is_synced:
             stage = "the source's first full view"
         else:

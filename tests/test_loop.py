@@ -603,3 +603,140 @@ async def test_a_deleted_maps_records_are_dropped_its_prober_note_and_status_bac
     publisher.changed([CHAT], at=0.0)
     await publisher.sync_once(publisher.queue.take_ready())
     assert [r.getMessage() for r in caplog.records].count("prober stalled") == 2, "the new map's stalled prober is news"
+
+
+# --- issue 21: the loop's side of partial failures ------------------------------------------------
+
+
+def publications(result: str) -> float:
+    from publisher import metrics
+
+    return metrics.REGISTRY.get_sample_value(metrics.PREFIX + "publications_total", {"adapter": "memory", "result": result}) or 0.0
+
+
+async def test_a_late_refusal_holds_the_map_apply_failed_and_retries_it(caplog):
+    """Finding 4: a client that connected later refused a map; it stayed Published and each resync
+    logged "gateway drift repaired" for it, forever."""
+    clock = FakeClock()
+    gateway = MemoryGateway()
+    stores = Stores.empty()
+    publisher = Publisher(stores, memory_engine(gateway)[0], LoopOptions(adapter_name="memory", backoff_base=1.0), clock=clock)
+    put_map(stores, make_map())
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert publisher.states[CHAT].state == "published"
+    gateway.refused_later = {CHAT: "envoy-2: unknown cluster worker-b"}
+    with caplog.at_level("WARNING", logger="publisher.loop"):
+        await publisher.reconcile()
+    assert not [r for r in caplog.records if r.getMessage() == "gateway drift repaired"]
+    assert publisher.states[CHAT].reason == Reason.APPLY_FAILED
+    assert "envoy-2: unknown cluster worker-b" in publisher.states[CHAT].message
+    # Retried with backoff: the same route is written again, and published once taken.
+    writes = len(gateway.applies)
+    assert publisher.queue.take_ready() == {}
+    clock.now += 1.0
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert len(gateway.applies) == writes + 1
+    assert publisher.states[CHAT].state == "published"
+
+
+async def test_a_map_the_gateway_lost_during_an_unknown_write_is_written_again():
+    """Finding 5: after Unavailable, the read-back silently dropped a map the gateway had lost; it
+    stayed published, and nothing rewrote it until the next full re-decide."""
+    publisher, stores, gateway = make_publisher()
+    put_map(stores, make_map())
+    embed = put_map(stores, make_map("embed"), isvc=make_isvc("embed"))
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    gateway.fail_with = [Unavailable("timed out confirming")]
+    put_map(stores, make_map("embed", resource_version="2",
+                             entries=[make_entry("worker-a", allocated=2, ready=2, weight=1, service="embed")]),
+            isvc=make_isvc("embed"))
+    publisher.changed([embed], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    del gateway.held[CHAT]  # lost meanwhile
+    publisher.changed([embed], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert CHAT in publisher.queue.take_ready()
+    publisher.changed([CHAT], at=0.0)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert weights(gateway, CHAT) == [2, 3]
+    assert publisher.states[CHAT].state == "published"
+
+
+async def test_maps_wait_pending_while_no_gateway_client_is_connected():
+    """Finding 7: with no Envoy connected every map was ApplyFailed, counted as a failed
+    publication and its condition flipped, until one connected."""
+    from adapters.base import NotConnected
+
+    clock = FakeClock()
+    gateway = MemoryGateway(fail_with=[NotConnected("no Envoy connected")])
+    stores = Stores.empty()
+    publisher = Publisher(stores, memory_engine(gateway)[0], LoopOptions(adapter_name="memory"), status_sink=object(), clock=clock)  # type: ignore[arg-type]
+    put_map(stores, make_map())
+    await publisher.start()
+    publisher.synced()
+    failed = publications("failed")
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert publisher.states[CHAT].state == "pending" and publisher.states[CHAT].reason is None
+    assert "no Envoy connected" in publisher.states[CHAT].message
+    assert publications("failed") == failed
+    assert CHAT not in publisher.reports  # no condition is written, so none flips
+    assert publisher.ready() == (False, "waiting for the gateway: no Envoy connected")
+    clock.now += loop.PENDING_RETRY_CAP
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert publisher.states[CHAT].state == "published" and publisher.reports[CHAT].reason == Reason.PUBLISHED
+    assert publisher.ready() == (True, "ready")
+
+
+async def test_start_waits_for_a_gateway_client_instead_of_failing():
+    """Finding 7: a sidecar started before its gateway stopped at once."""
+    from adapters.base import NotConnected
+
+    class LateGateway(MemoryGateway):
+        refusals_left: int = 2
+
+        async def read(self):
+            if self.refusals_left:
+                self.refusals_left -= 1
+                raise NotConnected("no NGINX control listener at 127.0.0.1:8082")
+            return await super().read()
+
+    publisher, _, gateway = make_publisher(LateGateway(), backoff_base=0.01)
+    starting = asyncio.create_task(publisher.start())
+    for _ in range(100):
+        await asyncio.sleep(0.005)
+        if publisher.gateway_waiting:
+            break
+    assert publisher.ready() == (False, "gateway not read yet: no NGINX control listener at 127.0.0.1:8082")
+    await asyncio.wait_for(starting, 5)
+    assert publisher.started and gateway.reads == 1
+
+
+async def test_after_a_restart_two_maps_on_one_hostname_leave_the_older_serving_it():
+    """Finding 1: a gateway holding one hostname for two maps (left by hand or an older sidecar)
+    kept serving both, and both were Published."""
+    young = make_map(metadata={"creationTimestamp": "2026-05-01T00:00:00Z"})
+    old = make_map("chat-copy", metadata={"creationTimestamp": "2026-01-01T00:00:00Z"})
+    old_isvc = make_isvc("chat-copy", host="chat.example.com")
+    gateway = MemoryGateway()
+    for raw, isvc in ((young, None), (old, old_isvc)):
+        alone, stores, written = make_publisher()
+        put_map(stores, raw, isvc=isvc)
+        await alone.start()
+        alone.synced()
+        await alone.sync_once(alone.queue.take_ready())
+        gateway.held.update(written.held)
+    copy = MapKey("prod", "chat-copy")
+    assert {route.hostname for route in gateway.held.values()} == {"chat.example.com"} and len(gateway.held) == 2
+    restarted, stores, _ = make_publisher(gateway)
+    put_map(stores, young)
+    put_map(stores, old, isvc=old_isvc)
+    await restarted.start()
+    restarted.synced()
+    await restarted.sync_once(restarted.queue.take_ready())
+    assert set(gateway.held) == {copy}
+    assert restarted.states[CHAT].reason == Reason.HOST_CONFLICT
+    assert restarted.states[copy].state == "published"

@@ -121,10 +121,10 @@ async def test_reconcile_writes_back_what_drifted_and_never_adopts_it():
     gateway.held[MapKey("prod", "a")] = pub("a", 9).route
     gateway.held[MapKey("prod", "stray")] = pub("stray", 1).route
     del gateway.held[MapKey("prod", "b")]
-    drift = await engine.reconcile()
-    assert drift == {MapKey("prod", "a"), MapKey("prod", "b"), MapKey("prod", "stray")}
+    done = await engine.reconcile()
+    assert done.repaired == {MapKey("prod", "a"), MapKey("prod", "b"), MapKey("prod", "stray")}
     assert gateway.held == {MapKey("prod", "a"): pub("a", 1).route, MapKey("prod", "b"): pub("b", 2).route}
-    assert await engine.reconcile() == frozenset()
+    assert (await engine.reconcile()).repaired == frozenset()
 
 
 async def test_an_unchanged_route_writes_nothing():
@@ -139,3 +139,157 @@ def test_check_runs_the_shared_strict_checks_for_every_gateway():
     engine, _ = memory_engine()
     assert engine.check(pub("a", 1, host="a.example.com\n location /x { return 200; }")).reason == Reason.INVALID_PLAN
     assert engine.check(pub("a", 1)) is None
+
+
+# --- issue 21: one owner per hostname, read-backs, refusals outside a write -------------------------
+
+
+def hostnames_served_twice(held: Mapping[MapKey, Route]) -> dict[str, list[MapKey]]:
+    served: dict[str, list[MapKey]] = {}
+    for key, route in sorted(held.items()):
+        served.setdefault(route.hostname, []).append(key)
+    return {hostname: keys for hostname, keys in served.items() if len(keys) > 1}
+
+
+A, B, C = MapKey("prod", "a"), MapKey("prod", "b"), MapKey("prod", "c")
+
+
+async def test_a_claim_waits_while_the_owner_cannot_move_to_a_hostname_a_third_map_owns():
+    """Finding 1: A moves from h to h2, which C owns, and B asks for h: B was granted h although A
+    (HostConflict) stayed on it, so the gateway served h for two maps."""
+    engine, gateway = memory_engine()
+    await engine.start()
+    await engine.apply(changes(pub("a", 1, host="h.example.com"), pub("c", 1, host="h2.example.com")))
+    result = await engine.apply(changes(pub("a", 2, host="h2.example.com"), pub("b", 1, host="h.example.com")))
+    assert hostnames_served_twice(gateway.held) == {}
+    assert result.rejected[A].reason == Reason.HOST_CONFLICT and "prod/c" in result.rejected[A].message
+    assert result.rejected[B].reason == Reason.HOST_CONFLICT and "prod/a" in result.rejected[B].message
+    assert engine.confirmed[A].hostname == "h.example.com" and B not in engine.confirmed
+
+
+async def test_a_claim_waits_while_the_owner_s_new_route_fails_to_render():
+    """Finding 1: A's new route raised in the renderer (InternalError), yet B was granted A's hostname."""
+
+    class Exploding(MemoryGateway):
+        def render(self, key: MapKey, route: Route) -> Route:
+            if key == A and route.hostname == "h2.example.com":
+                raise RuntimeError("renderer bug")
+            return route
+
+    gateway = Exploding()
+    engine = Engine("memory", gateway, gateway)
+    await engine.start()
+    await engine.apply(changes(pub("a", 1, host="h.example.com")))
+    result = await engine.apply(changes(pub("a", 1, host="h2.example.com"), pub("b", 1, host="h.example.com")))
+    assert hostnames_served_twice(gateway.held) == {}
+    assert result.rejected[A].reason == Reason.INTERNAL_ERROR
+    assert result.rejected[B].reason == Reason.HOST_CONFLICT
+    assert set(gateway.held) == {A}
+
+
+async def test_bisection_never_writes_a_claim_while_the_write_freeing_its_hostname_is_refused():
+    """Finding 1: bisection wrote B's half (B on h) while A's half (A leaving h) was refused."""
+    gateway = RefusingGateway()
+    engine = Engine("memory", gateway, gateway)
+    await engine.start()
+    await engine.apply(changes(pub("a", 1, host="h.example.com")))
+    gateway.bad = {A}
+    result = await engine.apply(changes(pub("a", 1, host="h2.example.com"), pub("b", 1, host="h.example.com")))
+    assert hostnames_served_twice(gateway.held) == {}
+    assert result.rejected[A].reason == Reason.APPLY_FAILED
+    assert result.rejected[B].reason == Reason.HOST_CONFLICT
+    # Once A's move lands, B is released and takes h.
+    gateway.bad = set()
+    result = await engine.apply(changes(pub("a", 1, host="h2.example.com")))
+    assert result.released == {B}
+    assert not (await engine.apply(changes(pub("b", 1, host="h.example.com")))).rejected
+    assert gateway.held[B].hostname == "h.example.com" and gateway.held[A].hostname == "h2.example.com"
+
+
+async def test_a_hostname_freed_by_a_confirmed_move_is_granted_in_the_same_apply():
+    engine, gateway = memory_engine()
+    await engine.start()
+    await engine.apply(changes(pub("a", 1, host="h.example.com")))
+    result = await engine.apply(changes(pub("a", 1, host="h2.example.com"), pub("b", 1, host="h.example.com")))
+    assert not result.rejected
+    assert gateway.held[A].hostname == "h2.example.com" and gateway.held[B].hostname == "h.example.com"
+    # A write of A's move, then one of B's claim: never both in one write.
+    assert gateway.applies[-2:] == [frozenset({A}), frozenset({B})]
+
+
+async def test_after_a_read_back_holding_one_hostname_twice_the_older_map_keeps_it(tmp_path):
+    """Finding 1: with --json-dir, two map files carried one hostname and both maps were Published;
+    after such a read-back the owner was picked by key order, not the older TrafficMap."""
+    from adapters import ADAPTERS
+    from adapters.json_file import JsonOptions, map_file
+
+    engine = ADAPTERS["json"].engine("json", JsonOptions(json_dir=tmp_path))
+    await engine.start()
+    older = pub("b", 1, host="h.example.com", created="2026-01-01T00:00:00Z")
+    younger = pub("a", 2, host="h.example.com", created="2026-02-01T00:00:00Z")
+    await engine.apply(changes(older))
+    # A second file for the same hostname, as a hand or an older sidecar left it.
+    (tmp_path / map_file(younger.key)).write_bytes(engine._renderer.render(younger.key, younger.route) + b"\n")
+    restarted = ADAPTERS["json"].engine("json", JsonOptions(json_dir=tmp_path))
+    assert set(await restarted.start()) == {older.key, younger.key}
+    result = await restarted.apply(changes(younger, older))
+    assert result.rejected[younger.key].reason == Reason.HOST_CONFLICT
+    assert older.key not in result.rejected
+    assert sorted(p.name for p in tmp_path.glob("prod_*.json")) == [map_file(older.key)]
+    assert set(restarted.confirmed) == {older.key}
+
+
+async def test_maps_a_read_back_finds_lost_are_decided_again():
+    """Finding 5: after Unavailable the read-back dropped maps the gateway had lost from the
+    snapshot without a word: they stayed "published" and nothing rewrote them."""
+    engine, gateway = memory_engine()
+    await engine.start()
+    await engine.apply(changes(pub("a", 1), pub("b", 2)))
+    gateway.fail_with = [Unavailable("timed out confirming")]
+    with pytest.raises(Unavailable):
+        await engine.apply(changes(pub("c", 1)))
+    del gateway.held[B]  # the gateway lost b meanwhile (a restart, a hand)
+    result = await engine.apply(changes(pub("c", 1)))
+    assert B in result.released
+    assert (await engine.apply(changes(pub("b", 2)))).wrote
+    assert gateway.held[B] == pub("b", 2).route
+
+
+async def test_a_refusal_outside_a_write_is_reported_and_the_map_written_again():
+    """Finding 4: a client that connected later and refused a map left it Published, and every
+    resync re-sent it, dropped the refusal and counted it as repaired."""
+    engine, gateway = memory_engine()
+    await engine.start()
+    await engine.apply(changes(pub("a", 1), pub("b", 1)))
+    gateway.refused_later = {A: "late envoy: unknown cluster"}
+    done = await engine.reconcile()
+    assert done.refused[A].reason == Reason.APPLY_FAILED and "late envoy: unknown cluster" in done.refused[A].message
+    assert not done.repaired
+    # The retry writes the same route again, though it is unchanged.
+    writes = len(gateway.applies)
+    result = await engine.apply(changes(pub("a", 1)))
+    assert result.wrote and len(gateway.applies) == writes + 1 and not result.rejected
+    assert not (await engine.apply(changes(pub("a", 1)))).wrote
+
+
+async def test_a_repair_the_gateway_refuses_is_a_refusal_not_a_repair():
+    engine, gateway = memory_engine()
+    await engine.start()
+    await engine.apply(changes(pub("a", 1)))
+    del gateway.held[A]
+    gateway.reject = {A: "refused again"}
+    done = await engine.reconcile()
+    assert not done.repaired and done.refused[A].reason == Reason.APPLY_FAILED
+
+
+async def test_not_connected_writes_nothing_and_needs_no_read_back():
+    from adapters.base import NotConnected
+
+    gateway = MemoryGateway(fail_with=[NotConnected("no Envoy connected")])
+    engine, _ = memory_engine(gateway)
+    await engine.start()
+    with pytest.raises(NotConnected):
+        await engine.apply(changes(pub("a", 1)))
+    reads = gateway.reads
+    await engine.apply(changes(pub("a", 1)))
+    assert gateway.reads == reads and A in engine.confirmed

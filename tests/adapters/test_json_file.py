@@ -98,9 +98,9 @@ async def test_deleted_output_is_written_back_on_reconcile(tmp_path, mode):
     await adapter.apply({p.key: p for p in (pub("a", 1), pub("b", 2))})
     for path in [tmp_path / "out.json"] if mode == "file" else list(tmp_path.glob("prod_*.json")):
         path.unlink()
-    assert await adapter.reconcile() == {MapKey("prod", "a"), MapKey("prod", "b")}
+    assert (await adapter.reconcile()).repaired == {MapKey("prod", "a"), MapKey("prod", "b")}
     assert served_names(tmp_path, mode) == ["a", "b"]
-    assert await adapter.reconcile() == frozenset()
+    assert (await adapter.reconcile()).repaired == frozenset()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -112,7 +112,7 @@ async def test_corrupted_output_serves_nothing_and_heals(tmp_path, mode):
     target = tmp_path / ("out.json" if mode == "file" else map_file(MapKey("prod", "a")))
     target.write_text("{not json")
     assert await engine(tmp_path, mode).start() == {}
-    assert await adapter.reconcile() == {MapKey("prod", "a")}
+    assert (await adapter.reconcile()).repaired == {MapKey("prod", "a")}
     assert served_names(tmp_path, mode) == ["a"]
 
 
@@ -146,7 +146,7 @@ async def test_a_damaged_index_is_repaired_by_resync_and_its_version_moves_on(tm
         (tmp_path / INDEX_FILE).unlink()
     else:
         (tmp_path / INDEX_FILE).write_text("{not json" if damage == "not-json" else json.dumps({**before, "maps": 7}))
-    assert await adapter.reconcile() == frozenset()
+    assert (await adapter.reconcile()).repaired == frozenset()
     repaired = _index(tmp_path)
     assert repaired["maps"] == 2 and repaired["version"] > before["version"]
     await adapter.apply({MapKey("prod", "c"): pub("c", 1)})

@@ -4,7 +4,8 @@ engine, so the loop's tests see every write, and impossible calls fail loudly.
 Like external-dns's in-memory provider it refuses what a real gateway could not mean: a write's
 `changes` must name exactly the maps whose part differs from what it serves, and two writes may
 never overlap. Knobs: `fail_with` (raise on the next writes), `reject` (refuse single maps),
-`cannot_express` (the renderer's problem for a map), `apply_delay`.
+`cannot_express` (the renderer's problem for a map), `apply_delay`, `refused_later` (refusals
+a client makes outside a write, handed out by the next `refusals()`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class MemoryGateway(TransportDefaults):
     fail_with: list[AdapterError] = field(default_factory=list)
     reject: dict[MapKey, str] = field(default_factory=dict)
     cannot_express: dict[MapKey, str] = field(default_factory=dict)
+    refused_later: dict[MapKey, str] = field(default_factory=dict)
     apply_delay: float = 0.0
     closed: bool = False
     _in_flight: bool = False
@@ -65,6 +67,10 @@ class MemoryGateway(TransportDefaults):
             return WriteResult(rejected=rejected)
         finally:
             self._in_flight = False
+
+    def refusals(self) -> dict[MapKey, str]:
+        refused, self.refused_later = self.refused_later, {}
+        return refused
 
     async def aclose(self) -> None:
         self.closed = True
