@@ -148,8 +148,11 @@ def test_envoy_bootstrap_takes_backend_stats_in_xds_mode_only(tmp_path, capsys):
 
 
 @contextlib.asynccontextmanager
-async def xds_server(listen: str = "127.0.0.1:0") -> AsyncIterator[XdsTransport]:
+async def xds_server(listen: str = "127.0.0.1:0", *, ack_timeout: float | None = None) -> AsyncIterator[XdsTransport]:
+    """A serving transport, stopped when the block ends; `ack_timeout` replaces the transport's."""
     transport = XdsTransport(listen, RENDERER)
+    if ack_timeout is not None:
+        transport.ack_timeout = ack_timeout
     serving = asyncio.create_task(transport.serve())
     try:
         await asyncio.wait_for(transport.started(), 10)

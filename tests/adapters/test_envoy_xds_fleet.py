@@ -17,6 +17,7 @@ from adapters.envoy_resources import CLUSTER_TYPE, MapResources, XdsRenderer
 from adapters.envoy_xds import XdsTransport
 from publisher import metrics
 from publisher.model import Backend, MapKey, Route
+from tests.adapters.test_envoy_xds import xds_server
 from tests.adapters.xds_clients import ScriptedEnvoy, holding, refuse_clusters_of
 from tests.gateways import eventually, free_port
 
@@ -32,20 +33,10 @@ def part(key: MapKey, r: Route) -> MapResources:
     return RENDERER.render(key, r)
 
 
-@contextlib.asynccontextmanager
-async def transport_on(listen: str = "127.0.0.1:0", *, ack_timeout: float = 60.0) -> AsyncIterator[XdsTransport]:
+def transport_on(listen: str = "127.0.0.1:0", *, ack_timeout: float = 60.0) -> contextlib.AbstractAsyncContextManager[XdsTransport]:
     """A serving transport. The ACK timeout is long, so a write that waits it out (instead of
     being released by an Envoy that left) fails the test's own bound instead of passing late."""
-    transport = XdsTransport(listen, RENDERER)
-    transport.ack_timeout = ack_timeout
-    serving = asyncio.create_task(transport.serve())
-    try:
-        await asyncio.wait_for(transport.started(), 10)
-        yield transport
-    finally:
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
-        await transport.aclose()
+    return xds_server(listen, ack_timeout=ack_timeout)
 
 
 @contextlib.asynccontextmanager
