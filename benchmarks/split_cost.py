@@ -7,7 +7,7 @@ Envoy's CPU per report interval with reports on against a second Envoy run with 
 `load_stats_config` left out (the same maps, the same idle window).
 
 NGINX (Lua mode): Debian's NGINX with the `nginx-config` snippet, N maps in its table: the time
-one full read of every map's counters takes (pages of `LuaRequestCounts.page_maps` maps) and the
+one full read of every map's counters takes (pages of `LuaRequestCounts.page_backends` counters) and the
 NGINX workers' CPU it costs; and NGINX's CPU per request with the log-phase counter against
 `nginx-config --counts-dict-size off`, over the same requests. Everything is stopped at the end.
 
