@@ -739,43 +739,39 @@ class LuaRequestCounts:
             return []
         transport = self._transport
         backends = [(key, b.cluster) for key, part in list(transport._parts.items()) for b in part.backends]
-        values: list[int] = []
+        seen: dict[str, int] = {}
+        deltas: dict[MapKey, dict[str, int]] = {}
         boots: set[str] = set()
+        went_down = False
+        # Each page is asked and folded before the next, yielding between: at 10,000 maps the
+        # whole read is 40,000 counters, which in one piece held the event loop tens of ms.
         for start in range(0, len(backends), self.page_backends):
             page = backends[start : start + self.page_backends]
-            body = "".join(f"{key.namespace}/{key.name}|{cluster}\n" for key, cluster in page)
+            names = [f"{key.namespace}/{key.name}|{cluster}" for key, cluster in page]
             # Beside the table's writes, not under their lock: a read of counters changes nothing
             # the transport keeps, and must never hold a weight change back.
-            status, answer, _ = await transport._exchange("POST", "/counts", body)
+            status, answer, _ = await transport._exchange("POST", "/counts", "\n".join(names) + "\n")
             if status != 200:
                 raise Unavailable(f"nginx control listener: POST /counts: {answer.get('error', f'HTTP {status}')}")
             counts = answer.get("counts")
             if not isinstance(counts, list) or len(counts) != len(page) or not all(isinstance(n, int) for n in counts):
                 raise Unavailable("nginx control listener: POST /counts: answered counts that do not match the keys asked")
-            values.extend(counts)
             boots.add(str(answer.get("boot")))
+            for (key, cluster), name, value in zip(page, names, counts, strict=True):
+                seen[name] = value
+                last = self._seen.get(name)
+                if last is None:
+                    continue
+                if value < last:
+                    went_down = True
+                elif value > last:
+                    deltas.setdefault(key, {})[cluster] = value - last
             await asyncio.sleep(0)
-        return [self._deltas(backends, values, boots)]
-
-    def _deltas(self, backends: list[tuple[MapKey, str]], values: list[int], boots: set[str]) -> CountReport:
-        seen, self._seen = self._seen, {}
-        restarted = len(boots) > 1 or (boots and boots != {self._boot})
+        restarted = went_down or len(boots) > 1 or (bool(boots) and boots != {self._boot})
         if boots:
             self._boot = next(iter(boots)) if len(boots) == 1 else None
-        deltas: dict[MapKey, dict[str, int]] = {}
-        for (key, cluster), value in zip(backends, values, strict=True):
-            name = f"{key.namespace}/{key.name}|{cluster}"
-            self._seen[name] = value
-            last = seen.get(name)
-            if last is None:
-                continue
-            if value < last:
-                restarted = True
-            elif value > last:
-                deltas.setdefault(key, {})[cluster] = value - last
-        if restarted:
-            return CountReport(self.instance, restarted=True)
-        return CountReport(self.instance, deltas)
+        self._seen = seen
+        return [CountReport(self.instance, restarted=True) if restarted else CountReport(self.instance, deltas)]
 
 
 def build(options: NginxOptions) -> tuple[LuaRenderer, LuaTransport]:
