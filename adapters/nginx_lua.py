@@ -720,9 +720,11 @@ class LuaRequestCounts:
     within one boot: a new boot id, or a counter that went down (evicted from a full dict), starts
     the count over rather than be misread."""
 
-    # Counters a request (one Lua loop of dict reads, about 6 ms of one NGINX worker): a page of
-    # 8,000 held a worker 25 ms, and a weight change that reached it meanwhile waited.
-    page_backends = 2000
+    # Counters a request, and the pause between two: a page holds one NGINX worker (8,000 held it
+    # 25 ms, 2,000 about 6 ms), and a weight change that reaches that worker meanwhile waits; a
+    # read of 10,000 maps is spread over about half a second instead.
+    page_backends = 500
+    page_pause = 0.01
 
     def __init__(self, transport: LuaTransport) -> None:
         self._transport = transport
@@ -766,7 +768,7 @@ class LuaRequestCounts:
                     went_down = True
                 elif value > last:
                     deltas.setdefault(key, {})[cluster] = value - last
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.page_pause)
         restarted = went_down or len(boots) > 1 or (bool(boots) and boots != {self._boot})
         if boots:
             self._boot = next(iter(boots)) if len(boots) == 1 else None

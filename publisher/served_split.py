@@ -93,7 +93,12 @@ class SplitVerifier:
                     log.info("served split verified again", extra={"map": str(key)})
                 self.changed(key)
         self._off = off
-        self.map_states = Counter(self._map_state(key) for key in self._routes)
+        # Only maps with a window can be anything but few_requests: O(counted maps), not O(maps).
+        states = Counter(self._map_state(key) for key in self.windows.maps() if key in self._routes)
+        uncounted = len(self._routes) - sum(states.values())
+        if uncounted:
+            states["few_requests"] += uncounted
+        self.map_states = states
         self.fold_seconds += time.perf_counter() - started
 
     def _map_state(self, key: MapKey) -> str:

@@ -198,6 +198,10 @@ class SplitWindows:
             if n:
                 window.counts[cluster] = window.counts.get(cluster, 0) + n
 
+    def maps(self) -> set[MapKey]:
+        """The maps with a window on some instance."""
+        return {key for key, _ in self._windows}
+
     def forget_instance(self, instance: str) -> None:
         for wkey in [w for w in self._windows if w[1] == instance]:
             del self._windows[wkey]
