@@ -20,7 +20,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2, scoped_route_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from envoy.type.matcher.v3 import string_pb2
-from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
+from google.protobuf import any_pb2, wrappers_pb2
 
 from adapters.base import envoy_weight_sum_problem, publication_problem
 from publisher.model import Backend, MapKey, Publication, Route, is_canonical_ipv4, parse_endpoint

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.builders import make_condition, make_entry, make_isvc, make_map  # noqa: E402
+from tests.builders import make_condition, make_entry  # noqa: E402
 from tests.gateways import free_port  # noqa: E402
 
 FAKE_SERVER = """

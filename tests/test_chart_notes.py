@@ -8,7 +8,6 @@ Secret read to the gateway's cluster, so those two are only read."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shlex
 import sys

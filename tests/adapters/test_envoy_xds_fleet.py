@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from adapters.base import NotConnected, Unavailable
-from adapters.envoy_resources import CLUSTER_TYPE, MapResources, XdsRenderer
+from adapters.envoy_resources import MapResources, XdsRenderer
 from adapters.envoy_xds import XdsTransport
 from publisher import metrics
 from publisher.model import Backend, MapKey, Route
