@@ -150,3 +150,18 @@ def test_the_ipv4_fast_path_agrees_with_ipaddress(octets: list[int | str]) -> No
     except ValueError:
         canonical = False
     assert is_canonical_ipv4(host) == canonical
+
+
+def test_an_endpoint_is_parsed_once_however_often_it_is_checked(monkeypatch):
+    """A merge moved parse_endpoint's cache onto its neighbour: every map's endpoints were parsed
+    again at each check and render (104,000 parses instead of 40,000 in a json-dir run of 10,000
+    maps, 0.7 s more of the sidecar's CPU)."""
+    from publisher import model
+
+    checked = []
+    real = model._endpoint_host_problem
+    monkeypatch.setattr(model, "_endpoint_host_problem", lambda host: checked.append(host) or real(host))
+    url = "http://parsed-once.worker-a.example.com:8080"
+    for _ in range(3):
+        assert model.parse_endpoint(url).port == 8080
+    assert checked == ["parsed-once.worker-a.example.com"]
