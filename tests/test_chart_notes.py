@@ -22,6 +22,7 @@ from publisher import app
 from publisher.config import RunConfig
 from tests.builders import make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI, write_kubeconfig
+from tests.test_kubectl import finish
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "ome-gateway-publisher"
@@ -75,14 +76,7 @@ async def _run_shell(command: str, cwd: Path, environ: dict[str, str]) -> tuple[
         command, cwd=cwd, env=environ, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), 60)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+    return await finish(process)
 
 
 @pytest.mark.parametrize(

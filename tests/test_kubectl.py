@@ -33,6 +33,11 @@ async def run(*argv: str, stdin: bytes | None = None, timeout: float = 60) -> tu
     process = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
+    return await finish(process, stdin, timeout)
+
+
+async def finish(process: asyncio.subprocess.Process, stdin: bytes | None = None, timeout: float = 60) -> tuple[int, str, str]:
+    """Wait (bounded) for a started process; killed if it overruns. Its exit code, stdout, stderr."""
     try:
         out, err = await asyncio.wait_for(process.communicate(stdin), timeout)
     finally:
