@@ -547,6 +547,33 @@ async def test_watch_sends_bookmarks_with_only_a_version(kube_api: FakeKubeAPI, 
     assert event["object"]["metadata"] == {"resourceVersion": kube_api.resource_version}
 
 
+async def test_watch_bookmark_never_overtakes_queued_events(kube_api: FakeKubeAPI, http: aiohttp.ClientSession) -> None:  # noqa: F811
+    # A bookmark carries the store's newest version; sent while older events still wait in the
+    # watch's queue, it moves a client past them (a real API server orders bookmarks in the stream).
+    kube_api.bookmark_interval = 0.002
+    since = kube_api.resource_version
+    async with await open_watch(http, f"{TM}/trafficmaps", resourceVersion=since, allowWatchBookmarks="true") as response:
+        stream = Stream(response)
+        await eventually(lambda: kube_api.watcher_count() == 1)
+        names = [f"m-{i}" for i in range(1500)]
+        for name in names:  # all queued before the watch writes any: a burst
+            kube_api.create(make_map(name))
+        added, newest = [], int(since)
+        while len(added) < len(names):
+            event = await stream.next()
+            assert event is not None
+            version = int(event["object"]["metadata"]["resourceVersion"])
+            if event["type"] == "BOOKMARK":
+                assert version >= newest
+            else:
+                assert version > newest, f"{event['object']['metadata']['name']} at {version} came after a bookmark at {newest}"
+                added.append(event["object"]["metadata"]["name"])
+            newest = version
+        after = await stream.next()  # the bookmarks go on once the burst is out, at the newest version
+    assert added == names
+    assert after is not None and after["type"] == "BOOKMARK" and int(after["object"]["metadata"]["resourceVersion"]) == newest
+
+
 async def test_watch_from_an_expired_version_gets_an_error_event(kube_api: FakeKubeAPI, http: aiohttp.ClientSession) -> None:  # noqa: F811
     kube_api.create(make_map("a"))
     old = kube_api.resource_version
