@@ -338,5 +338,15 @@ def with_condition(raw: dict, type_: str, status: str = "True", manager: str | N
     ids=["other-region", "own-condition", "omes-condition", "spec"],
 )
 def test_only_other_instances_conditions_leave_the_digest_alone(change, matters):
-    raw = make_map()
+    raw = with_condition(make_map(), "gateway-publisher.ome.io/ap", manager="ome-gateway-publisher-ap", version="8")
     assert (relevant_digest(change(raw), "gateway-publisher.ome.io/eu") != relevant_digest(raw, "gateway-publisher.ome.io/eu")) is matters
+
+
+def test_a_map_no_other_instance_writes_on_is_not_digested():
+    # One region alone paid 22 us an event for a digest that can never match: with no other
+    # instance's condition on the map, no event can change only other instances' verdicts.
+    own = "gateway-publisher.ome.io/eu"
+    assert relevant_digest(make_map(), own) is None
+    assert relevant_digest(with_condition(make_map(), own), own) is None
+    assert relevant_digest(with_condition(make_map(), "Published"), own) is None
+    assert relevant_digest(with_condition(make_map(), "gateway-publisher.ome.io/us"), own) is not None
