@@ -20,7 +20,7 @@ import yaml
 from prometheus_client import generate_latest
 
 from adapters import ADAPTERS
-from adapters.envoy import CDS_FILE, RDS_FILE, bootstrap, render, run_envoy
+from adapters.envoy import CDS_FILE, RDS_FILE, EnvoyOptions, bootstrap, render, run_envoy
 from adapters.nginx_lua import LuaRenderer
 from publisher import demo, loop, metrics
 from publisher.loop import LoopOptions, Publisher
@@ -263,3 +263,49 @@ def _published_message(kube_api) -> str:
         return ""
     assert mine[0]["reason"] == "Published", mine[0]
     return mine[0]["message"]
+
+
+async def test_envoy_in_file_mode_reports_to_the_sidecars_lrs_server_and_the_demo_map_is_verified(tmp_path: Path) -> None:
+    example = parse_manifests(str(demo.EXAMPLE), demo.EXAMPLE.read_text())
+    maps, directory = tmp_path / "maps", tmp_path / "envoy"
+    maps.mkdir()
+    directory.mkdir()
+    listen, admin, lrs = free_port(), free_port(), free_port()
+    boot = tmp_path / "envoy.yaml"
+    boot.write_text(bootstrap(envoy_dir=directory, listen_host="127.0.0.1", listen_port=listen, admin_host="127.0.0.1",
+                              admin_port=admin, lrs=("127.0.0.1", lrs)))
+    options = EnvoyOptions(envoy_dir=directory, envoy_admin=f"http://127.0.0.1:{admin}", envoy_lrs_listen=f"127.0.0.1:{lrs}")
+    engine = ADAPTERS["envoy"].engine("envoy", options)
+    async with Backends(demo.CLUSTERS) as backends:
+        objects = demo.point_at(example, CHAT, {name: backends.endpoint(name) for name in demo.CLUSTERS})
+        (maps / "chat.yaml").write_text(yaml.safe_dump_all(objects))
+        publisher = Publisher(Stores.empty(), engine, LoopOptions(adapter_name="envoy", resync=3600))
+        counter = engine.transport.request_counter
+        # One second between reports instead of the CLI's floor of 10: the test's time, not the rule's.
+        publisher.split = SplitVerifier(counter, 1.0, "envoy", publisher.split_changed)
+        metrics.watch_split(publisher.split)
+        source = DirectorySource(maps, publisher.stores, publisher, clock=publisher.clock, poll_interval=0.1)
+        await engine.start()  # the empty files Envoy starts from
+        running = asyncio.create_task(loop.run(publisher, source))
+        try:
+            async with run_envoy(boot, admin_url=f"http://127.0.0.1:{admin}", log_path=tmp_path / "envoy.log"):
+                instance = "ome-gateway-publisher"  # the file mode bootstrap's node id
+                await eventually(lambda: CHAT in publisher.published and instance in _instance_view(publisher), timeout=20)
+                host = publisher.published[CHAT].hostname
+                await asyncio.sleep(1.5)  # a report that may predate the clusters, then a window
+                for _ in range(3):
+                    await measure(f"http://127.0.0.1:{listen}/", host, WINDOW)
+                    await asyncio.sleep(1.5)
+                    if _instance_view(publisher)[instance]["verdict"] == "verified":
+                        break
+                window = _instance_view(publisher)[instance]
+                assert window["verdict"] == "verified", window
+                assert window["expected"] == {"worker-a": 0.4, "worker-b": 0.6}
+                assert abs(window["observed"]["worker-a"] - 0.4) < 0.03
+                scrape = generate_latest(metrics.REGISTRY).decode()
+                assert 'ome_gateway_publisher_split_maps{state="verified"} 1.0' in scrape
+        finally:
+            metrics.watch_split(None)
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+            await engine.aclose()
