@@ -106,7 +106,7 @@ class EnvoyOptions(BaseModel):
     envoy_dir: Path | None = Field(default=None, description="Directory Envoy watches; it must match Envoy's bootstrap.")
     envoy_lrs_listen: str | None = Field(
         default=None,
-        description="File mode: HOST:PORT of a gRPC server with only Envoy's Load Reporting Service, for the served-split "
+        description="file mode: HOST:PORT of a gRPC server with only Envoy's Load Reporting Service, for the served-split "
         "check (the bootstrap's --lrs); needs grpcio. xDS mode serves it on --envoy-xds-listen.",
     )
     envoy_route_config: str = Field(
