@@ -236,6 +236,16 @@ def test_file_mode_counts_requests_only_with_an_lrs_address_and_grpcio(tmp_path,
     assert not hasattr(build_files(EnvoyOptions(envoy_dir=tmp_path, envoy_lrs_listen="127.0.0.1:18001"))[1], "request_counter")
 
 
+def test_run_gives_file_mode_a_request_counter_from_its_lrs_option(tmp_path) -> None:
+    from publisher.app import build_adapter
+    from publisher.config import load
+
+    environ = {"OME_PUBLISHER_ADAPTER": "envoy", "OME_PUBLISHER_ENVOY_DIR": str(tmp_path)}
+    counting = load({}, environ={**environ, "OME_PUBLISHER_ENVOY_LRS_LISTEN": "127.0.0.1:18001"})
+    assert isinstance(build_adapter(counting).transport.request_counter, RequestCounter)
+    assert not hasattr(build_adapter(load({}, environ=environ)).transport, "request_counter")
+
+
 async def test_the_lrs_server_names_its_option_when_the_address_is_taken() -> None:
     port = free_port()
     with socket.socket() as holder:
