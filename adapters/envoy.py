@@ -5,9 +5,10 @@ no generation: a generation-only change renders the same part). The transport ow
 and `DIR/rds.yaml`, xDS DiscoveryResponses in JSON (valid YAML) whose `version_info` digests the
 content, joins the parts into them and replaces them by rename; with `--envoy-admin` each write is
 confirmed from Envoy's version readouts (the rejection counters only when a version is late), and
-a rejected one restores the last confirmed files. Read-back parses off the event loop. Hostname
-ownership and isolating a rejected map are the engine's. The module also builds the bootstrap and
-runs a real Envoy for tests and the demo. `build` picks this mode or the xDS server
+a rejected one restores the last confirmed files; with `--envoy-lrs-listen` it also serves Envoy's
+load reports for the served-split check (adapters.envoy_lrs). Read-back parses off the event loop.
+Hostname ownership and isolating a rejected map are the engine's. The module also builds the
+bootstrap and runs a real Envoy for tests and the demo. `build` picks this mode or the xDS server
 (adapters.envoy_xds) from `envoy_xds_listen`. It decides nothing about maps and imports no metrics.
 """
 
