@@ -5,9 +5,10 @@ no generation: a generation-only change renders the same part). The transport ow
 and `DIR/rds.yaml`, xDS DiscoveryResponses in JSON (valid YAML) whose `version_info` digests the
 content, joins the parts into them and replaces them by rename; with `--envoy-admin` each write is
 confirmed from Envoy's version readouts (the rejection counters only when a version is late), and
-a rejected one restores the last confirmed files. Read-back parses off the event loop. Hostname
-ownership and isolating a rejected map are the engine's. The module also builds the bootstrap and
-runs a real Envoy for tests and the demo. `build` picks this mode or the xDS server
+a rejected one restores the last confirmed files; with `--envoy-lrs-listen` it also serves Envoy's
+load reports for the served-split check (adapters.envoy_lrs). Read-back parses off the event loop.
+Hostname ownership and isolating a rejected map are the engine's. The module also builds the
+bootstrap and runs a real Envoy for tests and the demo. `build` picks this mode or the xDS server
 (adapters.envoy_xds) from `envoy_xds_listen`. It decides nothing about maps and imports no metrics.
 """
 
@@ -26,7 +27,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import aiohttp
 import yaml
@@ -46,6 +47,9 @@ from adapters.base import (
 from adapters.json_file import from_json as route_from_json
 from adapters.json_file import to_json as route_json
 from publisher.model import MapKey, Publication, Route, parse_endpoint
+
+if TYPE_CHECKING:
+    from adapters.envoy_lrs import LoadReportServer
 
 
 def _admin_url(value: str) -> str:
@@ -101,6 +105,11 @@ class EnvoyOptions(BaseModel):
         description="HOST:PORT of the delta ADS server Envoys connect to (the bootstrap's --xds); exactly one of it and envoy_dir.",
     )
     envoy_dir: Path | None = Field(default=None, description="Directory Envoy watches; it must match Envoy's bootstrap.")
+    envoy_lrs_listen: str | None = Field(
+        default=None,
+        description="file mode: HOST:PORT of a gRPC server with only Envoy's Load Reporting Service, for the served-split "
+        "check (the bootstrap's --lrs); needs grpcio. xDS mode serves it on --envoy-xds-listen.",
+    )
     envoy_route_config: str = Field(
         default="ome-global",
         pattern=_ROUTE_CONFIG.pattern,
@@ -119,7 +128,7 @@ class EnvoyOptions(BaseModel):
         description="Send each backend its endpoint's host; off, as OME's own publisher passes the Host through.",
     )
 
-    @field_validator("envoy_xds_listen")
+    @field_validator("envoy_xds_listen", "envoy_lrs_listen")
     @classmethod
     def _host_port(cls, value: str | None) -> str | None:
         if value is not None:
@@ -132,6 +141,8 @@ class EnvoyOptions(BaseModel):
     def _one_transport(self) -> EnvoyOptions:
         if (self.envoy_xds_listen is None) == (self.envoy_dir is None):
             raise ValueError("give exactly one of --envoy-xds-listen (xDS server) and --envoy-dir (watched files)")
+        if self.envoy_lrs_listen is not None and self.envoy_xds_listen is not None:
+            raise ValueError("--envoy-lrs-listen is for file mode (--envoy-dir): in xDS mode Envoys report load on --envoy-xds-listen")
         return self
 
 
@@ -452,9 +463,12 @@ def bootstrap(
     admin_host: str | None = None,
     admin_port: int | None = None,
     route_config: str = "ome-global",
+    lrs: tuple[str, int] | None = None,
 ) -> str:
     """Pure: an Envoy bootstrap (YAML) serving route configuration `route_config` from
-    `envoy_dir/rds.yaml` and the clusters from `envoy_dir/cds.yaml` on one HTTP listener."""
+    `envoy_dir/rds.yaml` and the clusters from `envoy_dir/cds.yaml` on one HTTP listener. With
+    `lrs` (host, port), Envoy reports its requests per cluster to the sidecar's Load Reporting
+    Service there (`run --envoy-lrs-listen`), which is how the sidecar checks the split it serves."""
     envoy_dir = Path(envoy_dir).absolute()
     hcm = {
         "@type": _HCM_TYPE,
@@ -475,10 +489,15 @@ def bootstrap(
             "listeners": [_listener(listen_host, listen_port, hcm)]
         },
     }
+    if lrs is not None:
+        config["static_resources"]["clusters"] = [_grpc_cluster(_LRS_CLUSTER, *lrs)]
+        config["cluster_manager"] = _load_stats_config(_LRS_CLUSTER)
     return _with_admin(config, admin_host, admin_port)
 
 
 _XDS_CLUSTER = "ome-xds"
+# File mode's static cluster for the sidecar's Load Reporting Service.
+_LRS_CLUSTER = "ome-lrs"
 _HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
@@ -540,6 +559,37 @@ def _listener(host: str, port: int, hcm: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _grpc_cluster(name: str, host: str, port: int) -> dict[str, Any]:
+    """A static HTTP/2 cluster for one of the sidecar's gRPC servers (xDS, or file mode's LRS)."""
+    address = _ip_literal(host)
+    return {
+        "name": name,
+        "type": "STATIC" if address else "STRICT_DNS",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _HTTP_OPTIONS_TYPE,
+                "explicit_http_config": {"http2_protocol_options": {"connection_keepalive": {"interval": "15s", "timeout": "5s"}}},
+            }
+        },
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(address or host, port)}}]}],
+        },
+    }
+
+
+def _load_stats_config(cluster: str) -> dict[str, Any]:
+    """cluster_manager: Envoy reports its requests per cluster to `cluster` (Load Reporting Service)."""
+    return {
+        "load_stats_config": {
+            "api_type": "GRPC",
+            "transport_api_version": "V3",
+            "grpc_services": [{"envoy_grpc": {"cluster_name": cluster}}],
+        }
+    }
+
+
 def _with_admin(config: dict[str, Any], admin_host: str | None, admin_port: int | None) -> str:
     if admin_host is not None and admin_port is not None:
         config["admin"] = {"address": _socket(admin_host, admin_port)}
@@ -577,7 +627,6 @@ def xds_bootstrap(
         },
         "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER_TYPE}}],
     }
-    xds_address = _ip_literal(xds_host)
     config: dict[str, Any] = {
         "node": {"id": "ome-gateway-envoy", "cluster": "ome-gateway"},
         "deferred_stat_options": {"enable_deferred_creation_stats": True},
@@ -606,36 +655,12 @@ def xds_bootstrap(
             "cds_config": _ads(),
         },
         "static_resources": {
-            "clusters": [
-                {
-                    "name": _XDS_CLUSTER,
-                    "type": "STATIC" if xds_address else "STRICT_DNS",
-                    "connect_timeout": "1s",
-                    "typed_extension_protocol_options": {
-                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                            "@type": _HTTP_OPTIONS_TYPE,
-                            "explicit_http_config": {
-                                "http2_protocol_options": {"connection_keepalive": {"interval": "15s", "timeout": "5s"}}
-                            },
-                        }
-                    },
-                    "load_assignment": {
-                        "cluster_name": _XDS_CLUSTER,
-                        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(xds_address or xds_host, xds_port)}}]}],
-                    },
-                }
-            ],
+            "clusters": [_grpc_cluster(_XDS_CLUSTER, xds_host, xds_port)],
             "listeners": [_listener(listen_host, listen_port, hcm)],
         },
     }
     if load_stats:
-        config["cluster_manager"] = {
-            "load_stats_config": {
-                "api_type": "GRPC",
-                "transport_api_version": "V3",
-                "grpc_services": [{"envoy_grpc": {"cluster_name": _XDS_CLUSTER}}],
-            }
-        }
+        config["cluster_manager"] = _load_stats_config(_XDS_CLUSTER)
     return _with_admin(config, admin_host, admin_port)
 
 
@@ -777,10 +802,15 @@ class EnvoyFileTransport(TransportDefaults):
     # the wait doubles, one costly counter read tells a rejection from a slow reload.
     rejection_check_after = 0.25
 
-    def __init__(self, options: EnvoyOptions, *, io: _EnvoyIO | None = None) -> None:
+    def __init__(self, options: EnvoyOptions, *, io: _EnvoyIO | None = None, load_reports: LoadReportServer | None = None) -> None:
         assert options.envoy_dir is not None, "the file transport needs envoy_dir"
         self._options = options
         self._io = io or _EnvoyIO(options.envoy_dir, options.envoy_admin, options.envoy_route_config)
+        # File mode's Load Reporting Service (adapters.envoy_lrs.LoadReportServer), when configured:
+        # only then is there a request_counter, and the served-split check counts.
+        self._load_reports = load_reports
+        if load_reports is not None:
+            self.request_counter = load_reports.request_counter
         # The files' versions as Envoy holds them ("" when unknown: the next write rewrites that file).
         self._rds_version = ""
         self._cds_version = ""
@@ -958,6 +988,11 @@ class EnvoyFileTransport(TransportDefaults):
             raise Unavailable(f"envoy: restoring the last confirmed files: {exc}") from exc
         self._rds_version, self._cds_version, self._held_clusters = rds_version, cds_version, clusters
 
+    async def serve(self) -> None:
+        """The Load Reporting Service's server until cancelled, when configured."""
+        if self._load_reports is not None:
+            await self._load_reports.serve()
+
     async def aclose(self) -> None:
         await self._io.aclose()
 
@@ -965,7 +1000,19 @@ class EnvoyFileTransport(TransportDefaults):
 def build_files(options: EnvoyOptions) -> tuple[EnvoyRenderer, EnvoyFileTransport]:
     """File mode's renderer and transport for the engine."""
     renderer = EnvoyRenderer(rewrite_host=options.rewrite_host, ca_file=options.envoy_ca_file)
-    return renderer, EnvoyFileTransport(options)
+    return renderer, EnvoyFileTransport(options, load_reports=_load_report_server(options))
+
+
+def _load_report_server(options: EnvoyOptions) -> LoadReportServer | None:
+    """File mode's LRS server on --envoy-lrs-listen, or None: not asked for, or no grpcio."""
+    if options.envoy_lrs_listen is None:
+        return None
+    try:
+        from adapters.envoy_lrs import LoadReportServer
+    except ImportError as exc:
+        log.warning("envoy file mode counts no requests: the load report server needs grpcio", extra={"error": str(exc)})
+        return None
+    return LoadReportServer(options.envoy_lrs_listen)
 
 
 # --- A real Envoy, for the tests and `ome-publisher demo` ---------------------------------------------

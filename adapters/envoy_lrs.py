@@ -1,7 +1,8 @@
 """Envoy's Load Reporting Service: how many requests each Envoy sent to each map backend.
 
-Served on the sidecar's xDS gRPC server (the bootstrap's `cluster_manager.load_stats_config`
-names the xDS cluster). Each Envoy opens one stream; its first request is answered with
+In xDS mode it is served on the sidecar's xDS gRPC server (the bootstrap's
+`cluster_manager.load_stats_config` names the xDS cluster); in file mode on a gRPC server of its
+own (`LoadReportServer`, `--envoy-lrs-listen`, the bootstrap's `--lrs`). Each Envoy opens one stream; its first request is answered with
 `send_all_clusters` and the reporting interval, and every later request is one interval's counts
 per cluster and locality. A request counts once it is answered, successfully or not (a backend on
 a closed port has requests in error, none "issued"). Counters are latched per stream, so a new
@@ -14,7 +15,10 @@ few milliseconds.
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -26,7 +30,27 @@ from adapters.base import CountReport
 from adapters.envoy import parse_cluster_name
 from publisher.model import MapKey
 
-__all__ = ["LoadReports", "fold_clusters"]
+__all__ = ["LoadReportServer", "LoadReports", "fold_clusters", "instance_label"]
+
+log = logging.getLogger(__name__)
+
+# Envoy lists every version it holds when it reconnects (about 2 MB at 10,000 maps), and one load
+# report lists every cluster (1.7 MB): gRPC's 4 MB default is too close.
+MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+# The options of every gRPC server the sidecar runs for Envoys (the xDS server, file mode's LRS).
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+    ("grpc.max_send_message_length", MAX_RECEIVE_BYTES),
+    # Pings find a dead Envoy (or a dead path to it) within about 30 s, on an idle stream too.
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    # gRPC sets SO_REUSEPORT by default: a second sidecar on the same address would bind it too,
+    # and Envoys would split between the two.
+    ("grpc.so_reuseport", 0),
+]
 
 # Until counting is enabled, an Envoy is asked for no cluster, this rarely.
 _IDLE_INTERVAL = 3600
@@ -44,6 +68,47 @@ def fold_clusters(clusters: Iterable[Any], counts: Counts) -> None:
         if answered:
             per_map = counts.setdefault(named[0], {})
             per_map[named[1]] = per_map.get(named[1], 0) + answered
+
+
+def peer_address(peer: str) -> str:
+    """gRPC's peer string (`ipv4:127.0.0.1:42882`, `ipv6:%5B::1%5D:42882`) as host:port."""
+    return urllib.parse.unquote(peer.partition(":")[2] if peer.startswith(("ipv4:", "ipv6:")) else peer)
+
+
+def peer_host(peer: str) -> str:
+    """The peer's address without its (ephemeral) port."""
+    return peer_address(peer).rpartition(":")[0] or peer
+
+
+def instance_label(node: str, peer: str, others: Iterable[str]) -> str:
+    """Pure: an Envoy's instance label among `others`, the peers of the other Envoys connected
+    with the same node id: the node id, qualified by the peer's host only when others share the
+    node id, and by its port only when they share the host too. A reconnect from a new ephemeral
+    port then makes no new label (the xDS server names its Envoys the same way)."""
+    others = list(others)
+    if not node:
+        return peer_address(peer)
+    if not others:
+        return node
+    host = peer_host(peer)
+    if any(peer_host(other) == host for other in others):
+        return f"{node}@{peer_address(peer)}"
+    return f"{node}@{host}"
+
+
+def bind_problem(listen: str) -> str:
+    """Why `listen` cannot be bound, in the kernel's words (gRPC's own error names no reason)."""
+    host, _, port = listen.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.bind(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    except ValueError:
+        return "not HOST:PORT"
+    return "gRPC could not bind it"
 
 
 def _fold_report(request: lrs_pb2.LoadStatsRequest) -> tuple[Counts, int, float]:
@@ -68,7 +133,8 @@ class LoadReports:
         self.fold_seconds = 0.0
         self.report_bytes = 0
         self._pending: list[CountReport] = []
-        self._instances: dict[str, int] = {}
+        # Each open stream's label -> (node id, peer).
+        self._streams: dict[str, tuple[str, str]] = {}
 
     def enable(self, interval: float) -> None:
         self.interval = interval
@@ -81,22 +147,18 @@ class LoadReports:
         lrs_pb2_grpc.add_LoadReportingServiceServicer_to_server(_Servicer(self), server)
 
     def instances(self) -> list[str]:
-        return sorted(self._instances)
+        return sorted(self._streams)
 
     def _label(self, node: str, peer: str) -> str:
-        # Envoys of one bootstrap share a node id; the peer tells them apart only then.
-        label = node or peer
-        if label in self._instances:
-            label = f"{node}@{peer}"
-        self._instances[label] = self._instances.get(label, 0) + 1
+        label = instance_label(node, peer, (p for n, p in self._streams.values() if n == node))
+        if label in self._streams:
+            # The same Envoy's new stream before its old one ended: told apart by its port.
+            label = f"{node}@{peer_address(peer)}"
+        self._streams[label] = (node, peer)
         return label
 
     def _release(self, label: str) -> None:
-        left = self._instances.get(label, 0) - 1
-        if left > 0:
-            self._instances[label] = left
-        else:
-            self._instances.pop(label, None)
+        self._streams.pop(label, None)
 
     async def stream(self, requests: AsyncIterator[lrs_pb2.LoadStatsRequest], context: grpc.aio.ServicerContext) -> AsyncIterator[lrs_pb2.LoadStatsResponse]:
         label: str | None = None
@@ -121,6 +183,43 @@ class LoadReports:
             if label is not None:
                 self._release(label)
                 self._pending.append(CountReport(label, left=True))
+
+
+class LoadReportServer:
+    """File mode's gRPC server: only the Load Reporting Service, on `listen` (`--envoy-lrs-listen`).
+    Its `request_counter` is the file transport's RequestCounter."""
+
+    def __init__(self, listen: str) -> None:
+        self.listen = listen
+        self.request_counter = LoadReports()
+        self.port: int | None = None
+        self._serving = asyncio.Event()
+
+    async def serve(self) -> None:
+        """Listen and serve Envoys' load reports until cancelled. An address another process holds
+        raises OSError naming --envoy-lrs-listen."""
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.request_counter.add_to(server)
+        try:
+            self.port = server.add_insecure_port(self.listen)
+        except RuntimeError:  # gRPC says only "Failed to bind"
+            self.port = 0
+        if not self.port:
+            raise OSError(None, f"cannot listen on {self.listen}: {bind_problem(self.listen)}", "--envoy-lrs-listen")
+        await server.start()
+        self._serving.set()
+        log.info("load report server listening", extra={"listen": self.listen, "port": self.port})
+        try:
+            await asyncio.Event().wait()
+        finally:
+            # Shielded: a cancelled serve() must still stop the server and free its port.
+            await asyncio.shield(server.stop(0))
+
+    async def started(self) -> int:
+        """Wait until `serve()` listens; the bound port (for a listen address with port 0)."""
+        await self._serving.wait()
+        assert self.port is not None
+        return self.port
 
 
 class _Servicer(lrs_pb2_grpc.LoadReportingServiceServicer):

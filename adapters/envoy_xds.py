@@ -15,9 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import socket
 import time
-import urllib.parse
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +24,8 @@ import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from adapters.base import NotConnected, Unavailable, WriteResult
-from adapters.envoy_lrs import LoadReports
+from adapters.envoy_lrs import SERVER_OPTIONS as _SERVER_OPTIONS
+from adapters.envoy_lrs import LoadReports, bind_problem, instance_label
 from adapters.envoy_resources import ROUTE_TYPE, MapResources, XdsRenderer, map_name
 from adapters.envoy_xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, plan, served_by_most
 from publisher.model import MapKey, Route
@@ -34,22 +33,6 @@ from publisher.model import MapKey, Route
 log = logging.getLogger(__name__)
 
 __all__ = ["EnvoyStatus", "XdsTransport"]
-
-# Envoy lists every version it holds when it reconnects: about 2 MB at 10,000 maps.
-MAX_RECEIVE_BYTES = 64 * 1024 * 1024
-_SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
-    ("grpc.max_send_message_length", MAX_RECEIVE_BYTES),
-    # Pings find a dead Envoy (or a dead path to it) within about 30 s, on an idle stream too.
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    # gRPC sets SO_REUSEPORT by default: a second sidecar on the same address would bind it too,
-    # and Envoys would split between the two.
-    ("grpc.so_reuseport", 0),
-]
 
 
 @dataclass(frozen=True)
@@ -356,10 +339,10 @@ class XdsTransport:
         self.request_counter.add_to(server)
         try:
             self.port = server.add_insecure_port(self._listen)
-        except RuntimeError:  # gRPC says only "Failed to bind"; the reason comes from _bind_problem
+        except RuntimeError:  # gRPC says only "Failed to bind"; the reason comes from bind_problem
             self.port = 0
         if not self.port:
-            reason = _bind_problem(self._listen)
+            reason = bind_problem(self._listen)
             # No errno: the message says more than strerror would (which address, and why).
             raise OSError(None, f"cannot listen on {self._listen}: {reason}", "--envoy-xds-listen")
         self._server = server
@@ -564,39 +547,9 @@ class XdsTransport:
 
     def _name_of(self, session: _Session) -> str:
         """The Envoy's instance label (see EnvoyStatus.name), among the Envoys connected now."""
-        others = [s for s in list(self._sessions) if s is not session and s.node == session.node]
-        if not others:
-            return session.node
-        host = _peer_host(session.peer)
-        if any(_peer_host(s.peer) == host for s in others):
-            return f"{session.node}@{_peer_address(session.peer)}"
-        return f"{session.node}@{host}"
+        others = [s.peer for s in list(self._sessions) if s is not session and s.node == session.node]
+        return instance_label(session.node, session.peer, others)
 
     def served(self, key: MapKey) -> dict[str, str | None]:
         """Envoy name -> the version of `key`'s route configuration it holds (None: not served)."""
         return {s.name: s.state.held[ROUTE_TYPE].get(map_name(key), "").split(" ")[0] or None for s in list(self._sessions)}
-
-
-def _peer_address(peer: str) -> str:
-    """gRPC's peer string (`ipv4:127.0.0.1:42882`, `ipv6:%5B::1%5D:42882`) as host:port."""
-    return urllib.parse.unquote(peer.partition(":")[2] if peer.startswith(("ipv4:", "ipv6:")) else peer)
-
-
-def _peer_host(peer: str) -> str:
-    """The peer's address without its (ephemeral) port."""
-    return _peer_address(peer).rpartition(":")[0] or peer
-
-
-def _bind_problem(listen: str) -> str:
-    """Why `listen` cannot be bound, in the kernel's words (gRPC's own error names no reason)."""
-    host, _, port = listen.rpartition(":")
-    try:
-        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
-        family, kind, proto, _, address = infos[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.bind(address)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    except ValueError:
-        return "not HOST:PORT"
-    return "gRPC could not bind it"

@@ -610,7 +610,8 @@ def _add_envoy_bootstrap(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Prints (YAML) an Envoy bootstrap whose listener serves what `run --adapter envoy` "
         "publishes: with --xds, from the sidecar's delta ADS server (`--envoy-xds-listen`); with "
-        "--envoy-dir, from DIR/rds.yaml and DIR/cds.yaml."
+        "--envoy-dir, from DIR/rds.yaml and DIR/cds.yaml. Envoy reports its requests per map backend "
+        "for the served-split check to the xDS server, or in file mode to --lrs."
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--xds", metavar="HOST:PORT", help="the sidecar's xDS server, as given to --envoy-xds-listen")
@@ -618,6 +619,11 @@ def _add_envoy_bootstrap(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", required=True, metavar="HOST:PORT", help="address of the traffic listener")
     parser.add_argument("--admin", metavar="HOST:PORT", help="address of Envoy's admin interface (default: none)")
     parser.add_argument("--envoy-route-config", default="ome-global", metavar="NAME", help="file mode: route configuration name (default: ome-global)")
+    parser.add_argument(
+        "--lrs",
+        metavar="HOST:PORT",
+        help="file mode: the sidecar's Load Reporting Service, as given to `run --envoy-lrs-listen` (default: none, Envoy reports no load)",
+    )
     parser.add_argument(
         "--backend-stats",
         action="store_true",
@@ -628,8 +634,8 @@ def _add_envoy_bootstrap(parser: argparse.ArgumentParser) -> None:
         "--no-load-stats",
         dest="load_stats",
         action="store_false",
-        help="xDS mode: leave out the Load Reporting Service, through which Envoy reports its requests per map backend "
-        "to the sidecar for the served-split check (`run --split-verify`)",
+        help="leave out the Load Reporting Service (xDS mode's, or file mode's --lrs), through which Envoy reports its "
+        "requests per map backend to the sidecar for the served-split check (`run --split-verify`)",
     )
     parser.set_defaults(run=_envoy_bootstrap)
 
@@ -641,12 +647,16 @@ def _envoy_bootstrap(args: argparse.Namespace) -> int:
         listen_host, listen_port = split_host_port(args.listen)
         admin = split_host_port(args.admin) if args.admin else (None, None)
         xds = split_host_port(args.xds) if args.xds else None
+        lrs = split_host_port(args.lrs) if args.lrs else None
     except ValueError as exc:
         print(f"ome-publisher envoy-bootstrap: {exc}", file=sys.stderr)
         return EXIT_INPUT
     if args.backend_stats and xds is None:
         # File mode keeps every stat already: the flag would change nothing.
         print("ome-publisher envoy-bootstrap: --backend-stats is for --xds (with --envoy-dir Envoy keeps every stat)", file=sys.stderr)
+        return EXIT_INPUT
+    if lrs is not None and xds is not None:
+        print("ome-publisher envoy-bootstrap: --lrs is for --envoy-dir (with --xds Envoy reports load to the xDS server)", file=sys.stderr)
         return EXIT_INPUT
     if xds is not None:
         text = xds_bootstrap(
@@ -667,6 +677,7 @@ def _envoy_bootstrap(args: argparse.Namespace) -> int:
             admin_host=admin[0],
             admin_port=admin[1],
             route_config=args.envoy_route_config,
+            lrs=lrs if args.load_stats else None,
         )
     print(text, end="")
     return EXIT_OK

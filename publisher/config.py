@@ -78,7 +78,7 @@ class _RunCore(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Least severe level logged.")
     probe_max_age: Duration | None = Field(None, description="Report (not hold) a map whose probe.lastProbeTime is older than this.")
     split_verify: Literal["on", "off"] = Field(
-        "on", description="Check the split each gateway instance serves against the weights, from the gateway's own request counts (Envoy xDS, NGINX Lua): a report, never a hold."
+        "on", description="Check the split each gateway instance serves against the weights, from the gateway's own request counts (Envoy's load reports, NGINX Lua): a report, never a hold."
     )
     split_interval: Duration = Field(
         60.0, description="How often each gateway instance reports its request counts, at least 10s (at 10,000 maps an Envoy's report is about 1.7 MB)."

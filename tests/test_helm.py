@@ -981,3 +981,16 @@ def test_split_verification_is_on_by_default_and_off_turns_off_envoys_load_repor
     assert "--no-load-stats" in _container(off, "envoy-bootstrap")["args"]
     nginx = _pod({"adapter": {"name": "nginx", "nginx": {"countsDictSize": "off"}}})
     assert "--counts-dict-size=off" in _container(nginx, "nginx-config")["args"]
+
+
+def test_files_mode_envoy_reports_load_to_the_sidecars_lrs_port_while_split_verification_is_on() -> None:
+    files = {"adapter": {"envoy": {"mode": "files", "lrsPort": 18005}}}
+    on = _pod(files)
+    assert "--envoy-lrs-listen=127.0.0.1:18005" in _container(on, "publisher")["args"]
+    assert "--lrs=127.0.0.1:18005" in _container(on, "envoy-bootstrap")["args"]
+    assert "--no-load-stats" not in _container(on, "envoy-bootstrap")["args"]
+    off = _pod(_merge(files, {"splitVerify": {"enabled": False}}))
+    assert not any(arg.startswith("--envoy-lrs-listen") for arg in _container(off, "publisher")["args"])
+    assert "--no-load-stats" in _container(off, "envoy-bootstrap")["args"]
+    with pytest.raises((helm.HelmRenderError, helm.HelmValuesError), match="adapter.envoy.lrsPort are both port 9901"):
+        _render(_merge(files, {"adapter": {"envoy": {"lrsPort": 9901}}}))

@@ -1,24 +1,28 @@
 """adapters/envoy_lrs.py: Envoy's own request counts per map backend (Load Reporting Service),
-folded purely, and (marked slow) reported by a real Envoy on the xDS bootstrap and judged by
-publisher.split."""
+folded purely, each Envoy labelled as the xDS server labels it, and (marked slow) reported by a
+real Envoy on the xDS bootstrap and judged by publisher.split, or in file mode to the LRS-only
+server (`--envoy-lrs-listen`, the bootstrap's `--lrs`)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import sys
 from collections import defaultdict
 
 import pytest
 import yaml
 from envoy.config.endpoint.v3 import load_report_pb2
 
-from adapters.envoy import cluster_name, parse_cluster_name, xds_bootstrap
-from adapters.base import CountReport
-from adapters.envoy_lrs import LoadReports, fold_clusters
+from adapters.base import CountReport, RequestCounter
+from adapters.envoy import CDS_FILE, RDS_FILE, EnvoyOptions, bootstrap, build_files, cluster_name, parse_cluster_name, render, run_envoy, xds_bootstrap
+from adapters.envoy_lrs import LoadReportServer, LoadReports, fold_clusters
 from adapters.envoy_xds import XdsTransport
 from publisher.model import MapKey
 from publisher.split import SplitWindows
 from tests.adapters.test_envoy_xds import HOST, KEY, RENDERER, envoy, parts, route, write
-from tests.gateways import Backends, eventually, measure
+from tests.gateways import Backends, eventually, free_port, measure
 
 
 def cluster_stats(name: str, *localities: tuple[int, int, int]) -> load_report_pb2.ClusterStats:
@@ -145,3 +149,141 @@ def test_envoy_bootstrap_leaves_load_reports_out_when_asked(capsys) -> None:
     for extra, reported in (([], True), (["--no-load-stats"], False)):
         assert main(["envoy-bootstrap", "--xds", "127.0.0.1:18000", "--listen", "127.0.0.1:8080", *extra]) == 0
         assert ("load_stats_config" in capsys.readouterr().out) is reported
+
+
+class _Peer:
+    """The one part of a gRPC servicer context the load reports read."""
+
+    def __init__(self, peer: str) -> None:
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
+
+
+async def _open_stream(reports: LoadReports, node: str, peer: str) -> tuple[asyncio.Queue, asyncio.Task]:
+    """A load report stream from `peer` whose first request (the one naming the node) was answered."""
+    from envoy.service.load_stats.v3 import lrs_pb2
+
+    requests: asyncio.Queue = asyncio.Queue()
+
+    async def incoming():
+        while (request := await requests.get()) is not None:
+            yield request
+
+    answers = reports.stream(incoming(), _Peer(peer))
+    requests.put_nowait(lrs_pb2.LoadStatsRequest(node={"id": node}))
+    first = asyncio.ensure_future(anext(answers))
+    await first
+
+    async def drain() -> None:
+        async for _ in answers:
+            pass
+
+    return requests, asyncio.create_task(drain())
+
+
+async def test_envoys_sharing_a_node_id_are_labelled_by_host_and_never_by_their_ephemeral_port() -> None:
+    reports = LoadReports()
+    reports.enable(10.0)
+    streams = [
+        await _open_stream(reports, "gw", "ipv4:10.0.0.1:41000"),
+        await _open_stream(reports, "gw", "ipv4:10.0.0.2:52000"),
+        await _open_stream(reports, "gw", "ipv4:10.0.0.2:52001"),
+        await _open_stream(reports, "other", "ipv6:%5B::1%5D:43000"),
+    ]
+    try:
+        # As the xDS server names its Envoys: a reconnect from a new port keeps a remote Envoy's label.
+        assert reports.instances() == ["gw", "gw@10.0.0.2", "gw@10.0.0.2:52001", "other"]
+    finally:
+        for requests, drained in streams:
+            requests.put_nowait(None)
+            await drained
+    assert reports.instances() == []
+
+
+def test_file_mode_bootstrap_reports_load_to_the_lrs_address_it_is_given(tmp_path, capsys) -> None:
+    from publisher.cli import main
+
+    on = yaml.safe_load(bootstrap(envoy_dir=tmp_path, listen_host="127.0.0.1", listen_port=2, lrs=("127.0.0.1", 18001)))
+    (service,) = on["cluster_manager"]["load_stats_config"]["grpc_services"]
+    (cluster,) = on["static_resources"]["clusters"]
+    assert service["envoy_grpc"]["cluster_name"] == cluster["name"]
+    assert cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"] == {
+        "address": "127.0.0.1", "port_value": 18001}  # fmt: skip
+    assert "http2_protocol_options" in json.dumps(cluster)  # gRPC
+    assert "cluster_manager" not in yaml.safe_load(bootstrap(envoy_dir=tmp_path, listen_host="127.0.0.1", listen_port=2))
+
+    base = ["envoy-bootstrap", "--envoy-dir", str(tmp_path), "--listen", "127.0.0.1:8080"]
+    for extra, reported in ((["--lrs", "127.0.0.1:18001"], True), (["--lrs", "127.0.0.1:18001", "--no-load-stats"], False), ([], False)):
+        assert main([*base, *extra]) == 0
+        assert ("load_stats_config" in capsys.readouterr().out) is reported
+    assert main(["envoy-bootstrap", "--xds", "127.0.0.1:18000", "--listen", "127.0.0.1:8080", "--lrs", "127.0.0.1:18001"]) == 2
+    assert "--lrs is for --envoy-dir" in capsys.readouterr().err
+
+
+def test_file_mode_counts_requests_only_with_an_lrs_address_and_grpcio(tmp_path, monkeypatch) -> None:
+    counting = build_files(EnvoyOptions(envoy_dir=tmp_path, envoy_lrs_listen="127.0.0.1:18001"))[1]
+    assert isinstance(counting.request_counter, RequestCounter)
+    assert not hasattr(build_files(EnvoyOptions(envoy_dir=tmp_path))[1], "request_counter")
+    with pytest.raises(ValueError, match="--envoy-lrs-listen is for file mode"):
+        EnvoyOptions(envoy_xds_listen="127.0.0.1:18000", envoy_lrs_listen="127.0.0.1:18001")
+    with pytest.raises(ValueError, match="not HOST:PORT"):
+        EnvoyOptions(envoy_dir=tmp_path, envoy_lrs_listen="18001")
+    # Without grpcio the file transport counts nothing, and /debug/maps says unsupported.
+    monkeypatch.setitem(sys.modules, "grpc", None)
+    monkeypatch.delitem(sys.modules, "adapters.envoy_lrs")
+    assert not hasattr(build_files(EnvoyOptions(envoy_dir=tmp_path, envoy_lrs_listen="127.0.0.1:18001"))[1], "request_counter")
+
+
+def test_run_gives_file_mode_a_request_counter_from_its_lrs_option(tmp_path) -> None:
+    from publisher.app import build_adapter
+    from publisher.config import load
+
+    environ = {"OME_PUBLISHER_ADAPTER": "envoy", "OME_PUBLISHER_ENVOY_DIR": str(tmp_path)}
+    counting = load({}, environ={**environ, "OME_PUBLISHER_ENVOY_LRS_LISTEN": "127.0.0.1:18001"})
+    assert isinstance(build_adapter(counting).transport.request_counter, RequestCounter)
+    assert not hasattr(build_adapter(load({}, environ=environ)).transport, "request_counter")
+
+
+async def test_the_lrs_server_names_its_option_when_the_address_is_taken() -> None:
+    port = free_port()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}: Address already in use") as raised:
+            await LoadReportServer(f"127.0.0.1:{port}").serve()
+    assert raised.value.filename == "--envoy-lrs-listen"
+
+
+@pytest.mark.slow
+async def test_envoy_in_file_mode_reports_what_it_served_to_the_sidecars_lrs_server(tmp_path) -> None:
+    server = LoadReportServer("127.0.0.1:0")
+    reports = server.request_counter
+    reports.enable(1.0)
+    collected = Collected(reports)
+    serving = asyncio.create_task(server.serve())
+    try:
+        port = await asyncio.wait_for(server.started(), 10)
+        async with Backends(("a", "b", "c")) as backends:
+            served = route({"a": 1, "b": 3, "c": 0}, backends)
+            directory = tmp_path / "envoy"
+            directory.mkdir()
+            files = render({KEY: served})
+            (directory / CDS_FILE).write_text(files.cds)
+            (directory / RDS_FILE).write_text(files.rds)
+            listen, admin = free_port(), free_port()
+            boot = tmp_path / "envoy.yaml"
+            boot.write_text(bootstrap(envoy_dir=directory, listen_host="127.0.0.1", listen_port=listen,
+                                      admin_host="127.0.0.1", admin_port=admin, lrs=("127.0.0.1", port)))
+            async with run_envoy(boot, admin_url=f"http://127.0.0.1:{admin}", log_path=tmp_path / "envoy.log"):
+                await eventually(lambda: reports.instances(), timeout=20)
+                assert reports.instances() == ["ome-gateway-publisher"]  # the bootstrap's node id
+                got = await measure(f"http://127.0.0.1:{listen}/", HOST, 1000)
+                assert sum(got.values()) == 1000
+                await eventually_collected(collected, lambda: collected.total(KEY) >= 1000)
+                counted = collected.counts["ome-gateway-publisher"][KEY]
+                assert counted == {name: got[name] for name in counted} and "c" not in counted
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)

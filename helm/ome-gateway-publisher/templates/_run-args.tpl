@@ -45,6 +45,9 @@ against `ome-publisher run --help`.
 - --envoy-dir=/run/ome-gateway
 - {{ printf "--envoy-route-config=%s" .Values.adapter.envoy.routeConfig | quote }}
 - {{ printf "--envoy-admin=http://127.0.0.1:%d" (int .Values.gateway.envoy.adminPort) | quote }}
+{{- if .Values.splitVerify.enabled }}
+- {{ printf "--envoy-lrs-listen=127.0.0.1:%d" (int .Values.adapter.envoy.lrsPort) | quote }}
+{{- end }}
 {{- end }}
 {{- if .Values.adapter.envoy.rewriteHost }}
 - --rewrite-host

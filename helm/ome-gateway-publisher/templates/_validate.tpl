@@ -15,6 +15,8 @@ grace period. Included by deployment.yaml, so install, template and lint all sto
 {{- end }}
 {{- if eq $mode "envoy-xds" }}
 {{- $bound = append $bound (list "adapter.envoy.xdsPort" .Values.adapter.envoy.xdsPort) }}
+{{- else if and (eq $mode "envoy-files") .Values.splitVerify.enabled }}
+{{- $bound = append $bound (list "adapter.envoy.lrsPort" .Values.adapter.envoy.lrsPort) }}
 {{- else if eq $mode "nginx-lua" }}
 {{- $bound = append $bound (list "adapter.nginx.controlPort" .Values.adapter.nginx.controlPort) }}
 {{- else if eq $mode "nginx-reload" }}
