@@ -2,8 +2,8 @@
 
 In xDS mode it is served on the sidecar's xDS gRPC server (the bootstrap's
 `cluster_manager.load_stats_config` names the xDS cluster); in file mode on a gRPC server of its
-own (`LoadReportServer`, `--envoy-lrs-listen`, the bootstrap's `--lrs`). Each Envoy opens one stream; its first request is answered with
-`send_all_clusters` and the reporting interval, and every later request is one interval's counts
+own (`LoadReportServer`, `--envoy-lrs-listen`, the bootstrap's `--lrs`). Each Envoy opens one stream; its first request is answered, once
+the split check has started, with `send_all_clusters` and the reporting interval, and every later request is one interval's counts
 per cluster and locality. A request counts once it is answered, successfully or not (a backend on
 a closed port has requests in error, none "issued"). Counters are latched per stream, so a new
 stream starts that Envoy's counting over. Reports are folded on a worker thread: at 10,000 maps
@@ -52,8 +52,6 @@ SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
 ]
 
-# Until counting is enabled, an Envoy is asked for no cluster, this rarely.
-_IDLE_INTERVAL = 3600
 
 Counts = dict[MapKey, dict[str, int]]
 
@@ -129,6 +127,7 @@ class LoadReports:
 
     def __init__(self) -> None:
         self.interval: float | None = None
+        self._enabled = asyncio.Event()
         self.reports = 0
         self.fold_seconds = 0.0
         self.report_bytes = 0
@@ -138,6 +137,7 @@ class LoadReports:
 
     def enable(self, interval: float) -> None:
         self.interval = interval
+        self._enabled.set()
 
     async def collect(self) -> list[CountReport]:
         pending, self._pending = self._pending, []
@@ -166,13 +166,13 @@ class LoadReports:
             async for request in requests:
                 if label is None:
                     label = self._label(request.node.id, context.peer())
-                    if self.interval is None:
-                        yield lrs_pb2.LoadStatsResponse(load_reporting_interval=_duration(_IDLE_INTERVAL))
-                    else:
-                        self._pending.append(CountReport(label, restarted=True))
-                        yield lrs_pb2.LoadStatsResponse(send_all_clusters=True, load_reporting_interval=_duration(self.interval))
-                    continue
-                if self.interval is None:
+                    # An Envoy that connects before the split check starts waits for its answer
+                    # (Envoy reports only once answered), so it reports at the check's interval
+                    # from its first one.
+                    await self._enabled.wait()
+                    assert self.interval is not None
+                    self._pending.append(CountReport(label, restarted=True))
+                    yield lrs_pb2.LoadStatsResponse(send_all_clusters=True, load_reporting_interval=_duration(self.interval))
                     continue
                 counts, size, seconds = await asyncio.to_thread(_fold_report, request)
                 self.reports += 1

@@ -202,6 +202,34 @@ async def test_envoys_sharing_a_node_id_are_labelled_by_host_and_never_by_their_
     assert reports.instances() == []
 
 
+async def test_an_envoy_that_connects_before_the_split_check_starts_reports_at_its_interval() -> None:
+    # It was told to report every hour, and ignored until then: it counted nothing until it
+    # reconnected. Its answer now waits for the check, which gives the interval.
+    from envoy.service.load_stats.v3 import lrs_pb2
+
+    reports = LoadReports()
+    requests: asyncio.Queue = asyncio.Queue()
+
+    async def incoming():
+        while (request := await requests.get()) is not None:
+            yield request
+
+    answers = reports.stream(incoming(), _Peer("ipv4:127.0.0.1:41000"))
+    requests.put_nowait(lrs_pb2.LoadStatsRequest(node={"id": "gw"}))
+    first = asyncio.ensure_future(anext(answers))
+    await eventually(lambda: reports.instances() == ["gw"])
+    assert not first.done()
+    reports.enable(10.0)
+    answer = await asyncio.wait_for(first, 5)
+    assert answer.send_all_clusters and answer.load_reporting_interval.seconds == 10
+    requests.put_nowait(lrs_pb2.LoadStatsRequest(node={"id": "gw"}, cluster_stats=[cluster_stats(cluster_name(KEY, "worker-a"), (7, 1, 8))]))
+    requests.put_nowait(None)
+    async for _ in answers:
+        pass
+    restarted, counted, left = await reports.collect()
+    assert restarted.restarted and counted.counts == {KEY: {"worker-a": 8}} and left.left
+
+
 def test_file_mode_bootstrap_reports_load_to_the_lrs_address_it_is_given(tmp_path, capsys) -> None:
     from publisher.cli import main
 
