@@ -220,10 +220,14 @@ async def xds_engine(*, ack_timeout: float = 60.0) -> AsyncIterator[tuple[Engine
 
 
 @contextlib.asynccontextmanager
-async def scripted(*envoys: ScriptedEnvoy) -> AsyncIterator[None]:
+async def scripted(engine: Engine[Any], *envoys: ScriptedEnvoy) -> AsyncIterator[None]:
+    """`envoys` connected, each one's stream taken by the engine's server: a read before the last
+    stream arrives reads the others alone (a loaded machine made that race real)."""
+    before = len(engine.transport.envoys())
     try:
         for envoy in envoys:
             await envoy.connect()
+        await eventually(lambda: len(engine.transport.envoys()) == before + len(envoys), timeout=10)
         yield
     finally:
         for envoy in envoys:
@@ -236,7 +240,7 @@ async def test_xds_two_clients_that_disagree_at_restart_keep_the_map_and_converg
     async with xds_engine() as (engine, port):
         envoys = [ScriptedEnvoy(port, "behind", held=holding([renderer.render(older.key, older.route)])),
                   ScriptedEnvoy(port, "ahead", held=holding([renderer.render(newer.key, newer.route)]))]
-        async with scripted(*envoys):
+        async with scripted(engine, *envoys):
             assert dict(await engine.start()) == {newer.key: newer.route}  # a tie: the first by name
             latest = pub("chat", 3, 1)
             result = await engine.apply({latest.key: latest})
@@ -248,7 +252,7 @@ async def test_xds_a_client_that_leaves_mid_write_releases_it():
     chat = pub("chat", 1)
     async with xds_engine() as (engine, port):
         stays, leaves = ScriptedEnvoy(port, "stays"), ScriptedEnvoy(port, "leaves")
-        async with scripted(stays, leaves):
+        async with scripted(engine, stays, leaves):
             await engine.start()
             leaves.answering.clear()
             applying = asyncio.create_task(engine.apply({chat.key: chat}))
@@ -270,9 +274,9 @@ async def test_xds_a_late_clients_refusal_is_reported():
     chat = pub("chat", 1)
     async with xds_engine() as (engine, port):
         first = ScriptedEnvoy(port, "first")
-        async with scripted(first):
+        async with scripted(engine, first):
             await engine.start()
             assert not (await engine.apply({chat.key: chat})).rejected
-            async with scripted(ScriptedEnvoy(port, "late", refuse=refuse_clusters_of(chat.key, "cannot take it"))):
+            async with scripted(engine, ScriptedEnvoy(port, "late", refuse=refuse_clusters_of(chat.key, "cannot take it"))):
                 refusals = await eventually(engine.transport.refusals, timeout=10)
             assert refusals == {chat.key: "envoy late refused the cluster: cannot take it"}
