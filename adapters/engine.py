@@ -45,8 +45,6 @@ class _Written:
     notes: dict[MapKey, str] = field(default_factory=dict)
     wrote: bool = False
     reloads: int = 0
-    # Hostnames no map owns any more: maps waiting for one of them are released.
-    freed: set[str] = field(default_factory=set)
 
 
 class Engine(Generic[PartT]):
@@ -130,13 +128,17 @@ class Engine(Generic[PartT]):
         written = _Written()
         # Each round writes the changes that depend on no unwritten change; a claim on a hostname
         # that a change frees waits for the round after the freeing write is confirmed.
+        may_break = True
         while wanted:
-            ready, wanted = self._next_round(wanted, rejected)
+            ready, wanted, broke = self._next_round(wanted, rejected, may_break=may_break)
+            may_break = may_break and not broke
             if ready:
                 await self._render_and_write(ready, rejected, written)
         rejected.update(written.rejected)
-        freed = written.freed
-        released = {key for key, hostname in self._waiting.items() if hostname in freed and key not in rejected}
+        # A map waiting for a hostname is decided again once no map serves it: freed by this
+        # write, or never taken (its claimant lost the race to a senior one that then failed to
+        # render or was refused: nothing would ever free it).
+        released = {key for key, hostname in self._waiting.items() if hostname not in self._owners and key not in rejected}
         for key in released:
             del self._waiting[key]
         released.update(key for key in self._redecide if key not in decided)
@@ -151,7 +153,11 @@ class Engine(Generic[PartT]):
         if self._unknown:
             await self._read_back()
             released, self._redecide = frozenset(self._redecide), set()
-            return Reconciled(refused=self._take_refusals(), released=released)
+            # Kept as every refusal is, so the map is written again (and not reported published)
+            # until the client takes it.
+            refused = self._take_refusals()
+            self._refused.update(refused)
+            return Reconciled(refused=refused, released=released)
         served = await self._transport.read()
         refused = self._take_refusals()
         drift = {key for key in self._routes.keys() | served.keys() if served.get(key) != self._routes.get(key)}
@@ -236,14 +242,18 @@ class Engine(Generic[PartT]):
                 self._waiting[key] = hostname
 
     def _next_round(
-        self, pending: Mapping[MapKey, Route | None], rejected: dict[MapKey, Held]
-    ) -> tuple[dict[MapKey, Route | None], dict[MapKey, Route | None]]:
+        self, pending: Mapping[MapKey, Route | None], rejected: dict[MapKey, Held], *, may_break: bool
+    ) -> tuple[dict[MapKey, Route | None], dict[MapKey, Route | None], bool]:
         """Split `pending` into what can be written now and what waits for it, holding claims on
-        a hostname another map keeps as HostConflict.
+        a hostname another map keeps as HostConflict; and whether it broke a cycle of claims.
 
         A claim on a hostname whose owner is itself changing waits until the owner's change was
         written: confirmed, the hostname is free; refused, failed or held, the owner keeps it.
-        When nothing can be written (claims that wait on each other), they all wait as conflicts."""
+        When nothing can be written, the claims wait on each other: maps that swap hostnames, or
+        pass them round. Once a pass (`may_break`), the youngest owner among them is withdrawn on
+        its own first, which frees its hostname for the next; its own claim comes rounds later.
+        Each hostname of the cycle goes unserved for a write's confirmation, none is ever served
+        for two maps. A cycle still stuck after that (the withdrawal refused) waits as conflicts."""
         ready: dict[MapKey, Route | None] = {}
         later: dict[MapKey, Route | None] = {}
         claims: dict[str, list[MapKey]] = {}
@@ -266,12 +276,16 @@ class Engine(Generic[PartT]):
                     rejected[key] = self._conflict(hostname, owner)
                     self._waiting[key] = hostname
         if not ready:
+            claimed = {route.hostname for route in later.values() if route is not None}
+            owners = [key for key in later if (old := self._routes.get(key)) is not None and self._owners.get(old.hostname) == key and old.hostname in claimed]
+            if may_break and owners:
+                return {max(owners, key=self._seniority): None}, later, True
             for key, route in later.items():
                 assert route is not None
                 rejected[key] = self._conflict(route.hostname, self._owners[route.hostname])
                 self._waiting[key] = route.hostname
             later = {}
-        return ready, later
+        return ready, later, False
 
     def _conflict(self, hostname: str, owner: MapKey) -> Held:
         return Held(
@@ -322,7 +336,7 @@ class Engine(Generic[PartT]):
         for key, part in changes.items():
             if key in result.rejected:
                 continue
-            self._commit(key, routes.get(key), part, written.freed)
+            self._commit(key, routes.get(key), part)
         late = self._take_refusals()
         self._refused.update(late)
         written.rejected.update(late)
@@ -334,7 +348,7 @@ class Engine(Generic[PartT]):
         """The refusals clients made outside a write, of maps the gateway is confirmed to serve."""
         return {key: self._refusal(key, why) for key, why in self._transport.refusals().items() if key in self._routes}
 
-    def _commit(self, key: MapKey, route: Route | None, part: PartT | None, freed: set[str]) -> None:
+    def _commit(self, key: MapKey, route: Route | None, part: PartT | None) -> None:
         self._refused.pop(key, None)
         self._in_doubt.discard(key)
         old = self._routes.get(key)
@@ -350,7 +364,6 @@ class Engine(Generic[PartT]):
                     self._owners[old.hostname] = min(served, key=self._seniority)
                 else:
                     del self._owners[old.hostname]
-                    freed.add(old.hostname)
         if route is None or part is None:
             self._routes.pop(key, None)
             self._parts.pop(key, None)
@@ -359,7 +372,6 @@ class Engine(Generic[PartT]):
         self._parts[key] = part
         self._served_on.setdefault(route.hostname, set()).add(key)
         self._owners[route.hostname] = key
-        freed.discard(route.hostname)
 
 
 class _Overlay(Mapping[MapKey, Any]):

@@ -190,6 +190,24 @@ async def test_two_maps_with_one_hostname(gateway):
     await engine.aclose()
 
 
+@pytest.mark.parametrize("maps", [2, 3], ids=["swap", "rotation"])
+async def test_maps_that_pass_their_hostnames_round_all_get_the_new_ones(gateway, maps):
+    # Each claim waited for its owner's move, which waited for the next claim: every map of a swap
+    # (a blue/green by hostname) waited as HostConflict for ever. The youngest now gives its
+    # hostname up first, and no write serves a hostname for two maps.
+    engine = await started(gateway)
+    names = [f"m{i}" for i in range(maps)]
+    created = [f"2026-0{i + 1}-01T00:00:00Z" for i in range(maps)]
+    before = {pub(n, 1, host=f"h{i}.example.com", created=c) for i, (n, c) in enumerate(zip(names, created))}
+    assert not (await engine.apply({p.key: p for p in before})).rejected
+    after = {pub(n, 2, host=f"h{(i + 1) % maps}.example.com", created=c) for i, (n, c) in enumerate(zip(names, created))}
+    result = await engine.apply({p.key: p for p in after})
+    assert not result.rejected
+    assert {key: route.hostname for key, route in (await served(gateway)).items()} == {p.key: p.route.hostname for p in after}
+    assert dict(engine.confirmed) == {p.key: p.route for p in after}
+    await engine.aclose()
+
+
 async def test_withdrawal_leaves_the_others(gateway):
     engine = await started(gateway)
     await engine.apply({p.key: p for p in (pub("a", 1), pub("b", 2))})

@@ -102,6 +102,30 @@ async def test_a_renderer_error_holds_only_that_map():
     assert set(gateway.held) == {MapKey("prod", "fine")}
 
 
+async def test_a_claim_that_lost_to_a_map_that_never_got_the_hostname_is_released():
+    # Found by the engine simulation's liveness promise: the senior claim failed to render, so no
+    # map ever served the hostname and nothing freed it; the junior waited as HostConflict for ever.
+    class Exploding(MemoryGateway):
+        def render(self, key: MapKey, route: Route) -> Route:
+            if key.name == "boom":
+                raise RuntimeError("renderer bug")
+            return route
+
+    gateway = Exploding()
+    engine = Engine("memory", gateway, gateway)
+    await engine.start()
+    senior = pub("boom", 1, host="x.example.com", created="2026-01-01T00:00:00Z")
+    junior = pub("fine", 1, host="x.example.com", created="2026-02-01T00:00:00Z")
+    result = await engine.apply(changes(senior, junior))
+    assert result.rejected[senior.key].reason == Reason.INTERNAL_ERROR
+    assert result.rejected[junior.key].reason == Reason.HOST_CONFLICT
+    # The next pass (here: the senior map deleted) lets the junior one be decided again.
+    result = await engine.apply({senior.key: None})
+    assert result.released == {junior.key}
+    assert not (await engine.apply(changes(junior))).rejected
+    assert gateway.held == {junior.key: junior.route}
+
+
 async def test_an_unconfirmed_write_is_read_back_before_the_next_one():
     gateway = MemoryGateway(fail_with=[Unavailable("timed out confirming")])
     engine, _ = memory_engine(gateway)
