@@ -741,10 +741,11 @@ class LuaRequestCounts:
         """Each page's (map, cluster) pairs and counter names, made only when it is asked: made for
         every map at once, 40,000 pairs held the event loop 15-85 ms at the start of each read
         (the collector's passes over them included), and every weight change waited."""
-        parts = self._transport._parts
         page: list[tuple[MapKey, str]] = []
         for key in keys:
-            part = parts.get(key)  # a map deleted since the read began is not asked
+            # The transport's maps as they are now (a restore replaces the dict): a map deleted
+            # since the read began is not asked.
+            part = self._transport._parts.get(key)
             if part is None:
                 continue
             page.extend((key, backend.cluster) for backend in part.backends)
