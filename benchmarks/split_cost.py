@@ -11,6 +11,10 @@ one full read of every map's counters takes (pages of `LuaRequestCounts.page_bac
 NGINX workers' CPU it costs; and NGINX's CPU per request with the log-phase counter against
 `nginx-config --counts-dict-size off`, over the same requests. Everything is stopped at the end.
 
+The judge step (in-process, no gateway): `SplitVerifier.fold` of one read in which every one of the
+N maps counted about 2,400 requests, so each is judged: what compare.py cannot show, as it sends no
+traffic through the gateway (every counter stays 0 and no window is ever judged).
+
     python benchmarks/split_cost.py --maps 10000
 """
 
@@ -27,12 +31,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from adapters.base import CountReport  # noqa: E402
 from adapters.envoy import run_envoy, xds_bootstrap  # noqa: E402
 from adapters.envoy_resources import XdsRenderer  # noqa: E402
 from adapters.envoy_xds import XdsTransport  # noqa: E402
 from adapters.nginx_lua import LuaRenderer, LuaTransport  # noqa: E402
 from benchmarks.xds_scale import _free_port, _key, _route  # noqa: E402
 from publisher.model import Backend, MapKey, Route  # noqa: E402
+from publisher.served_split import SplitVerifier  # noqa: E402
 from tests.adapters.nginx_fixtures import running_lua_nginx  # noqa: E402
 from tests.gateways import Backends, measure  # noqa: E402
 
@@ -153,6 +159,25 @@ async def _nginx_run(maps: int, requests: int, counts_dict_size: str | None) -> 
                 await transport.aclose()
 
 
+def _judge_run(maps: int, rounds: int = 4) -> dict[str, float]:
+    """Each round one report of every map's four backends, 580-620 requests each: the first round
+    after a route change is skipped, every later one fills and judges every map's window."""
+    verifier = SplitVerifier(None, 60.0, "nginx", lambda key: None)  # type: ignore[arg-type]
+    keys = [MapKey(f"ns-{i % 100}", f"model-{i}") for i in range(maps)]
+    backends = tuple(Backend(f"worker-{b}", "http://10.0.0.1:8000", 1) for b in range(4))
+    for i, key in enumerate(keys):
+        verifier.route_confirmed(key, Route(f"model-{i}.example.com", backends))
+    spread = [580 + (i * 7) % 41 for i in range(4 * maps)]
+    seconds = []
+    for round_ in range(rounds):
+        counts = {key: {b.cluster: spread[(4 * i + j + round_) % len(spread)] for j, b in enumerate(backends)}
+                  for i, key in enumerate(keys)}  # fmt: skip
+        started = time.perf_counter()
+        verifier.fold([CountReport("nginx-1", counts)], 60.0 * (round_ + 1))
+        seconds.append(time.perf_counter() - started)
+    return {"skipped_ms": seconds[0] * 1000, "judged_ms": max(seconds[1:]) * 1000, "verified": verifier.map_states["verified"]}
+
+
 async def main(maps: int, interval: float, reports: int, requests: int) -> None:
     print(f"maps={maps} backends/map=4 report interval={interval:g}s", flush=True)
     on = await _envoy_run(maps, interval, reports, load_stats=True)
@@ -168,6 +193,9 @@ async def main(maps: int, interval: float, reports: int, requests: int) -> None:
           f"({counting['counted']:.0f} of {requests} requests counted on the map sent to)", flush=True)  # fmt: skip
     print(f"nginx CPU per request: {counting['cpu_us_per_request']:.1f} us counting, {plain['cpu_us_per_request']:.1f} us not "
           f"({requests} requests each, fresh connections)", flush=True)  # fmt: skip
+    judged = _judge_run(maps)
+    print(f"sidecar: one fold of {maps} busy maps holds the event loop {judged['judged_ms']:.0f} ms when every map is judged "
+          f"({judged['skipped_ms']:.0f} ms for the round after a route change, not judged); {judged['verified']:.0f} verified", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
