@@ -24,6 +24,9 @@ from publisher.split import Judgment, SplitWindows, describe
 
 log = logging.getLogger(__name__)
 
+# Maps (or windows) a fold handles between two yields to the event loop: about 7 ms of judging.
+SLICE = 500
+
 
 class SplitVerifier:
     """`changed(key)` is called when a map's off-state flips, so its condition message follows."""
@@ -63,11 +66,22 @@ class SplitVerifier:
             except AdapterError as exc:
                 log.warning("request counts not read", extra={"gateway": self.gateway, "error": str(exc)})
                 continue
-            self.fold(reports, time.monotonic())
+            await self.fold(reports, time.monotonic())
 
-    def fold(self, reports: list[Any], now: float) -> None:
-        """Add one round of reports, judge what is due, and say which maps turned off or back."""
+    async def fold(self, reports: list[Any], now: float) -> None:
+        """Add one round of reports, judge what is due, and say which maps turned off or back.
+
+        In slices of `SLICE` maps or windows, yielding between: at 10,000 busy maps one round
+        held the event loop 160 ms (judging every map), and every change waited behind it. A
+        route the applier confirms meanwhile restarts its windows as at any other time."""
         started = time.perf_counter()
+
+        async def pause() -> None:
+            nonlocal started
+            self.fold_seconds += time.perf_counter() - started
+            await asyncio.sleep(0)
+            started = time.perf_counter()
+
         for report in reports:
             if report.restarted or report.left:
                 self.windows.forget_instance(report.instance)
@@ -77,9 +91,16 @@ class SplitVerifier:
             self.instances.add(report.instance)
             if not report.restarted:
                 self.reports[report.instance] += 1
-            for key, counts in report.counts.items():
+            for done, (key, counts) in enumerate(report.counts.items(), 1):
                 self.windows.add(key, report.instance, counts, now)
-        self.windows.judge_due(now)
+                if done % SLICE == 0:
+                    await pause()
+        due = self.windows.due(now)
+        for start in range(0, len(due), SLICE):
+            if start:
+                await pause()
+            self.windows.judge(due[start : start + SLICE], len(due))
+        await pause()
         off: dict[MapKey, str] = {}
         for (key, instance), judgment in sorted(self.windows.off().items()):
             route = self._routes.get(key)
@@ -94,7 +115,12 @@ class SplitVerifier:
                 self.changed(key)
         self._off = off
         # Only maps with a window can be anything but few_requests: O(counted maps), not O(maps).
-        states = Counter(self._map_state(key) for key in self.windows.maps() if key in self._routes)
+        states: Counter[str] = Counter()
+        for done, key in enumerate(self.windows.maps(), 1):
+            if key in self._routes:
+                states[self._map_state(key)] += 1
+            if done % SLICE == 0:
+                await pause()
         uncounted = len(self._routes) - sum(states.values())
         if uncounted:
             states["few_requests"] += uncounted

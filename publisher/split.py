@@ -22,7 +22,7 @@ This is a report: no verdict here ever holds, unpublishes or changes a map.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -153,37 +153,37 @@ class SplitWindows:
 
     `route_changed` is called when the engine confirms a write that changes a map's route: its
     windows restart, and the first interval after it is skipped (it mixes both routes). An interval
-    that an instance reports as a reset (new boot, a counter that went down) restarts that window."""
+    that an instance reports as a reset (new boot, a counter that went down) restarts that window.
+    Windows are kept per map, so a route change costs its map's windows, not every map's."""
 
     def __init__(self, enough: int = ENOUGH_REQUESTS, max_age: float = MAX_WINDOW_SECONDS) -> None:
         self.enough = enough
         self.max_age = max_age
         self._routes: dict[MapKey, Route] = {}
-        self._windows: dict[WindowKey, _Window] = {}
+        self._windows: dict[MapKey, dict[str, _Window]] = {}
 
     def route_changed(self, key: MapKey, route: Route | None) -> None:
         if route is None:
             self._routes.pop(key, None)
-            for wkey in [w for w in self._windows if w[0] == key]:
-                del self._windows[wkey]
+            self._windows.pop(key, None)
             return
         self._routes[key] = route
-        for (map_key, _), window in self._windows.items():
-            if map_key == key:
-                window.route = route
-                window.counts.clear()
-                window.opened = None
-                window.skip_next = True
+        for window in self._windows.get(key, {}).values():
+            window.route = route
+            window.counts.clear()
+            window.opened = None
+            window.skip_next = True
 
     def add(self, key: MapKey, instance: str, counts: Mapping[str, int], now: float, *, reset: bool = False) -> None:
         """One reported interval of requests per backend cluster for one map on one instance."""
         route = self._routes.get(key)
         if route is None:
             return
-        window = self._windows.get((key, instance))
+        windows = self._windows.setdefault(key, {})
+        window = windows.get(instance)
         if window is None:
             # An instance first seen mid-interval: its first interval may predate the route.
-            window = self._windows[(key, instance)] = _Window(route, skip_next=True)
+            window = windows[instance] = _Window(route, skip_next=True)
         if reset:
             window.counts.clear()
             window.opened = None
@@ -200,17 +200,22 @@ class SplitWindows:
 
     def maps(self) -> set[MapKey]:
         """The maps with a window on some instance."""
-        return {key for key, _ in self._windows}
+        return {key for key, windows in self._windows.items() if windows}
 
     def forget_instance(self, instance: str) -> None:
-        for wkey in [w for w in self._windows if w[1] == instance]:
-            del self._windows[wkey]
+        for windows in self._windows.values():
+            windows.pop(instance, None)
+
+    def _items(self) -> Iterator[tuple[WindowKey, _Window]]:
+        for key, windows in self._windows.items():
+            for instance, window in windows.items():
+                yield (key, instance), window
 
     def due(self, now: float) -> list[WindowKey]:
         """The windows ready to judge: enough requests, or old enough with at least the minimum,
         or holding a request to a weight-0 backend."""
         ready = []
-        for wkey, window in self._windows.items():
+        for wkey, window in self._items():
             if window.opened is None:
                 continue
             n = sum(window.counts.values())
@@ -223,13 +228,16 @@ class SplitWindows:
                 window.opened = now
         return ready
 
-    def judge_due(self, now: float) -> list[tuple[MapKey, str, Judgment]]:
-        """Judge every due window, apply the in-a-row rule, and start each one over."""
-        ready = self.due(now)
+    def judge(self, wkeys: Iterable[WindowKey], maps_judged: int) -> list[tuple[MapKey, str, Judgment]]:
+        """Judge these windows of a round of `maps_judged` (the Bonferroni bound's count), apply
+        the in-a-row rule, and start each one over. A window restarted since it was found due (its
+        route changed, its instance left) is not judged."""
         judged = []
-        for wkey in ready:
-            window = self._windows[wkey]
-            judgment = judge(window.counts, window.route, len(ready))
+        for key, instance in wkeys:
+            window = self._windows.get(key, {}).get(instance)
+            if window is None or window.opened is None:
+                continue
+            judgment = judge(window.counts, window.route, maps_judged)
             window.last = judgment
             if judgment.verdict == "off":
                 window.last_off = judgment
@@ -248,17 +256,22 @@ class SplitWindows:
                     window.verified = True
             window.counts.clear()
             window.opened = None
-            judged.append((wkey[0], wkey[1], judgment))
+            judged.append((key, instance, judgment))
         return judged
+
+    def judge_due(self, now: float) -> list[tuple[MapKey, str, Judgment]]:
+        """Judge every due window at once (SplitVerifier judges them in slices)."""
+        ready = self.due(now)
+        return self.judge(ready, len(ready))
 
     def off(self) -> dict[WindowKey, Judgment]:
         """Each (map, instance) now reported off, with the judgment that last said so."""
-        return {k: w.last_off for k, w in self._windows.items() if w.reported_off and w.last_off is not None}
+        return {k: w.last_off for k, w in self._items() if w.reported_off and w.last_off is not None}
 
     def state(self, key: MapKey, instance: str) -> tuple[str, Judgment | None, int]:
         """verified | off | few_requests (no verdict yet), the last judgment, and the requests
         counted in the open window."""
-        window = self._windows.get((key, instance))
+        window = self._windows.get(key, {}).get(instance)
         if window is None:
             return "few_requests", None, 0
         counted = sum(window.counts.values())

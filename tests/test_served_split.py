@@ -47,17 +47,17 @@ async def test_a_correct_split_is_verified_and_a_skewed_one_named_in_the_conditi
     publisher, verifier, changed, route = await published_chat()
     assert [b.weight for b in route.backends] == [2, 3]
     right = {"worker-a": 0.4, "worker-b": 0.6}
-    verifier.fold([CountReport("gw-1", restarted=True)], 0.0)
-    verifier.fold([CountReport("gw-1", served(route, right, 500))], 1.0)  # the first interval is skipped
+    await verifier.fold([CountReport("gw-1", restarted=True)], 0.0)
+    await verifier.fold([CountReport("gw-1", served(route, right, 500))], 1.0)  # the first interval is skipped
     for t in (2.0, 3.0):
-        verifier.fold([CountReport("gw-1", served(route, right, 2000))], t)
+        await verifier.fold([CountReport("gw-1", served(route, right, 2000))], t)
     assert verifier.debug(CHAT)["instances"]["gw-1"]["verdict"] == "verified"
     assert verifier.map_states == {"verified": 1}
 
     skewed = {"worker-a": 0.5, "worker-b": 0.5}
-    verifier.fold([CountReport("gw-1", served(route, skewed, 2000))], 4.0)
+    await verifier.fold([CountReport("gw-1", served(route, skewed, 2000))], 4.0)
     assert changed == [] and verifier.note(CHAT) is None  # one off window is not enough
-    verifier.fold([CountReport("gw-1", served(route, skewed, 2000))], 5.0)
+    await verifier.fold([CountReport("gw-1", served(route, skewed, 2000))], 5.0)
     assert changed == [CHAT]
     await publisher.sync_once(publisher.queue.take_ready())
     report = publisher.reports[CHAT]
@@ -74,7 +74,7 @@ async def test_a_correct_split_is_verified_and_a_skewed_one_named_in_the_conditi
         assert 'ome_gateway_publisher_split_off{gateway="gw-1",name="chat",namespace="prod"} 1.0' in scrape
         assert 'ome_gateway_publisher_split_maps{state="off"} 1.0' in scrape
         for t in (6.0, 7.0):
-            verifier.fold([CountReport("gw-1", served(route, right, 2000))], t)
+            await verifier.fold([CountReport("gw-1", served(route, right, 2000))], t)
         assert changed == [CHAT, CHAT] and verifier.note(CHAT) is None
         scrape = generate_latest(metrics.REGISTRY).decode()
         assert "split_off{" not in scrape
@@ -87,9 +87,9 @@ async def test_a_correct_split_is_verified_and_a_skewed_one_named_in_the_conditi
 
 async def test_a_confirmed_weight_change_restarts_the_windows():
     publisher, verifier, changed, route = await published_chat()
-    verifier.fold([CountReport("gw-1", restarted=True)], 0.0)
-    verifier.fold([CountReport("gw-1", served(route, {"worker-a": 0.4, "worker-b": 0.6}, 100))], 1.0)
-    verifier.fold([CountReport("gw-1", served(route, {"worker-a": 0.4, "worker-b": 0.6}, 1500))], 2.0)
+    await verifier.fold([CountReport("gw-1", restarted=True)], 0.0)
+    await verifier.fold([CountReport("gw-1", served(route, {"worker-a": 0.4, "worker-b": 0.6}, 100))], 1.0)
+    await verifier.fold([CountReport("gw-1", served(route, {"worker-a": 0.4, "worker-b": 0.6}, 1500))], 2.0)
     assert verifier.debug(CHAT)["instances"]["gw-1"]["counting"] == 1500
     moved = Route(route.hostname, (Backend("worker-a", route.backends[0].endpoint, 1), Backend("worker-b", route.backends[1].endpoint, 1)))
     verifier.route_confirmed(CHAT, moved)
@@ -99,11 +99,11 @@ async def test_a_confirmed_weight_change_restarts_the_windows():
 async def test_an_instance_that_leaves_is_forgotten_and_a_withdrawn_map_loses_its_note():
     publisher, verifier, changed, route = await published_chat()
     skewed = {"worker-a": 0.9, "worker-b": 0.1}
-    verifier.fold([CountReport("gw-1", restarted=True), CountReport("gw-2", restarted=True)], 0.0)
+    await verifier.fold([CountReport("gw-1", restarted=True), CountReport("gw-2", restarted=True)], 0.0)
     for t in (1.0, 2.0, 3.0):
-        verifier.fold([CountReport("gw-1", served(route, skewed, 2000))], t)
+        await verifier.fold([CountReport("gw-1", served(route, skewed, 2000))], t)
     assert verifier.note(CHAT) is not None
-    verifier.fold([CountReport("gw-2", left=True)], 4.0)
+    await verifier.fold([CountReport("gw-2", left=True)], 4.0)
     assert sorted(verifier.debug(CHAT)["instances"]) == ["gw-1"]
     verifier.route_confirmed(CHAT, None)
     assert verifier.note(CHAT) is None and changed == [CHAT, CHAT]
@@ -115,3 +115,33 @@ async def test_a_gateway_that_counts_nothing_says_so_in_debug_maps():
     await publisher.sync_once({CHAT: None})
     (entry,) = publisher.debug_maps()
     assert entry["split"] == {"gateway": "memory", "verdict": "unsupported", "detail": "the memory gateway reports no request counts"}
+
+
+async def test_a_fold_of_many_busy_maps_gives_the_event_loop_back_between_slices():
+    # At 10,000 busy maps one fold (adding, judging every map, counting states) held the event
+    # loop 160 ms, and every weight change of that moment waited behind it.
+    import asyncio
+
+    verifier = SplitVerifier(None, 60.0, "nginx", lambda key: None)  # type: ignore[arg-type]
+    backends = tuple(Backend(f"worker-{b}", "http://10.0.0.1:8000", 1) for b in range(2))
+    keys = [MapKey("prod", f"model-{i}") for i in range(2000)]
+    for i, key in enumerate(keys):
+        verifier.route_confirmed(key, Route(f"model-{i}.example.com", backends))
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    try:
+        for t in (1.0, 2.0):  # the first interval after a route is skipped; the second is judged
+            await asyncio.sleep(0)
+            before = ticks
+            await verifier.fold([CountReport("gw-1", {key: {"worker-0": 1000 + i % 7, "worker-1": 1000} for i, key in enumerate(keys)})], t)
+            assert ticks - before >= 4, f"the fold at {t} let other tasks run {ticks - before} times"
+    finally:
+        task.cancel()
+    assert verifier.map_states["verified"] == len(keys)
