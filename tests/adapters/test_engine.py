@@ -85,13 +85,16 @@ async def test_the_serving_map_keeps_its_hostname_after_a_restart():
     assert result.rejected[MapKey("prod", "old")].reason == Reason.HOST_CONFLICT
 
 
-async def test_a_renderer_error_holds_only_that_map():
-    class Exploding(MemoryGateway):
-        def render(self, key: MapKey, route: Route) -> Route:
-            if key.name == "boom":
-                raise RuntimeError("renderer bug")
-            return route
+class Exploding(MemoryGateway):
+    """Its renderer fails on the map named boom, as a renderer bug would."""
 
+    def render(self, key: MapKey, route: Route) -> Route:
+        if key.name == "boom":
+            raise RuntimeError("renderer bug")
+        return route
+
+
+async def test_a_renderer_error_holds_only_that_map():
     gateway = Exploding()
     engine = Engine("memory", gateway, gateway)
     await engine.start()
@@ -105,12 +108,6 @@ async def test_a_renderer_error_holds_only_that_map():
 async def test_a_claim_that_lost_to_a_map_that_never_got_the_hostname_is_released():
     # Found by the engine simulation's liveness promise: the senior claim failed to render, so no
     # map ever served the hostname and nothing freed it; the junior waited as HostConflict for ever.
-    class Exploding(MemoryGateway):
-        def render(self, key: MapKey, route: Route) -> Route:
-            if key.name == "boom":
-                raise RuntimeError("renderer bug")
-            return route
-
     gateway = Exploding()
     engine = Engine("memory", gateway, gateway)
     await engine.start()
