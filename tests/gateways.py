@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -30,6 +31,15 @@ def free_port() -> int:
         if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
+
+
+@contextlib.contextmanager
+def taken_port() -> Iterator[int]:
+    """A port on 127.0.0.1 another socket listens on while the block runs: an address in use."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", free_port()))
+        holder.listen()
+        yield holder.getsockname()[1]
 
 
 @dataclass

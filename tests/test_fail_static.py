@@ -14,7 +14,6 @@ import dataclasses
 import itertools
 import logging
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
@@ -33,7 +32,7 @@ from publisher.model import MapKey, parse_traffic_map
 from publisher.source import DirectorySource, Informer, KubeSource, Store, Stores, WatchOptions
 from tests.builders import make_entry, make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI
-from tests.gateways import eventually, free_port
+from tests.gateways import eventually, free_port, taken_port
 from tests.test_kube_integration import TM, ISVC, ours, published, rescale, seed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -385,10 +384,7 @@ def test_start_up_errors_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch, 
 
 
 def test_a_listen_port_in_use_is_one_line_and_exit_2(tmp_path, capsys):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         maps = tmp_path / "maps"
         maps.mkdir()
         code = main(["run", "--source", f"dir:{maps}", "--json-path", str(tmp_path / "out.json"), "--listen", f"127.0.0.1:{port}"])
@@ -400,10 +396,7 @@ def test_a_listen_port_in_use_is_one_line_and_exit_2(tmp_path, capsys):
 def test_an_xds_listen_address_in_use_is_one_line_and_exit_2(tmp_path, capsys):
     """Issue 21 finding 7: as for --listen (gRPC no longer sets SO_REUSEPORT, so another sidecar
     on the address is refused too: tests/adapters/test_envoy_xds_fleet.py)."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         maps = tmp_path / "maps"
         maps.mkdir()
         code = main(["run", "--source", f"dir:{maps}", "--adapter", "envoy", "--envoy-xds-listen", f"127.0.0.1:{port}",

@@ -141,17 +141,24 @@ def ome_writes_routable(api: FakeKubeAPI, name: str = "chat") -> None:
     api.update(current)
 
 
+async def held_by_omes_first_write(publisher, stores, kube_api) -> MapKey:
+    """The map published, then OME's first write of a change (its entries) decided: held
+    RoutableOutdated until OME's second."""
+    key = cache(stores, kube_api)
+    await decide_and_report(publisher, [key])
+    ome_writes_entries(kube_api)
+    cache(stores, kube_api)
+    await decide_and_report(publisher, [key])
+    return key
+
+
 async def test_a_hold_between_omes_two_writes_is_not_written(kube_api, kubeconfig):
     # Issue 20, finding 2: deciding between OME's two writes holds the map RoutableOutdated for a
     # few milliseconds; its False and the True after it were half the status writes.
     seed(kube_api)
     clock = FakeClock()
     async with driven(kubeconfig, clock=clock) as (publisher, stores):
-        key = cache(stores, kube_api)
-        await decide_and_report(publisher, [key])
-        ome_writes_entries(kube_api)
-        cache(stores, kube_api)
-        await decide_and_report(publisher, [key])
+        key = await held_by_omes_first_write(publisher, stores, kube_api)
         assert publisher.states[key].reason == "RoutableOutdated"
         clock.now += 0.01
         ome_writes_routable(kube_api)
@@ -168,11 +175,7 @@ async def test_a_hold_that_stands_is_written_after_the_delay_with_its_latest_ver
     seed(kube_api)
     clock = FakeClock()
     async with driven(kubeconfig, clock=clock) as (publisher, stores):
-        key = cache(stores, kube_api)
-        await decide_and_report(publisher, [key])
-        ome_writes_entries(kube_api)
-        cache(stores, kube_api)
-        await decide_and_report(publisher, [key])
+        key = await held_by_omes_first_write(publisher, stores, kube_api)
         assert ours(kube_api)["status"] == "True"
         clock.now += 0.3
         await decide_and_report(publisher, [key])  # decided again while held: the delay runs from the first

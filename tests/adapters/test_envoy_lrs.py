@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
 from collections import defaultdict
 
@@ -22,7 +21,7 @@ from adapters.envoy_xds import XdsTransport
 from publisher.model import MapKey
 from publisher.split import SplitWindows
 from tests.adapters.test_envoy_xds import HOST, KEY, RENDERER, envoy, parts, route, write
-from tests.gateways import Backends, eventually, free_port, measure
+from tests.gateways import Backends, eventually, free_port, measure, taken_port
 
 
 def cluster_stats(name: str, *localities: tuple[int, int, int]) -> load_report_pb2.ClusterStats:
@@ -275,10 +274,7 @@ def test_run_gives_file_mode_a_request_counter_from_its_lrs_option(tmp_path) -> 
 
 
 async def test_the_lrs_server_names_its_option_when_the_address_is_taken() -> None:
-    port = free_port()
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", port))
-        holder.listen()
+    with taken_port() as port:
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}: Address already in use") as raised:
             await LoadReportServer(f"127.0.0.1:{port}").serve()
     assert raised.value.filename == "--envoy-lrs-listen"
