@@ -1,10 +1,20 @@
-"""Suite-wide guards: a test may not leave asyncio tasks running behind it."""
+"""Suite-wide guards: a test may not leave asyncio tasks running behind it, and no property test
+depends on the day (a random seed, or an example a previous run stored)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
+from hypothesis import settings
+
+# By default every property test and simulation runs the same fixed examples (derandomized, nothing
+# read from or written to .hypothesis/), so a run passes or fails on the code alone. Random
+# exploration is opt-in and longer: OME_SIMULATION_EXAMPLES=2000 (say) also turns randomness on.
+settings.register_profile("fixed", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile("explore" if os.environ.get("OME_SIMULATION_EXAMPLES") else "fixed")
 
 
 @pytest.fixture(autouse=True)
