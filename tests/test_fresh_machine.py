@@ -97,3 +97,16 @@ def test_ci_runs_the_readme_test_command_in_a_virtual_environment_of_its_own():
     assert any(re.fullmatch(r'export PATH="\$\{?VENV\}?/bin:\$PATH"', line) for line in commands), "the venv's python first on PATH"
     # The README says the same: its install line goes into a venv whose python runs the tests.
     assert any(" -m venv " in f" {line} " for line in readme) and any("activate" in line for line in readme), readme
+
+
+def test_the_readme_demo_installs_into_a_virtual_environment_first():
+    """A fresh Debian machine's own Python refuses `pip install` outside a venv (PEP 668): the "Try it"
+    commands make one and activate it before anything is installed."""
+    section = (ROOT / "README.md").read_text().split("\n## Try it\n", 1)[1].split("\n## ", 1)[0]
+    commands = [part.strip() for line in section.splitlines() if line.startswith("    ") for part in line.split("&&")]
+    installs = [i for i, command in enumerate(commands) if command.startswith("pip install")]
+    assert installs, commands
+    venv = [i for i, command in enumerate(commands) if re.fullmatch(r"python3 -m venv \S+", command)]
+    activate = [i for i, command in enumerate(commands) if re.fullmatch(r"\. \S+/bin/activate", command)]
+    assert venv and activate and venv[0] < activate[0] < installs[0], commands
+    assert "ome-publisher demo" in commands[installs[0] + 1:], commands

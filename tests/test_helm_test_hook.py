@@ -6,8 +6,11 @@ Envoy connected to its xDS server) and one that is not there fail, saying why.""
 from __future__ import annotations
 
 import contextlib
+import http.server
+import json
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,3 +103,40 @@ def test_the_hook_fails_on_a_sidecar_that_is_not_ready(tmp_path: Path) -> None:
 def test_the_hook_fails_where_nothing_answers() -> None:
     checked = _check(f"http://127.0.0.1:{free_port()}")
     assert checked.returncode == 1 and "/readyz: [Errno 111] Connection refused" in checked.stderr
+
+
+class _BecomesReady(http.server.BaseHTTPRequestHandler):
+    """/readyz answers 503 once, then 200: a sidecar that became ready between two reads."""
+
+    readyz_answers: list[int]
+
+    def do_GET(self) -> None:  # noqa: N802 (the handler's protocol)
+        if self.path == "/readyz":
+            status = self.readyz_answers.pop(0) if self.readyz_answers else 200
+            body = b"ok" if status == 200 else b"waiting for the first pass"
+        else:
+            status, body = 200, json.dumps({"maps": [{"decision": "published"}]}).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_hook_judges_the_readiness_it_printed() -> None:
+    """It printed the first /readyz answer (503) and decided on a second read (200): a pass that
+    says 503. The answer printed is the answer judged."""
+    handler = type("Handler", (_BecomesReady,), {"readyz_answers": [503]})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        checked = _check(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    assert "/readyz: 503 waiting for the first pass" in checked.stdout, checked.stdout + checked.stderr
+    assert checked.returncode == 1, checked.stdout + checked.stderr
