@@ -35,7 +35,14 @@ is held HostConflict with every hostname its own": m0 never served h1, so nothin
 with the liveness fixes, "prod/m2 is reported published but envoy-2 serves None" (the last test
 below).
 
-CI runs a fixed budget; OME_SIMULATION_EXAMPLES=2000 (say) runs longer.
+A swap done in two steps (`swap_hostnames_in_two_steps`: B onto A's hostname, held; then A onto
+B's old one) left both maps HostConflict until the next full resync, which `settle` does not run;
+random exploration found it and stored it in .hypothesis/, so every later run failed (issue 27,
+item 15; the deterministic test below).
+
+By default (tests/conftest.py) the simulation runs 200 fixed examples: derandomized, no example
+database, so a run passes or fails on the code alone, as CI needs. OME_SIMULATION_EXAMPLES=2000
+(say) explores at random, that many examples, and keeps what it finds in .hypothesis/.
 """
 
 from __future__ import annotations
@@ -128,6 +135,17 @@ class EngineSimulation(RuleBasedStateMachine):
             (host_a, weight_a), (host_b, weight_b) = self.desired[first], self.desired[second]
             self.set_map(pair[0], host_b, weight_a)
             self.set_map(pair[1], host_a, weight_b)
+
+    @rule(pair=st.permutations(NAMES).map(lambda names: names[:2]))
+    def swap_hostnames_in_two_steps(self, pair: list[str]) -> None:
+        """Two maps trade hostnames in two passes: the second moves onto the first's hostname (and
+        waits for it), then the first moves onto the second's old one (issue 27, item 15)."""
+        first, second = (MapKey("prod", name) for name in pair)
+        if first in self.desired and second in self.desired:
+            (host_a, weight_a), (host_b, weight_b) = self.desired[first], self.desired[second]
+            self.set_map(pair[1], host_a, weight_b)
+            self._pass()
+            self.set_map(pair[0], host_b, weight_a)
 
     @rule(name=st.sampled_from(NAMES))
     def delete_map(self, name: str) -> None:
@@ -263,4 +281,16 @@ def test_a_refusal_found_by_the_read_back_after_a_write_in_doubt_is_kept():
     state.next_write_fails(kind="unavailable")
     state.resync()
     state.client_connects(client="envoy-2", empty=False)
+    state.teardown()
+
+
+def test_a_hostname_swap_in_two_steps_is_published_without_a_full_resync():
+    # Issue 27, item 15: both maps stayed HostConflict through settle's quiet spell (reconciles,
+    # no full re-decide), as in a sidecar until the next --resync.
+    state = EngineSimulation()
+    state.set_map(name="m0", host=HOSTS[0], weight=1)
+    state.set_map(name="m1", host=HOSTS[1], weight=2)
+    state.run_pass()
+    state.swap_hostnames_in_two_steps(pair=["m0", "m1"])
+    state.settle()
     state.teardown()
