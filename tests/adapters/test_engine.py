@@ -338,6 +338,19 @@ async def test_a_hostname_swap_in_two_steps_is_handed_back_whole_and_then_done()
     assert gateway.held == {A: a_on_h2.route, B: b_on_h.route}
 
 
+async def test_hostnames_passed_round_in_three_steps_are_handed_back_whole_and_then_passed():
+    engine, gateway = memory_engine()
+    await engine.start()
+    await engine.apply(changes(*(pub(name, 1, host=f"h{name}.example.com") for name in "abc")))
+    moved = {name: pub(name, 1, host=f"h{after}.example.com") for name, after in zip("abc", "bca")}
+    assert (await engine.apply(changes(moved["a"]))).rejected[A].reason == Reason.HOST_CONFLICT
+    assert (await engine.apply(changes(moved["b"]))).rejected[B].reason == Reason.HOST_CONFLICT
+    result = await engine.apply(changes(moved["c"]))
+    assert result.rejected[C].reason == Reason.HOST_CONFLICT and result.released == {A, B, C}
+    assert not (await engine.apply(changes(*moved.values()))).rejected
+    assert gateway.held == {p.key: p.route for p in moved.values()}
+
+
 async def test_two_swaps_in_one_apply_are_both_done():
     """The engine breaks one cycle of claims per apply: the second swap of the same pass waited
     as HostConflict for the next full resync. It is handed back and done in the next apply."""
