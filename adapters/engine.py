@@ -131,7 +131,8 @@ class Engine(Generic[PartT]):
         broken: MapKey | None = None
         while wanted:
             ready, wanted, withdrawn = self._next_round(wanted, rejected, may_break=broken is None)
-            broken = broken or withdrawn
+            if broken is None:
+                broken = withdrawn
             if ready:
                 await self._render_and_write(ready, rejected, written)
         rejected.update(written.rejected)
