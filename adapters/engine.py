@@ -128,17 +128,20 @@ class Engine(Generic[PartT]):
         written = _Written()
         # Each round writes the changes that depend on no unwritten change; a claim on a hostname
         # that a change frees waits for the round after the freeing write is confirmed.
-        may_break = True
+        broken: MapKey | None = None
         while wanted:
-            ready, wanted, broke = self._next_round(wanted, rejected, may_break=may_break)
-            may_break = may_break and not broke
+            ready, wanted, withdrawn = self._next_round(wanted, rejected, may_break=broken is None)
+            if broken is None:
+                broken = withdrawn
             if ready:
                 await self._render_and_write(ready, rejected, written)
         rejected.update(written.rejected)
         # A map waiting for a hostname is decided again once no map serves it: freed by this
         # write, or never taken (its claimant lost the race to a senior one that then failed to
-        # render or was refused: nothing would ever free it).
+        # render or was refused: nothing would ever free it). So are the maps of a cycle of
+        # claims this apply did not try to break.
         released = {key for key, hostname in self._waiting.items() if hostname not in self._owners and key not in rejected}
+        released |= self._unbroken_cycles(broken)
         for key in released:
             del self._waiting[key]
         released.update(key for key in self._redecide if key not in decided)
@@ -243,9 +246,10 @@ class Engine(Generic[PartT]):
 
     def _next_round(
         self, pending: Mapping[MapKey, Route | None], rejected: dict[MapKey, Held], *, may_break: bool
-    ) -> tuple[dict[MapKey, Route | None], dict[MapKey, Route | None], bool]:
+    ) -> tuple[dict[MapKey, Route | None], dict[MapKey, Route | None], MapKey | None]:
         """Split `pending` into what can be written now and what waits for it, holding claims on
-        a hostname another map keeps as HostConflict; and whether it broke a cycle of claims.
+        a hostname another map keeps as HostConflict; and the owner it withdrew to break a cycle
+        of claims, if it did.
 
         A claim on a hostname whose owner is itself changing waits until the owner's change was
         written: confirmed, the hostname is free; refused, failed or held, the owner keeps it.
@@ -279,13 +283,35 @@ class Engine(Generic[PartT]):
             claimed = {route.hostname for route in later.values() if route is not None}
             owners = [key for key in later if (old := self._routes.get(key)) is not None and self._owners.get(old.hostname) == key and old.hostname in claimed]
             if may_break and owners:
-                return {max(owners, key=self._seniority): None}, later, True
+                youngest = max(owners, key=self._seniority)
+                return {youngest: None}, later, youngest
             for key, route in later.items():
                 assert route is not None
                 rejected[key] = self._conflict(route.hostname, self._owners[route.hostname])
                 self._waiting[key] = route.hostname
             later = {}
-        return ready, later, False
+        return ready, later, None
+
+    def _unbroken_cycles(self, broken: MapKey | None) -> set[MapKey]:
+        """The maps whose claims wait on each other round a cycle (each waits for a hostname the
+        next one serves) that this apply did not try to break: it saw only part of the cycle (B
+        moved onto A's hostname and waits; A now moves onto B's), or it broke another one. Handed
+        back to be decided again, together, the next apply breaks it. A cycle it tried to break
+        (the withdrawal refused) waits for that map's retry."""
+        cycles: set[MapKey] = set()
+        seen: set[MapKey] = set()
+        for start in self._waiting:
+            path: list[MapKey] = []
+            key: MapKey | None = start
+            while key is not None and key in self._waiting and key not in seen:
+                seen.add(key)
+                path.append(key)
+                key = self._owners.get(self._waiting[key])
+            if key in path:
+                cycle = path[path.index(key):]
+                if broken not in cycle:
+                    cycles.update(cycle)
+        return cycles
 
     def _conflict(self, hostname: str, owner: MapKey) -> Held:
         return Held(

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from adapters import ADAPTERS
-from adapters.base import Adapter, ApplyResult, Reconciled, RequestCounter, TransportDefaults, publication_problem
+from adapters.base import Adapter, ApplyResult, Reconciled, RequestCounter, TransportDefaults, WriteResult, publication_problem
+from adapters.engine import Engine
 from publisher import gate, loop, metrics, status
 from publisher.config import ConfigError, RunConfig, adapter_options
 from publisher.kube import Kube
@@ -45,18 +46,37 @@ class Checker(Protocol):
     async def aclose(self) -> None: ...
 
 
+class PlannedGateway(TransportDefaults):
+    """An empty gateway that takes every write and keeps nothing: what a plan is made against."""
+
+    def problem(self, key: MapKey, route: Route) -> str | None:
+        return None
+
+    def render(self, key: MapKey, route: Route) -> Route:
+        return route
+
+    async def read(self) -> dict[MapKey, Route]:
+        return {}
+
+    async def write(self, parts: Mapping[MapKey, Route], changes: Mapping[MapKey, Route | None]) -> WriteResult:
+        return WriteResult()
+
+
 class DryRunAdapter(TransportDefaults):
-    """Wraps an engine so nothing is written: records what would have been applied."""
+    """Wraps an engine so nothing is written: records what would have been applied. The plan is
+    made by the sidecar's own Engine over an empty PlannedGateway, so hostnames go as the sidecar
+    gives them (one map each, the older TrafficMap first; the others held HostConflict)."""
 
     def __init__(self, inner: Checker) -> None:
         self._inner = inner
         self.name = inner.name
         self.desired: dict[MapKey, Publication] = {}
-        self._routes: dict[MapKey, Route] = {}
+        gateway = PlannedGateway()
+        self._plan = Engine(inner.name, gateway, gateway)
 
     @property
     def confirmed(self) -> Mapping[MapKey, Route]:
-        return self._routes
+        return self._plan.confirmed
 
     def check(self, pub: Publication) -> Held | None:
         return self._inner.check(pub)
@@ -65,14 +85,13 @@ class DryRunAdapter(TransportDefaults):
         return {}
 
     async def apply(self, changes: Mapping[MapKey, Publication | None]) -> ApplyResult:
+        planned = await self._plan.apply(changes)
         for key, pub in changes.items():
             if pub is None:
                 self.desired.pop(key, None)
-                self._routes.pop(key, None)
-            else:
+            elif key not in planned.rejected:
                 self.desired[key] = pub
-                self._routes[key] = pub.route
-        return ApplyResult(wrote=False)
+        return ApplyResult(rejected=planned.rejected, released=planned.released, wrote=False)
 
     async def reconcile(self) -> Reconciled:
         return Reconciled()

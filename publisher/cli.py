@@ -127,7 +127,8 @@ def _add_verify(parser: argparse.ArgumentParser) -> None:
         "publisher would before publishing it; its InferenceService, when in the input, is checked "
         "too. With --kubeconfig, reads the maps (only those NAMEd, when given) and their "
         "InferenceServices from the API server and decides them with the sidecar's own loop: "
-        "every gate, the plan, and the checks every adapter makes. Exit 0 when every map is ok "
+        "every gate, the plan, the checks every adapter makes, and which map gets each hostname "
+        "(the older TrafficMap, then namespace/name: the others are held HostConflict). Exit 0 when every map is ok "
         "(or withdrawn), 1 when any is held, 2 when an input cannot be read."
     )
     parser.add_argument("-o", "--output", choices=OUTPUTS, default="text", help="text tables, or one JSON or YAML document (default: text)")

@@ -50,6 +50,28 @@ def test_dry_run_prints_one_json_document_and_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_a_dry_run_plan_never_gives_one_hostname_to_two_maps(tmp_path, capsys):
+    """Issue 27, item 14: with prod/chat and staging/chat on one hostname the plan gave it to both,
+    while `run --once` holds one HostConflict. The plan holds the same one: here staging/chat, the
+    older TrafficMap (ahead of namespace order), as the sidecar's engine decides."""
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    for namespace, created in (("prod", "2026-03-01T00:00:00Z"), ("staging", "2026-01-01T00:00:00Z")):
+        (maps / f"{namespace}.yaml").write_text(yaml.safe_dump_all([
+            make_isvc("chat", namespace), make_map("chat", namespace, metadata={"creationTimestamp": created})]))
+    common = ["run", "--source", f"dir:{maps}", "--adapter", "json", "--json-path", str(tmp_path / "out.json")]
+    assert main([*common, "--dry-run", "--output", "json"]) == 1
+    plan = json.loads(capsys.readouterr().out)
+    assert [(p["namespace"], p["hostname"]) for p in plan["publications"]] == [("staging", "chat.example.com")]
+    assert [(h["namespace"], h["reason"]) for h in plan["held"]] == [("prod", "HostConflict")]
+    assert "staging/chat" in plan["held"][0]["message"]
+    assert main([*common, "--dry-run"]) == 1
+    assert "  prod/chat HostConflict: hostname chat.example.com is already served for staging/chat" in capsys.readouterr().out
+    # What the plan says is what one pass of the sidecar does.
+    assert main([*common, "--once", "--output", "json"]) == 1
+    assert json.loads(capsys.readouterr().out) == plan
+
+
 def test_environment_sets_options(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out.json"
     monkeypatch.setenv("OME_PUBLISHER_JSON_PATH", str(out))

@@ -35,7 +35,14 @@ is held HostConflict with every hostname its own": m0 never served h1, so nothin
 with the liveness fixes, "prod/m2 is reported published but envoy-2 serves None" (the last test
 below).
 
-CI runs a fixed budget; OME_SIMULATION_EXAMPLES=2000 (say) runs longer.
+A swap done in two steps (`swap_hostnames_in_two_steps`: B onto A's hostname, held; then A onto
+B's old one) left both maps HostConflict until the next full resync, which `settle` does not run;
+random exploration found it and stored it in .hypothesis/, so every later run failed (issue 27,
+item 15; the deterministic test below).
+
+By default (tests/conftest.py) the simulation runs 200 fixed examples: derandomized, no example
+database, so a run passes or fails on the code alone, as CI needs. OME_SIMULATION_EXAMPLES=2000
+(say) explores at random, that many examples, and keeps what it finds in .hypothesis/.
 """
 
 from __future__ import annotations
@@ -120,14 +127,28 @@ class EngineSimulation(RuleBasedStateMachine):
         self.stores.isvcs.upsert(tm.key, parse_isvc(isvc), str(self.version))
         self.publisher.changed([tm.key], at=self.clock.now)
 
-    @rule(pair=st.permutations(NAMES).map(lambda names: names[:2]))
-    def swap_hostnames(self, pair: list[str]) -> None:
+    def _two_set(self, order: list[str]) -> tuple[tuple[str, str, int], tuple[str, str, int]]:
+        """The first two maps in `order` that are set, each as its name, hostname and weight."""
+        first, second = [(name, *self.desired[key]) for name in order if (key := MapKey("prod", name)) in self.desired][:2]
+        return first, second
+
+    @precondition(lambda self: len(self.desired) >= 2)
+    @rule(order=st.permutations(NAMES))
+    def swap_hostnames(self, order: list[str]) -> None:
         """Two maps trade hostnames in one pass (a blue/green by hostname), each keeping its weights."""
-        first, second = (MapKey("prod", name) for name in pair)
-        if first in self.desired and second in self.desired:
-            (host_a, weight_a), (host_b, weight_b) = self.desired[first], self.desired[second]
-            self.set_map(pair[0], host_b, weight_a)
-            self.set_map(pair[1], host_a, weight_b)
+        (first, host_a, weight_a), (second, host_b, weight_b) = self._two_set(order)
+        self.set_map(first, host_b, weight_a)
+        self.set_map(second, host_a, weight_b)
+
+    @precondition(lambda self: len(self.desired) >= 2)
+    @rule(order=st.permutations(NAMES))
+    def swap_hostnames_in_two_steps(self, order: list[str]) -> None:
+        """Two maps trade hostnames in two passes: the second moves onto the first's hostname (and
+        waits for it), then the first moves onto the second's old one (issue 27, item 15)."""
+        (first, host_a, weight_a), (second, host_b, weight_b) = self._two_set(order)
+        self.set_map(second, host_a, weight_b)
+        self._pass()
+        self.set_map(first, host_b, weight_a)
 
     @rule(name=st.sampled_from(NAMES))
     def delete_map(self, name: str) -> None:
@@ -263,4 +284,16 @@ def test_a_refusal_found_by_the_read_back_after_a_write_in_doubt_is_kept():
     state.next_write_fails(kind="unavailable")
     state.resync()
     state.client_connects(client="envoy-2", empty=False)
+    state.teardown()
+
+
+def test_a_hostname_swap_in_two_steps_is_published_without_a_full_resync():
+    # Issue 27, item 15: both maps stayed HostConflict through settle's quiet spell (reconciles,
+    # no full re-decide), as in a sidecar until the next --resync.
+    state = EngineSimulation()
+    state.set_map(name="m0", host=HOSTS[0], weight=1)
+    state.set_map(name="m1", host=HOSTS[1], weight=2)
+    state.run_pass()
+    state.swap_hostnames_in_two_steps(order=["m0", "m1", "m2"])
+    state.settle()
     state.teardown()

@@ -119,6 +119,26 @@ async def test_verify_against_the_cluster_holds_what_the_sidecar_holds(kube_api,
         assert (condition["status"], condition["reason"]) == (("True", "Published") if verdict == "ok" else ("False", reason)), name
 
 
+async def test_verify_against_the_cluster_holds_the_claim_the_sidecar_holds_on_a_shared_hostname(kube_api, kubeconfig, tmp_path):
+    """Issue 27, item 14: with prod/chat and staging/chat on one hostname, `verify --kubeconfig`
+    said both ok while the sidecar held staging/chat HostConflict. prod/chat is created first, so
+    it is the older TrafficMap (or, within the same second, first by namespace) either way."""
+    seed(kube_api)
+    staging = kube_api.create(make_isvc("chat", "staging"))
+    kube_api.create(make_map("chat", "staging", generation=1, isvc_uid=staging["metadata"]["uid"], observed_isvc_generation=1))
+    code, out, err = await run(*ome_publisher("verify", "--kubeconfig", str(kubeconfig), "-o", "json"))
+    assert code == 1, err
+    verdicts = {(m["namespace"], m["name"]): (m["verdict"], m["reason"], m["message"]) for m in json.loads(out)["maps"]}
+    assert verdicts[("prod", "chat")] == ("ok", None, None)
+    verdict, reason, message = verdicts[("staging", "chat")]
+    assert (verdict, reason) == ("held", "HostConflict") and "prod/chat" in message, message
+
+    await sidecar_once(kubeconfig, tmp_path / "out.json")
+    for (namespace, _), (verdict, reason, _) in verdicts.items():
+        condition = next(c for c in kube_api.get(TM, namespace, "chat")["status"]["conditions"] if c["type"] == CONDITION)
+        assert (condition["status"], condition["reason"]) == (("True", "Published") if verdict == "ok" else ("False", reason)), namespace
+
+
 @pytest.mark.parametrize(
     ("argv", "code", "needle"),
     [

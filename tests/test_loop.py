@@ -399,6 +399,33 @@ async def test_two_maps_with_one_hostname_hold_the_younger_with_host_conflict():
     assert publisher.states[copy].state == "published"
 
 
+async def test_a_hostname_swap_in_two_steps_is_published_on_its_events_without_a_resync():
+    """Issue 27, item 15: B moved onto A's hostname (held), then A onto B's old one; nothing
+    decided B again when A's move waited on it, so both stayed HostConflict until the next resync."""
+    publisher, stores, gateway = make_publisher()
+
+    def put(name: str, host: str, version: str) -> MapKey:
+        created = {"a": "2026-01-01T00:00:00Z", "b": "2026-02-01T00:00:00Z"}[name]
+        key = put_map(stores, make_map(name, resource_version=version, metadata={"creationTimestamp": created}),
+                      isvc=make_isvc(name, host=host, resource_version=version))
+        publisher.changed([key], at=0.0)
+        return key
+
+    a, b = put("a", "a.example.com", "1"), put("b", "b.example.com", "1")
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    put("b", "a.example.com", "2")
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert publisher.states[b].reason == Reason.HOST_CONFLICT
+    put("a", "b.example.com", "2")
+    # The events alone, no resync: every pass the queue asks for, and a bounded number.
+    for _ in range(5):
+        await publisher.sync_once(publisher.queue.take_ready())
+    assert {key: route.hostname for key, route in gateway.held.items()} == {a: "b.example.com", b: "a.example.com"}
+    assert publisher.states[a].state == publisher.states[b].state == "published"
+
+
 async def test_an_error_deciding_one_map_holds_it_and_the_others_publish():
     """Finding 9: a probe time without a zone plus --probe-max-age raised out of sync_once."""
     publisher, stores, gateway = make_publisher(probe_max_age=60.0)

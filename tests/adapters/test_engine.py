@@ -314,3 +314,67 @@ async def test_not_connected_writes_nothing_and_needs_no_read_back():
     reads = gateway.reads
     await engine.apply(changes(pub("a", 1)))
     assert gateway.reads == reads and A in engine.confirmed
+
+
+# --- issue 27: a cycle of claims the engine saw only part of ---------------------------------------
+
+
+async def test_a_hostname_swap_in_two_steps_is_handed_back_whole_and_then_done():
+    """Item 15: B moved onto A's hostname (held, rightly), then A onto B's: each waited for the
+    other and nothing decided B again until the next full resync (52 s, both HostConflict)."""
+    engine, gateway = memory_engine()
+    await engine.start()
+    a_on_h, b_on_h2 = pub("a", 1, host="h.example.com", created="2026-01-01T00:00:00Z"), pub("b", 1, host="h2.example.com", created="2026-02-01T00:00:00Z")
+    await engine.apply(changes(a_on_h, b_on_h2))
+    b_on_h = pub("b", 1, host="h.example.com", created="2026-02-01T00:00:00Z")
+    result = await engine.apply(changes(b_on_h))
+    assert result.rejected[B].reason == Reason.HOST_CONFLICT and not result.released
+    a_on_h2 = pub("a", 1, host="h2.example.com", created="2026-01-01T00:00:00Z")
+    result = await engine.apply(changes(a_on_h2))
+    assert result.rejected[A].reason == Reason.HOST_CONFLICT
+    # Both are handed back, to be decided again together: the swap is then a one-step swap.
+    assert result.released == {A, B}
+    assert not (await engine.apply(changes(a_on_h2, b_on_h))).rejected
+    assert gateway.held == {A: a_on_h2.route, B: b_on_h.route}
+
+
+async def test_hostnames_passed_round_in_three_steps_are_handed_back_whole_and_then_passed():
+    engine, gateway = memory_engine()
+    await engine.start()
+    await engine.apply(changes(*(pub(name, 1, host=f"h{name}.example.com") for name in "abc")))
+    moved = {name: pub(name, 1, host=f"h{after}.example.com") for name, after in zip("abc", "bca")}
+    assert (await engine.apply(changes(moved["a"]))).rejected[A].reason == Reason.HOST_CONFLICT
+    assert (await engine.apply(changes(moved["b"]))).rejected[B].reason == Reason.HOST_CONFLICT
+    result = await engine.apply(changes(moved["c"]))
+    assert result.rejected[C].reason == Reason.HOST_CONFLICT and result.released == {A, B, C}
+    assert not (await engine.apply(changes(*moved.values()))).rejected
+    assert gateway.held == {p.key: p.route for p in moved.values()}
+
+
+async def test_two_swaps_in_one_apply_are_both_done():
+    """The engine breaks one cycle of claims per apply: the second swap of the same pass waited
+    as HostConflict for the next full resync. It is handed back and done in the next apply."""
+    engine, gateway = memory_engine()
+    await engine.start()
+    before = [pub(name, 1, host=f"{host}.example.com") for name, host in (("a", "h1"), ("b", "h2"), ("c", "h3"), ("d", "h4"))]
+    await engine.apply(changes(*before))
+    after = [pub(name, 1, host=f"{host}.example.com") for name, host in (("a", "h2"), ("b", "h1"), ("c", "h4"), ("d", "h3"))]
+    result = await engine.apply(changes(*after))
+    assert result.released == set(result.rejected) and len(result.released) == 2
+    assert not (await engine.apply(changes(*(p for p in after if p.key in result.released)))).rejected
+    assert gateway.held == {p.key: p.route for p in after}
+
+
+async def test_a_swap_whose_withdrawal_is_refused_is_not_handed_back_at_once():
+    """A cycle the engine tried to break (the youngest's withdrawal refused) waits for that map's
+    own retry: handing it back at once would decide it again on every pass."""
+    engine, gateway = memory_engine()
+    await engine.start()
+    await engine.apply(changes(pub("a", 1, host="h.example.com", created="2026-01-01T00:00:00Z"),
+                               pub("b", 1, host="h2.example.com", created="2026-02-01T00:00:00Z")))
+    gateway.reject = {B: "no"}
+    result = await engine.apply(changes(pub("a", 1, host="h2.example.com", created="2026-01-01T00:00:00Z"),
+                                        pub("b", 1, host="h.example.com", created="2026-02-01T00:00:00Z")))
+    assert result.rejected[B].reason == Reason.APPLY_FAILED and result.rejected[A].reason == Reason.HOST_CONFLICT
+    assert not result.released
+    assert hostnames_served_twice(gateway.held) == {}
