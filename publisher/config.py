@@ -162,6 +162,17 @@ class _RunCore(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _load_reports_need_the_split_check(self) -> _RunCore:
+        # File mode's load report server feeds only the split check: with the check off, nothing
+        # would read it, and binding its port could only fail the start.
+        if self.split_verify == "off" and getattr(self, "envoy_lrs_listen", None) is not None:
+            raise ValueError(
+                "--envoy-lrs-listen serves only the split check, which --split-verify off turns off: drop one "
+                "(and envoy-bootstrap's --lrs with --envoy-lrs-listen)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _one_word_for_no_status(self) -> _RunCore:
         if not self.report_status and "status_mode" in self.model_fields_set and self.status_mode != "off":
             raise ValueError(f"--no-report-status is --status-mode off: it contradicts --status-mode {self.status_mode}; drop one")
