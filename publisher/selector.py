@@ -24,6 +24,26 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
+# The same language as one regular expression, for the chart's values schema (a JSON schema has
+# no parser). It never admits what the parser refuses; it is stricter in two corners a regular
+# expression cannot count: a key's prefix is at most 4 DNS labels of at most 62 characters, or 8 of
+# at most 30 (both within the 253 characters the API server allows), and a `>`/`<` number has at
+# most 18 digits (always within int64).
+_WS = r"[ \t\r\n]*"
+_DNS_LABELS = r"[a-z0-9]([-a-z0-9]{{0,{inner}}}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{{0,{inner}}}[a-z0-9])?){{0,{more}}}"
+_PREFIX = f"({_DNS_LABELS.format(inner=60, more=3)}|{_DNS_LABELS.format(inner=28, more=7)})/"
+_LABEL_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?"
+_KEY = rf"({_PREFIX})?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?"
+_REQUIREMENT = (
+    rf"(!{_WS}{_KEY}|{_KEY}("
+    rf"{_WS}(==?|!=){_WS}{_LABEL_VALUE}"
+    rf"|{_WS}[<>]{_WS}[0-9]{{1,18}}"
+    rf"|[ \t\r\n]+(in|notin){_WS}\({_WS}{_LABEL_VALUE}{_WS}(,{_WS}{_LABEL_VALUE}{_WS})*\)"
+    r")?)"
+)
+SELECTOR_PATTERN = rf"^{_WS}({_REQUIREMENT}{_WS}(,{_WS}{_REQUIREMENT}{_WS})*)?$"
+
+
 class SelectorError(ValueError):
     """Why a label selector is not one the API server accepts."""
 
@@ -130,8 +150,8 @@ class _Parser:
         value = "" if self._peek() in (_END, ",") else self._take()
         if value and not _is_identifier(value):
             raise SelectorError(f"found {_shown(value)}, expected: identifier")
-        if operator in (">", "<") and not re.fullmatch(r"[+-]?[0-9]+", value):
-            raise SelectorError(f"{key}{operator}{value}: for '>' and '<' the value must be an integer")
+        if operator in (">", "<") and not (re.fullmatch(r"[+-]?[0-9]+", value) and -(2**63) <= int(value) < 2**63):
+            raise SelectorError(f"{key}{operator}{value}: for '>' and '<' the value must be a 64-bit integer")
         _check_value(key, value)
 
     def _set_values(self) -> set[str]:
