@@ -31,7 +31,9 @@ _VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 # most 18 digits (always within int64).
 _WS = r"[ \t\r\n]*"
 _DNS_LABELS = r"[a-z0-9]([-a-z0-9]{{0,{inner}}}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{{0,{inner}}}[a-z0-9])?){{0,{more}}}"
-_PREFIX = f"({_DNS_LABELS.format(inner=60, more=3)}|{_DNS_LABELS.format(inner=28, more=7)})/"
+# A DNS subdomain of at most 253 characters, as far as a regular expression can count them.
+BOUNDED_DNS_SUBDOMAIN = f"({_DNS_LABELS.format(inner=60, more=3)}|{_DNS_LABELS.format(inner=28, more=7)})"
+_PREFIX = f"{BOUNDED_DNS_SUBDOMAIN}/"
 _LABEL_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?"
 _KEY = rf"({_PREFIX})?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?"
 _REQUIREMENT = (

@@ -242,3 +242,41 @@ def test_every_selector_the_schema_admits_the_sidecar_takes(selector: str) -> No
 def test_the_schema_admits_no_selector_the_sidecar_refuses(text: str) -> None:
     if re.fullmatch(SELECTOR_PATTERN, text):
         assert selector_problem(text) is None, text
+
+
+HTTPROUTE = {"adapter": {"name": "httproute", "httproute": {"gateway": "gateways/global"}}}
+
+
+@pytest.mark.parametrize(
+    ("gateway", "inside"),
+    [("gateways/global", True), ("g" * 63 + "/gw", True), ("g" * 64 + "/gw", False), ("gateways/a.b", True),
+     ("gateways/a..b", False), ("gateways/a.-b", False), ("Gateways/global", False), ("gateways", False)],
+    ids=["plain", "namespace-63", "namespace-64", "dotted-name", "empty-label", "label-dash", "upper-case", "no-name"],
+)
+def test_each_gateway_edge(gateway: str, inside: bool) -> None:
+    values = _merge(HTTPROUTE, {"adapter": {"httproute": {"gateway": gateway}}})
+    if not inside:
+        _refused(values)
+        return
+    assert _run_accepts(_containers(values)["publisher"]["args"]).gateway == gateway  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("listen", "inside"), [("127.0.0.1:1", True), ("127.0.0.1:65535", True), ("127.0.0.1:65536", False), ("127.0.0.1:0", False),
+                           ("localhost:8081", True), ("127.0.0.1:99999", False)],  # fmt: skip
+    ids=["1", "65535", "65536", "0", "localhost", "99999"],
+)
+def test_each_nginx_status_listen_edge(listen: str, inside: bool) -> None:
+    values = {"adapter": {"name": "nginx", "nginx": {"mode": "reload", "statusListen": listen}}}
+    if not inside:
+        _refused(values)
+        return
+    assert _run_accepts(_containers(values)["publisher"]["args"]).nginx_status_listen == listen  # type: ignore[attr-defined]
+
+
+def test_the_httproute_adapters_reserved_instance_name_is_refused_by_the_chart() -> None:
+    assert "would name the routes like OME's own" in _refused(_merge(HTTPROUTE, {"instanceName": "global"}))
+    with pytest.raises(config.ConfigError, match="'global' would name our routes"):
+        _run_accepts(["run", "--name=global", "--adapter=httproute", "--gateway=gateways/global", "--backend-port=80"])
+    # Another adapter takes the name.
+    assert _run_accepts(_containers({"instanceName": "global", "adapter": {"name": "json"}})["publisher"]["args"]).name == "global"

@@ -26,10 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from adapters.envoy import _ROUTE_CONFIG  # noqa: E402
+from adapters.httproute import RESERVED_INSTANCE  # noqa: E402
 from adapters.nginx_lua import PATH_PATTERN, SIZE_PATTERN  # noqa: E402
 from publisher import config  # noqa: E402
 from publisher.model import format_duration  # noqa: E402
-from publisher.selector import SELECTOR_PATTERN  # noqa: E402
+from publisher.model import _DNS_LABEL  # noqa: E402
+from publisher.selector import BOUNDED_DNS_SUBDOMAIN, SELECTOR_PATTERN  # noqa: E402
 
 CHART = ROOT / "helm" / "ome-gateway-publisher"
 SCHEMA = CHART / "values.schema.json"
@@ -41,6 +43,8 @@ PATTERNS = {
     "labelSelector": SELECTOR_PATTERN,
     "envoyRouteConfig": _ROUTE_CONFIG.pattern,
     "nginxPath": PATH_PATTERN,
+    # httproute's --gateway, NAMESPACE/NAME (empty: the adapter is not httproute).
+    "gatewayRef": f"^({_DNS_LABEL.pattern.strip('^$')}/{BOUNDED_DNS_SUBDOMAIN})?$",
 }
 # Each duration the chart passes to `ome-publisher run`: its values path -> the option it feeds.
 # tests/test_chart_limits.py fails on a duration flag in _run-args.tpl that is not listed here.
@@ -74,6 +78,10 @@ def limits_template() -> str:
         "and the seconds the sidecar takes (least, most, zero or not). _validate.tpl checks them.\n*/}}\n"
         '{{- define "ome-gateway-publisher.durationLimits" -}}\n'
         f"[\n{entries}\n]\n"
+        "{{- end }}\n\n"
+        "{{/* The instance name the httproute adapter refuses (its routes would be named like OME's own). */}}\n"
+        '{{- define "ome-gateway-publisher.httprouteReservedInstance" -}}\n'
+        f"{RESERVED_INSTANCE}\n"
         "{{- end }}\n"
     )
 

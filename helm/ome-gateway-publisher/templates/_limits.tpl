@@ -12,3 +12,8 @@ and the seconds the sidecar takes (least, most, zero or not). _validate.tpl chec
 {"path": "adapter.nginx.minReloadInterval", "flag": "--nginx-min-reload-interval", "least": 0.0, "most": 86400.0, "zeroOk": true, "leastText": "0", "mostText": "24h", "why": ""}
 ]
 {{- end }}
+
+{{/* The instance name the httproute adapter refuses (its routes would be named like OME's own). */}}
+{{- define "ome-gateway-publisher.httprouteReservedInstance" -}}
+global
+{{- end }}

@@ -6,6 +6,10 @@ the sidecar's code). Included by deployment.yaml, so install, template and lint 
 */}}
 {{- define "ome-gateway-publisher.validate" -}}
 {{- include "ome-gateway-publisher.validateDurations" . }}
+{{- $reserved := include "ome-gateway-publisher.httprouteReservedInstance" . }}
+{{- if and (eq .Values.adapter.name "httproute") (eq (include "ome-gateway-publisher.instanceName" .) $reserved) }}
+{{- fail (printf "instanceName: %q would name the routes like OME's own `<isvc>-%s` ones, which the httproute adapter refuses; set another instanceName" $reserved $reserved) }}
+{{- end }}
 {{- $ports := dict (printf "%d" (int .Values.metrics.port)) "metrics.port" }}
 {{- $mode := include "ome-gateway-publisher.gatewayMode" . }}
 {{- $bound := list }}
