@@ -103,7 +103,7 @@ class _RunCore(BaseModel):
         "on", description="Check the split each gateway instance serves against the weights, from the gateway's own request counts (Envoy's load reports, NGINX Lua): a report, never a hold."
     )
     split_interval: SplitInterval = Field(
-        60.0, description="How often each gateway instance reports its request counts, at least 10s (at 10,000 maps an Envoy's report is about 1.7 MB)."
+        60.0, description="How often each gateway instance reports its request counts (at 10,000 maps an Envoy's report is about 1.7 MB)."
     )
 
     # Set by `load`: each option not given as a flag -> where its value came from, for messages.
@@ -329,10 +329,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(*flags, dest=name, action="append", default=argparse.SUPPRESS, metavar="NS", help=help_text)
             continue
         choices = _choices(info.annotation)
-        duration = duration_range(info) is not None
+        bound = duration_range(info)
+        duration = bound is not None
         if isinstance(default, Enum):
             default = default.value
-        notes = [DURATION_UNITS] if duration else []
+        notes = [DURATION_UNITS, bound.describe()] if bound is not None else []
         if default not in (None, ()):
             notes.append(f"default: {format_duration(default) if duration else default}")
         if notes:

@@ -102,6 +102,12 @@ class DurationRange:
     zero_ok: bool = False
     why: str = ""  # why the floor is where it is, for the refusal
 
+    def describe(self) -> str:
+        """The range in words, for the help: `10s to 1h`, `0 to 1h`, `at most 24h`."""
+        if self.least:
+            return f"{format_duration(self.least)} to {format_duration(self.most)}"
+        return f"0 to {format_duration(self.most)}" if self.zero_ok else f"at most {format_duration(self.most)}"
+
     def __call__(self, value: Any) -> float:
         seconds = parse_duration(value, zero_ok=self.zero_ok)
         if seconds < self.least:
