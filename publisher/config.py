@@ -30,7 +30,6 @@ from publisher.model import (
     HOUR,
     Duration,
     DurationRange,
-    duration,
     format_duration,
     is_dns_label,
     parse_duration,
@@ -43,10 +42,10 @@ ENV_PREFIX = "OME_PUBLISHER_"
 # Every duration option is a DurationRange: Duration (longer than zero, at most a day) unless
 # named here. The chart checks the values feeding them against the same ranges.
 # A verdict held for more than an hour before it is written would be news too late to act on.
-StatusDelay = duration(HOUR, zero_ok=True)
-ProbeMaxAge = duration(7 * DAY)
+StatusDelay = Annotated[float, BeforeValidator(DurationRange(HOUR, zero_ok=True))]
+ProbeMaxAge = Annotated[float, BeforeValidator(DurationRange(7 * DAY))]
 # Envoy's load reports and NGINX's counts are read this often: at most hourly, or a window is stale.
-SplitInterval = duration(HOUR, least=10.0, why="each report lists every map's backends")
+SplitInterval = Annotated[float, BeforeValidator(DurationRange(HOUR, least=10.0, why="each report lists every map's backends"))]
 
 
 class ConfigError(ValueError):

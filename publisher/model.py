@@ -76,7 +76,7 @@ def parse_duration(value: Any, *, zero_ok: bool = False) -> float:
             raise ValueError(f"{value!r} is not a duration such as {DURATION_EXAMPLES} (a unit on every number)")
         seconds = sum(float(number) * _UNITS[unit] for number, unit in _DURATION_PART.findall(text))
     if seconds < 0 or (seconds == 0 and not zero_ok):
-        raise ValueError(f"{value!r} must be longer than zero")
+        raise ValueError(f"{value!r} must be {'0 or longer' if zero_ok else 'longer than zero'}")
     return seconds
 
 
@@ -117,16 +117,13 @@ class DurationRange:
         return seconds
 
 
-def duration(most: float, *, least: float = 0.0, zero_ok: bool = False, why: str = "") -> Any:
-    """An option in seconds that takes the duration grammar, within a DurationRange."""
-    return Annotated[float, BeforeValidator(DurationRange(most, least, zero_ok, why))]
-
-
 HOUR = 3600.0
 DAY = 24 * HOUR
-# The default ranges: longer than zero (Duration) or zero too (Interval, "no wait"), at most a day.
-Duration = duration(DAY)
-Interval = duration(DAY, zero_ok=True)
+# Options in seconds that take the duration grammar, in the default ranges: longer than zero
+# (Duration) or zero too (Interval, "no wait"), at most a day. An option with another range
+# annotates itself the same way with its own DurationRange.
+Duration = Annotated[float, BeforeValidator(DurationRange(DAY))]
+Interval = Annotated[float, BeforeValidator(DurationRange(DAY, zero_ok=True))]
 # How a help text names the forms parse_duration takes.
 DURATION_UNITS = f"a duration: {DURATION_EXAMPLES}"
 
