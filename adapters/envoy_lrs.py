@@ -94,19 +94,39 @@ def instance_label(node: str, peer: str, others: Iterable[str]) -> str:
     return f"{node}@{host}"
 
 
-def bind_problem(listen: str) -> str:
-    """Why `listen` cannot be bound, in the kernel's words (gRPC's own error names no reason)."""
+def bind_problem(listen: str) -> str | None:
+    """Why `listen` cannot be bound, in the kernel's words, or None. Asked before gRPC binds: a
+    failed gRPC bind prints gRPC's own lines on stderr before ours, and names no reason."""
     host, _, port = listen.rpartition(":")
     try:
         infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
         family, kind, proto, _, address = infos[0]
         with socket.socket(family, kind, proto) as probe:
+            # As gRPC binds: a port whose last connections linger in TIME_WAIT is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(address)
     except OSError as exc:
         return exc.strerror or str(exc)
     except ValueError:
         return "not HOST:PORT"
-    return "gRPC could not bind it"
+    return None
+
+
+def add_port(server: grpc.aio.Server, listen: str, flag: str) -> int:
+    """Bind `server` to `listen`; the port. An address that cannot be bound raises OSError naming
+    `flag`, and gRPC is not asked to bind it (its own lines on stderr would come first)."""
+    problem = bind_problem(listen)
+    port = 0
+    if problem is None:
+        try:
+            port = server.add_insecure_port(listen)
+        except RuntimeError:  # taken between the check and gRPC's bind; gRPC says only "Failed to bind"
+            port = 0
+        problem = None if port else "gRPC could not bind it"
+    if problem is not None:
+        # No errno: the message says more than strerror would (which address, and why).
+        raise OSError(None, f"cannot listen on {listen}: {problem}", flag)
+    return port
 
 
 def _fold_report(request: lrs_pb2.LoadStatsRequest) -> tuple[Counts, int, float]:
@@ -200,12 +220,7 @@ class LoadReportServer:
         raises OSError naming --envoy-lrs-listen."""
         server = grpc.aio.server(options=SERVER_OPTIONS)
         self.request_counter.add_to(server)
-        try:
-            self.port = server.add_insecure_port(self.listen)
-        except RuntimeError:  # gRPC says only "Failed to bind"
-            self.port = 0
-        if not self.port:
-            raise OSError(None, f"cannot listen on {self.listen}: {bind_problem(self.listen)}", "--envoy-lrs-listen")
+        self.port = add_port(server, self.listen, "--envoy-lrs-listen")
         await server.start()
         self._serving.set()
         log.info("load report server listening", extra={"listen": self.listen, "port": self.port})

@@ -25,7 +25,7 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from adapters.base import NotConnected, Unavailable, WriteResult
 from adapters.envoy_lrs import SERVER_OPTIONS as _SERVER_OPTIONS
-from adapters.envoy_lrs import LoadReports, bind_problem, instance_label
+from adapters.envoy_lrs import LoadReports, add_port, instance_label
 from adapters.envoy_resources import ROUTE_TYPE, MapResources, XdsRenderer, map_name
 from adapters.envoy_xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, plan, served_by_most
 from publisher.model import MapKey, Route
@@ -337,14 +337,7 @@ class XdsTransport:
         server = grpc.aio.server(options=_SERVER_OPTIONS)
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(_Servicer(self), server)
         self.request_counter.add_to(server)
-        try:
-            self.port = server.add_insecure_port(self._listen)
-        except RuntimeError:  # gRPC says only "Failed to bind"; the reason comes from bind_problem
-            self.port = 0
-        if not self.port:
-            reason = bind_problem(self._listen)
-            # No errno: the message says more than strerror would (which address, and why).
-            raise OSError(None, f"cannot listen on {self._listen}: {reason}", "--envoy-xds-listen")
+        self.port = add_port(server, self._listen, "--envoy-xds-listen")
         self._server = server
         await server.start()
         self._serving.set()

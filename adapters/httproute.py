@@ -90,6 +90,11 @@ _R = TypeVar("_R")
 UNKNOWN_ROUTE = Route("", ())
 
 
+# `<map>-global` names OME's own route for an InferenceService: an instance of this name would
+# write routes named like OME's. The chart refuses it too (tools/chart_limits.py).
+RESERVED_INSTANCE = "global"
+
+
 class HttpRouteOptions(BaseModel):
     """Where the routes go and how they point at the workload clusters."""
 
@@ -133,7 +138,7 @@ class HttpRouteOptions(BaseModel):
     def _instance(cls, value: str) -> str:
         if not is_dns_label(value):
             raise ValueError(f"{value!r} is not a DNS label")
-        if value == "global":
+        if value == RESERVED_INSTANCE:
             # `<map>-global` is the name of OME's own route for the same InferenceService.
             raise ValueError("'global' would name our routes like OME's own '<isvc>-global'")
         return value

@@ -48,7 +48,13 @@ MAX_BACKENDS = 64
 # Mirrors ome_control.lua's init, which stops NGINX on a shorter secret (whitespace around it left out).
 SECRET_MIN_LENGTH = 16
 _CHECKSUM_MODULUS = 2**52
-_SIZE = re.compile(r"^[0-9]{1,6}[km]$")
+# A lua_shared_dict size (--shared-dict-size, --counts-dict-size): NGINX's spelling in k or m, no
+# leading zero, from 32k (NGINX refuses 1k and cannot allocate an 8k dict) to 1024m. The chart's
+# values schema has this very pattern (tests/test_chart_limits.py).
+SIZE_PATTERN = r"^((3[2-9]|[4-9][0-9]|[1-9][0-9]{2,5})k|([1-9][0-9]{0,2}|10[01][0-9]|102[0-4])m)$"
+_SIZE = re.compile(SIZE_PATTERN)
+# The characters a path in the snippet may have: nothing NGINX could read as syntax.
+PATH_PATTERN = r"^[A-Za-z0-9_./+-]+$"
 
 # DNS answers carry TTLs that getaddrinfo does not expose: names are re-resolved on this fixed
 # interval instead, so an endpoint whose address moves is followed within half a minute.
@@ -201,7 +207,7 @@ def http_snippet(
     _check_listen(control_listen)
     for size in (shared_dict_size, counts_dict_size):
         if size is not None and not _SIZE.fullmatch(size):
-            raise ValueError(f"{size!r} is not an NGINX size such as 32m")
+            raise ValueError(f"{size!r} is not an NGINX size from 32k to 1024m, such as 32m")
     ca_file = ca_file or DEFAULT_CA_FILE
     counts_dict = (
         ""
@@ -210,7 +216,7 @@ def http_snippet(
         f"# backends); a full dict evicts the oldest counter, which the sidecar reads as a restart.\nlua_shared_dict ome_counts {counts_dict_size};\n"
     )
     for path in (secret_file, ca_file, lua_dir):
-        if not re.fullmatch(r"[A-Za-z0-9_./+-]+", str(path)):
+        if not re.fullmatch(PATH_PATTERN, str(path)):
             raise ValueError(f"{str(path)!r}: only letters, digits and _./+- are allowed in a path here")
     return f"""\
 # Written by `ome-publisher nginx-config`; include inside http {{}}. The main nginx.conf must load,

@@ -62,7 +62,9 @@ STDIN = "-"
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs one subcommand and returns its exit code (the console script exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser(_command(argv))
+    parser, subparser = _parser(_command(argv))
+    if subparser is not None:
+        argv = _attach_dash_values(subparser, argv)
     try:
         args, unknown = parser.parse_known_args(argv)
         if unknown:
@@ -80,20 +82,48 @@ def _command(argv: Sequence[str]) -> str | None:
     return next((word for word in argv if not word.startswith("-")), None)
 
 
-def _parser(command: str | None) -> argparse.ArgumentParser:
-    """The top-level parser; of the subcommands only `command` declares its arguments."""
+def _parser(command: str | None) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser | None]:
+    """The top-level parser and `command`'s, the only subcommand that declares its arguments."""
     parser = argparse.ArgumentParser(
         prog="ome-publisher",
         description="Publishes OME TrafficMap weights into a global gateway.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+    chosen = None
     for name, (summary, add) in _SUBCOMMANDS.items():
         subparser = subparsers.add_parser(name, help=summary)
         if name == command:
             add(subparser)
             subparser.set_defaults(parser=subparser)
-    return parser
+            chosen = subparser
+    return parser, chosen
+
+
+def _attach_dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """argv with `--opt -1s` written `--opt=-1s` where -1s is no option of `parser`: argparse
+    takes any word starting with '-' for an option and answers "expected one argument", where
+    the option's own check has a better word (a negative duration, a selector `-bad=x`)."""
+    takes_value = {option for action in parser._actions if action.nargs is None for option in action.option_strings}
+    options = [option for action in parser._actions for option in action.option_strings]
+
+    def is_option(word: str) -> bool:
+        head = word.split("=", 1)[0]
+        if head.startswith("--"):
+            return any(option.startswith(head) for option in options)  # argparse takes abbreviations
+        return any(word.startswith(option) for option in options if not option.startswith("--"))
+
+    attached: list[str] = []
+    words = iter(argv)
+    for word in words:
+        following = next(words, None) if word in takes_value else None
+        if following is None:
+            attached.append(word)
+        elif following.startswith("-") and following != "-" and not is_option(following):
+            attached.append(f"{word}={following}")
+        else:
+            attached += [word, following]
+    return attached
 
 
 def _unrecognized(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:

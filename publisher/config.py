@@ -23,10 +23,29 @@ from pydantic.fields import FieldInfo
 from adapters import ADAPTERS
 from publisher.gate import PublishedGate
 from publisher.metrics import PerMap
-from publisher.model import DURATION_PARSERS, DURATION_UNITS, Duration, Interval, is_dns_label, parse_duration, split_host_port
+from publisher.selector import selector_problem
+from publisher.model import (
+    DAY,
+    DURATION_UNITS,
+    HOUR,
+    Duration,
+    DurationRange,
+    format_duration,
+    is_dns_label,
+    parse_duration,
+    split_host_port,
+)
 
 ENV_PREFIX = "OME_PUBLISHER_"
-MIN_SPLIT_INTERVAL = 10.0
+
+
+# Every duration option is a DurationRange: Duration (longer than zero, at most a day) unless
+# named here. The chart checks the values feeding them against the same ranges.
+# A verdict held for more than an hour before it is written would be news too late to act on.
+StatusDelay = Annotated[float, BeforeValidator(DurationRange(HOUR, zero_ok=True))]
+ProbeMaxAge = Annotated[float, BeforeValidator(DurationRange(7 * DAY))]
+# Envoy's load reports and NGINX's counts are read this often: at most hourly, or a window is stale.
+SplitInterval = Annotated[float, BeforeValidator(DurationRange(HOUR, least=10.0, why="each report lists every map's backends"))]
 
 
 class ConfigError(ValueError):
@@ -63,7 +82,8 @@ class _RunCore(BaseModel):
     host_template: str = Field("{name}.{namespace}", description="Hostname of a map whose InferenceService has no ome.io/global-host annotation.")
     resync: Duration = Field(60.0, description="Re-read the gateway and re-decide every map this often, repairing drift (a minute bounds how long drift lasts).")
     report_status: bool = Field(True, description="Write this instance's condition on each TrafficMap.")
-    status_delay: Interval = Field(0.5, description="Write a verdict other than published once it has stood this long (0: at once): a map held for milliseconds between OME's two writes of a change is no news. The gateway never waits for it.")
+    status_delay: StatusDelay = Field(
+        0.5, description="Write a verdict other than published once it has stood this long (0: at once): a map held for milliseconds between OME's two writes of a change is no news. The gateway never waits for it.")
     status_mode: Literal["condition", "report", "off"] = Field(
         "condition",
         description="Where this instance's verdicts go: `condition` on each TrafficMap (a few regions), `report` in this "
@@ -76,12 +96,13 @@ class _RunCore(BaseModel):
     metrics_per_map: PerMap = Field("problems", description="Which maps get per-map series (weight, map_held, map_failed): `problems` only held or failed maps, so healthy maps cost none.")
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Least severe level logged.")
-    probe_max_age: Duration | None = Field(None, description="Report (not hold) a map whose probe.lastProbeTime is older than this.")
+    probe_max_age: ProbeMaxAge | None = Field(
+        None, description="Report (not hold) a map whose probe.lastProbeTime is older than this.")
     split_verify: Literal["on", "off"] = Field(
         "on", description="Check the split each gateway instance serves against the weights, from the gateway's own request counts (Envoy's load reports, NGINX Lua): a report, never a hold."
     )
-    split_interval: Duration = Field(
-        60.0, description="How often each gateway instance reports its request counts, at least 10s (at 10,000 maps an Envoy's report is about 1.7 MB)."
+    split_interval: SplitInterval = Field(
+        60.0, description="How often each gateway instance reports its request counts (at 10,000 maps an Envoy's report is about 1.7 MB)."
     )
 
     # Set by `load`: each option not given as a flag -> where its value came from, for messages.
@@ -110,11 +131,13 @@ class _RunCore(BaseModel):
             raise ValueError(f"{value!r} may use only {{name}} and {{namespace}}") from exc
         return value
 
-    @field_validator("split_interval")
+    @field_validator("label_selector")
     @classmethod
-    def _split_interval_floor(cls, value: float) -> float:
-        if value < MIN_SPLIT_INTERVAL:
-            raise ValueError(f"{value:g}s is shorter than {MIN_SPLIT_INTERVAL:g}s: each report lists every map's backends")
+    def _label_selector_syntax(cls, value: str | None) -> str | None:
+        # The API server answers a malformed selector 400 on every list: refused here, at start.
+        problem = None if value is None else selector_problem(value)
+        if problem is not None:
+            raise ValueError(f"{value!r} is not a label selector: {problem}")
         return value
 
     @field_validator("listen")
@@ -135,6 +158,17 @@ class _RunCore(BaseModel):
         # The Lease lives on the API server, and only the kube source writes status.
         if self.leader_elect and self.source != "kube":
             raise ValueError(f"--leader-elect needs --source kube: with --source {self.source} there is no Lease and no status to write")
+        return self
+
+    @model_validator(mode="after")
+    def _load_reports_need_the_split_check(self) -> _RunCore:
+        # File mode's load report server feeds only the split check: with the check off, nothing
+        # would read it, and binding its port could only fail the start.
+        if self.split_verify == "off" and getattr(self, "envoy_lrs_listen", None) is not None:
+            raise ValueError(
+                "--envoy-lrs-listen serves only the split check, which --split-verify off turns off: drop one "
+                "(and envoy-bootstrap's --lrs with --envoy-lrs-listen)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -235,21 +269,12 @@ def _choices(annotation: Any) -> tuple[str, ...] | None:
     return None
 
 
-def _is_duration(annotation: Any, metadata: list[Any]) -> bool:
-    validators = list(metadata)
-    for arg in get_args(annotation):
+def duration_range(info: FieldInfo) -> DurationRange | None:
+    """The DurationRange of a duration option (through Optional), else None."""
+    validators = list(info.metadata)
+    for arg in get_args(info.annotation):
         validators.extend(getattr(arg, "__metadata__", ()))
-    return any(isinstance(v, BeforeValidator) and v.func in DURATION_PARSERS for v in validators)
-
-
-def format_duration(seconds: float) -> str:
-    """`seconds` in the duration grammar, largest unit first: 90 -> 1m30s, 0.5 -> 500ms."""
-    if seconds < 1:
-        return f"{seconds * 1000:g}ms"
-    hours, rest = divmod(seconds, 3600.0)
-    minutes, rest = divmod(rest, 60.0)
-    parts = [f"{value:g}{unit}" for value, unit in ((hours, "h"), (minutes, "m"), (rest, "s")) if value]
-    return "".join(parts)
+    return next((v.func for v in validators if isinstance(v, BeforeValidator) and isinstance(v.func, DurationRange)), None)
 
 
 def _with_adapter_options(core: type[_RunCore]) -> type[_RunCore]:
@@ -303,10 +328,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(*flags, dest=name, action="append", default=argparse.SUPPRESS, metavar="NS", help=help_text)
             continue
         choices = _choices(info.annotation)
-        duration = _is_duration(info.annotation, info.metadata)
+        bound = duration_range(info)
+        duration = bound is not None
         if isinstance(default, Enum):
             default = default.value
-        notes = [DURATION_UNITS] if duration else []
+        notes = [DURATION_UNITS, bound.describe()] if bound is not None else []
         if default not in (None, ()):
             notes.append(f"default: {format_duration(default) if duration else default}")
         if notes:

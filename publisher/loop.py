@@ -822,8 +822,8 @@ async def once(publisher: Publisher, source: Source, *, read_gateway: bool = Tru
         why = f": {problem}" if problem else ""
         unready = publisher.adapter.unready()
         if not publisher.started:
-            why = publisher.gateway_waiting or unready
-            stage = f"the gateway's read-back ({why})" if why else "the gateway's read-back"
+            waiting = publisher.gateway_waiting or unready
+            stage = f"the gateway's read-back ({waiting})" if waiting else "the gateway's read-back"
         elif not publisher.is_synced:
             stage = "the source's first full view"
         else:

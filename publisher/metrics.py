@@ -85,7 +85,7 @@ SOURCE_LAST_SUCCESS = Gauge(
 )
 SOURCE_REFUSED = Gauge(
     PREFIX + "source_refused",
-    "1 while the API server refuses our list or watch (401, 403, 404: credentials, RBAC or a missing CRD).",
+    "1 while the API server refuses our list or watch (400, 401, 403, 404: a selector, credentials, RBAC or a missing CRD).",
     ["resource", "namespace"], registry=REGISTRY,
 )
 

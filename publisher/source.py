@@ -287,18 +287,21 @@ class _Gone(Exception):
 
 # Transient failures of list and watch: retried with capped backoff, logged on the first of a streak.
 _TRANSIENT = (KubeError, aiohttp.ClientError, asyncio.TimeoutError, WatchError, ConnectionError)
-# Answers that mean our configuration is wrong (credentials, RBAC, a missing CRD), not the network.
-_REFUSALS = (401, 403, 404)
+# Answers that mean our configuration is wrong (a request the server cannot read, e.g. a malformed
+# label selector; credentials; RBAC; a missing CRD), not the network.
+_REFUSALS = (400, 401, 403, 404)
 
 
 class SourceRefused(Exception):
-    """The API server refused the source for a reason retrying will not fix: 401, 403 or 404.
+    """The API server refused the source for a reason retrying will not fix: 400, 401, 403 or 404.
     The message names the verb, the resource, the namespace and what to change."""
 
 
 def describe_refusal(exc: KubeError, verb: str, resource: Resource, namespace: str | None) -> str:
     """One line an operator can act on: what was refused, where, and the missing rule."""
     what = f"{verb} {resource.plural}.{resource.group} in {_where(namespace)}"
+    if exc.code == 400:
+        return f"{what}: 400 BadRequest: {exc.message} (check --label-selector)"
     if exc.code == 401:
         return (
             f"{what}: 401 Unauthorized: the API server did not accept our credentials "
@@ -336,7 +339,7 @@ class WatchOptions:
     backoff_max: float = 10.0
     # A watch connected this long counts as healthy: its next drop starts the backoff over.
     backoff_reset: float = 60.0
-    # A refusal (401, 403, 404) is not fixed by hammering: retried at this slow pace.
+    # A refusal (400, 401, 403, 404) is not fixed by hammering: retried at this slow pace.
     refusal_retry: float = 30.0
     # --once and --dry-run: a refusal ends the source at once instead of being retried.
     refusals_fatal: bool = False

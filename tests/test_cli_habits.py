@@ -52,9 +52,10 @@ def test_run_help_lists_choices_and_units(capsys):
                   "--log-format {text,json}", "--log-level {debug,info,warning,error}",
                   "--ome-published-gate {auto,require,ignore}", "--metrics-per-map {all,problems,none}"):
         assert shown in text, shown
-    for duration, default in (("--resync", "1m"), ("--nginx-min-reload-interval", "2s"), ("--route-status-timeout", "5s")):
-        assert re.search(rf"{duration} DURATION .*?\(a duration: 1h30m, 2m, 60s, 1\.5s, 500ms; default: {default}\)", text), duration
-    assert re.search(r"--probe-max-age DURATION .*?\(a duration: 1h30m, 2m, 60s, 1\.5s, 500ms\)", text)
+    for duration, span, default in (("--resync", "at most 24h", "1m"), ("--nginx-min-reload-interval", "0 to 24h", "2s"),
+                                    ("--route-status-timeout", "at most 24h", "5s"), ("--split-interval", "10s to 1h", "1m")):
+        assert re.search(rf"{duration} DURATION .*?\(a duration: 1h30m, 2m, 60s, 1\.5s, 500ms; {span}; default: {default}\)", text), duration
+    assert re.search(r"--probe-max-age DURATION .*?\(a duration: 1h30m, 2m, 60s, 1\.5s, 500ms; at most 168h\)", text)
 
 
 def test_report_status_help_reads_right(capsys):

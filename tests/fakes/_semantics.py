@@ -325,16 +325,34 @@ def fields_v1(paths: Iterable[Path]) -> dict[str, Any]:
 # --- selectors ------------------------------------------------------------------------------------
 
 _SELECTOR_TERM = re.compile(
-    r"\s*(?:(?P<key>[A-Za-z0-9_./-]+)\s*(?P<op>==|=|!=)\s*(?P<value>[A-Za-z0-9_.-]*)"
-    r"|(?P<setkey>[A-Za-z0-9_./-]+)\s+(?P<setop>in|notin)\s+\((?P<values>[^)]*)\)"
+    r"\s*(?:(?P<key>[A-Za-z0-9_./-]+)\s*(?P<op>==|=|!=|>|<)\s*(?P<value>[A-Za-z0-9_.-]*)"
+    r"|(?P<setkey>[A-Za-z0-9_./-]+)\s+(?P<setop>in|notin)\s*\((?P<values>[^)]*)\)"
     r"|(?P<not>!)?\s*(?P<exists>[A-Za-z0-9_./-]+))\s*(?:,|$)"
 )
+# What apimachinery's validation asks of a label key (a qualified name) and a label value.
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def _check_label_key(key: str) -> None:
+    prefix, slash, name = key.rpartition("/")
+    if len(name) > 63 or not _LABEL_NAME.match(name):
+        raise BadSelector(f"unable to parse requirement: invalid label key {key!r}: name part must consist of alphanumeric characters, '-', '_' or '.'")
+    if slash and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
+        raise BadSelector(f"unable to parse requirement: invalid label key {key!r}: prefix part must be a lowercase RFC 1123 subdomain")
+
+
+def _check_label_value(value: str) -> None:
+    if len(value) > 63 or not _LABEL_VALUE.match(value):
+        raise BadSelector(f"unable to parse requirement: invalid label value: {value!r}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.'")
 
 
 def parse_selector(text: str | None) -> list[tuple[str, str, frozenset[str]]]:
-    """`k=v,k2!=v2,k3 in (a,b),k4,!k5` as (key, op, values) terms; ops: in, notin, exists, !exists."""
+    """`k=v,k2!=v2,k3 in (a,b),k4,!k5,k6>3` as (key, op, values) terms; ops: in, notin, exists,
+    !exists, gt, lt. Keys and values are validated as the API server does: a malformed selector is
+    BadSelector (400), never a selector that matches something."""
     terms: list[tuple[str, str, frozenset[str]]] = []
-    if not text:
+    if not text or not text.strip():
         return terms
     position = 0
     while position < len(text):
@@ -343,13 +361,25 @@ def parse_selector(text: str | None) -> list[tuple[str, str, frozenset[str]]]:
             raise BadSelector(f"unable to parse requirement at {text[position:]!r}")
         position = match.end()
         if match["key"]:
-            op = "notin" if match["op"] == "!=" else "in"
+            _check_label_key(match["key"])
+            _check_label_value(match["value"])
+            op = {"!=": "notin", ">": "gt", "<": "lt"}.get(match["op"], "in")
+            if op in ("gt", "lt") and not re.fullmatch(r"[0-9]+", match["value"]):
+                raise BadSelector(f"unable to parse requirement: for 'Gt', 'Lt' operators, the value must be an integer: {match['value']!r}")
             terms.append((match["key"], op, frozenset([match["value"]])))
         elif match["setkey"]:
-            values = frozenset(v.strip() for v in match["values"].split(",") if v.strip())
-            terms.append((match["setkey"], match["setop"], values))
+            _check_label_key(match["setkey"])
+            places = [v.strip() for v in match["values"].split(",")]
+            if any(" " in v or "\t" in v for v in places):
+                raise BadSelector(f"unable to parse requirement: found {match['values']!r}, expected: ',' or ')'")
+            for value in places:
+                _check_label_value(value)
+            terms.append((match["setkey"], match["setop"], frozenset(places)))
         else:
+            _check_label_key(match["exists"])
             terms.append((match["exists"], "!exists" if match["not"] else "exists", frozenset()))
+    if text.rstrip().endswith(","):
+        raise BadSelector("unable to parse requirement: found '', expected: identifier after ','")
     return terms
 
 
@@ -364,6 +394,13 @@ def selector_matches(terms: list[tuple[str, str, frozenset[str]]], labels: Mappi
             return False
         if op == "!exists" and present:
             return False
+        if op in ("gt", "lt"):
+            (bound,) = values
+            if not (present and re.fullmatch(r"[0-9]+", labels[key])):
+                return False
+            number, limit = int(labels[key]), int(bound)
+            if not (number > limit if op == "gt" else number < limit):
+                return False
     return True
 
 

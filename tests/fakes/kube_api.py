@@ -6,7 +6,8 @@ CRD, no status subresource), coordination.k8s.io/v1 leases, v1 services. All nam
 
 Promises, each tested in tests/fakes/test_kube_api.py:
 1. Lists, namespaced and across namespaces, kind `<Kind>List` with metadata.resourceVersion;
-   `labelSelector` (`k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`) and
+   `labelSelector` (`k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`, `k>N`, `k<N`;
+   a malformed one, keys and values checked as the API server does, is 400 BadRequest) and
    `fieldSelector` on metadata.name/namespace; `limit`/`continue` pages from one snapshot, every
    page carrying the first page's resourceVersion; a continue token that outlived its snapshot: 410.
 2. GET, POST (create), PUT (replace, with a resourceVersion precondition: 409 Conflict), DELETE

@@ -142,10 +142,37 @@ async def test_list_label_selector(kube_api: FakeKubeAPI, http: aiohttp.ClientSe
     assert [i["metadata"]["name"] for i in listed["items"]] == names
 
 
-async def test_list_bad_label_selector_is_bad_request(http: aiohttp.ClientSession) -> None:
-    code, body = await call(http, "GET", f"{TM}/trafficmaps", labelSelector="app in a")
+# Each refused by the real kube-apiserver (apimachinery's labels.Parse and its key and value checks).
+MALFORMED_SELECTORS = ["app in a", "tier=prod!", "a=b=c", "app,", "-bad=x", "app=-x", "Example.com/app=x",
+                       "app in (a b)", "a/b/c=x", "x>a", "!a=b", "app=" + "v" * 64]
+
+
+@pytest.mark.parametrize("selector", MALFORMED_SELECTORS)
+async def test_list_bad_label_selector_is_bad_request(http: aiohttp.ClientSession, selector: str) -> None:
+    code, body = await call(http, "GET", f"{TM}/trafficmaps", labelSelector=selector)
     assert code == 400
     assert_status(body, 400, "BadRequest")
+
+
+@pytest.mark.parametrize("selector", MALFORMED_SELECTORS[:6])
+async def test_watch_bad_label_selector_is_bad_request(http: aiohttp.ClientSession, selector: str) -> None:
+    async with http.get(f"{TM}/trafficmaps", params={"watch": "1", "labelSelector": selector}) as response:
+        assert response.status == 400
+        assert_status(await response.json(), 400, "BadRequest")
+
+
+@pytest.mark.parametrize(
+    ("selector", "names"),
+    [("n>3", ["b"]), ("n<3", ["a"]), ("app notin (x,), n", ["a", "b"]), ("example.com/team=x", []), ("  ", ["a", "b", "c"])],
+    ids=["gt", "lt", "empty-set", "prefixed-key", "blank"],
+)
+async def test_list_label_selector_as_the_server_reads_it(kube_api: FakeKubeAPI, http: aiohttp.ClientSession, selector: str, names: list[str]) -> None:  # noqa: F811
+    kube_api.create(make_map("a", labels={"n": "2"}))
+    kube_api.create(make_map("b", labels={"n": "10"}))
+    kube_api.create(make_map("c", labels={"app": "x"}))
+    code, listed = await call(http, "GET", f"{TM}/trafficmaps", labelSelector=selector)
+    assert code == 200, listed
+    assert [i["metadata"]["name"] for i in listed["items"]] == names
 
 
 async def test_list_field_selector_on_name(kube_api: FakeKubeAPI, http: aiohttp.ClientSession) -> None:  # noqa: F811
