@@ -40,19 +40,31 @@ def test_cluster_names_read_back_as_map_and_backend() -> None:
     assert parse_cluster_name("ome|a|b") is None
 
 
-def test_a_report_counts_answered_requests_per_map_backend_and_nothing_else() -> None:
+def test_a_report_counts_issued_requests_per_map_backend_and_nothing_else() -> None:
     counts: dict = {}
     fold_clusters(
         [
             cluster_stats(cluster_name(KEY, "a"), (10, 2, 12), (3, 0, 3)),
-            # A backend on a closed port: every request in error, none issued.
+            # A backend on a closed port: every request in error, none issued (none counted).
             cluster_stats(cluster_name(KEY, "b"), (0, 7, 0)),
             cluster_stats(cluster_name(KEY, "c")),
             cluster_stats("ome-xds", (99, 0, 99)),
         ],
         counts,
     )
-    assert counts == {KEY: {"a": 15, "b": 7}}
+    assert counts == {KEY: {"a": 15}}
+
+
+def test_a_stream_is_counted_when_issued_not_when_it_ends() -> None:
+    """Issue 27: requests counted as they ended (success + error) put the streams picked before a
+    drain, answered minutes later, after it: 48 requests on a weight-0 backend, reported off. They
+    count in the report of the interval they were issued in."""
+    before_drain: dict = {}
+    fold_clusters([cluster_stats(cluster_name(KEY, "a"), (40, 0, 40)), cluster_stats(cluster_name(KEY, "b"), (0, 0, 48))], before_drain)
+    after_drain: dict = {}
+    fold_clusters([cluster_stats(cluster_name(KEY, "a"), (100, 0, 100)), cluster_stats(cluster_name(KEY, "b"), (48, 0, 0))], after_drain)
+    assert before_drain == {KEY: {"a": 40, "b": 48}}
+    assert after_drain == {KEY: {"a": 100}}
 
 
 def test_the_bootstrap_reports_load_to_the_xds_cluster_unless_told_not_to() -> None:
@@ -124,12 +136,11 @@ async def test_envoy_reports_the_split_it_served_and_a_skewed_one_is_named(tmp_p
             # Judge it, two windows of 2,000: against the weights it serves, and against weights
             # 10 points away from them (a gateway that serves other weights than it confirmed).
             right, wrong = SplitWindows(), SplitWindows()
-            right.route_changed(KEY, served)
-            wrong.route_changed(KEY, route({"a": 3, "b": 2, "c": 5, "d": 0}, backends))
+            right.route_changed(KEY, served, -10.0)
+            wrong.route_changed(KEY, route({"a": 3, "b": 2, "c": 5, "d": 0}, backends), -10.0)
             for windows in (right, wrong):
-                windows.add(KEY, instance, {}, 0.0)
                 for t in (1.0, 2.0, 3.0, 4.0):
-                    windows.add(KEY, instance, counted, t)
+                    windows.add(KEY, instance, counted, t - 1, t)
                     windows.judge_due(t)
             assert right.state(KEY, instance)[0] == "verified"
             assert list(wrong.off()) == [(KEY, instance)]
@@ -227,6 +238,42 @@ async def test_an_envoy_that_connects_before_the_split_check_starts_reports_at_i
         pass
     restarted, counted, left = await reports.collect()
     assert restarted.restarted and counted.counts == {KEY: {"worker-a": 8}} and left.left
+
+
+async def test_an_envoy_reporting_back_to_back_keeps_one_report_waiting_whatever_its_pace() -> None:
+    """Issue 27: every report was kept until the next round: one client sending reports back to
+    back took the sidecar from 135 MB to 1.83 GB in 21 s. Each stream keeps one report waiting,
+    the sum of its intervals since the last collect, ending at the latest."""
+    from envoy.service.load_stats.v3 import lrs_pb2
+
+    reports = LoadReports()
+    reports.enable(10.0)
+    now = [100.0]
+    reports.clock = lambda: now[0]
+    first, drained = await _open_stream(reports, "gw", "ipv4:10.0.0.1:41000")
+    second, drained_second = await _open_stream(reports, "gw", "ipv4:10.0.0.2:41000")
+    try:
+        stats = [cluster_stats(cluster_name(KEY, "a"), (0, 0, 2)), cluster_stats(cluster_name(KEY, "b"), (0, 0, 1))]
+        for n in range(1000):
+            now[0] = 101.0 + n
+            first.put_nowait(lrs_pb2.LoadStatsRequest(node={"id": "gw"}, cluster_stats=stats))
+        second.put_nowait(lrs_pb2.LoadStatsRequest(node={"id": "gw"}, cluster_stats=stats[:1]))
+        await eventually(lambda: reports.reports == 1001)
+        assert len(reports._pending) == 4  # two starts, one report per stream
+        collected = await reports.collect()
+        assert [r.instance for r in collected if r.restarted] == ["gw", "gw@10.0.0.2"]
+        counted = {r.instance: r for r in collected if not r.restarted}
+        assert counted["gw"].counts == {KEY: {"a": 2000, "b": 1000}} and counted["gw"].at == 1100.0
+        assert counted["gw@10.0.0.2"].counts == {KEY: {"a": 2}}
+        first.put_nowait(lrs_pb2.LoadStatsRequest(node={"id": "gw"}, cluster_stats=stats))
+        await eventually(lambda: reports.reports == 1002)
+        (later,) = await reports.collect()
+        assert later.counts == {KEY: {"a": 2, "b": 1}}
+    finally:
+        for requests, task in ((first, drained), (second, drained_second)):
+            requests.put_nowait(None)
+            await task
+    assert [r.left for r in await reports.collect()] == [True, True]
 
 
 def test_file_mode_bootstrap_reports_load_to_the_lrs_address_it_is_given(tmp_path, capsys) -> None:

@@ -1,6 +1,7 @@
 """NGINX Lua mode's request counts (adapters/nginx_lua/ome_counts.lua, LuaRequestCounts): real NGINX
-counts what it served per map backend; the sidecar reads deltas page by page, and a restart or a
-counter that went down restarts the count instead of being misjudged."""
+counts each request per map backend when it picks the backend; the sidecar reads deltas page by
+page, and a restart (the instance's count) or a counter that went down (its map's count) starts
+over instead of being misjudged."""
 
 from __future__ import annotations
 
@@ -92,6 +93,44 @@ async def test_a_page_holds_whole_maps_and_every_backend_once(tmp_path: Path) ->
     assert all(len(page) < counter.page_backends + 3 for page in pages)
 
 
+async def test_an_evicted_counter_restarts_its_map_alone_and_is_counted_and_logged_once(tmp_path: Path, caplog) -> None:
+    """Issue 27: with a small ome_counts dict, one evicted cold counter made every read report the
+    whole instance restarted, so no map was ever judged (two maps with 75,000 requests each stayed
+    "few requests"), with no log and no metric."""
+    transport, _ = _counted_transport(tmp_path, 3, 2)
+    values = {f"ns-{i}/model-{i}|worker-{b}": 0 for i in range(3) for b in range(2)}
+
+    async def exchange(method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any], str]:
+        assert body is not None
+        return 200, {"boot": "boot-1", "counts": [values[name] for name in body.splitlines()]}, ""
+
+    transport._exchange = exchange  # type: ignore[method-assign]
+    counter = transport.request_counter
+    counter.enable(60.0)
+    counter.page_pause = 0.0
+    counter.clock = lambda: 7.0
+    assert (await collect(counter)).restarted  # the baseline
+    cold, busy = MapKey("ns-0", "model-0"), [MapKey("ns-1", "model-1"), MapKey("ns-2", "model-2")]
+    for name in values:
+        values[name] += 37_500
+    await collect(counter)
+    values["ns-0/model-0|worker-1"] = 3  # evicted, counting again from 0
+    values["ns-0/model-0|worker-0"] += 10
+    for key in busy:
+        for b in range(2):
+            values[f"{key.namespace}/{key.name}|worker-{b}"] += 1000
+    with caplog.at_level("WARNING", logger="adapters.nginx_lua"):
+        report = await collect(counter)
+        assert not report.restarted and report.recounted == {cold} and report.at == 7.0
+        assert report.counts == {key: {"worker-0": 1000, "worker-1": 1000} for key in busy}
+        assert transport.stats.counters_evicted == 1
+        values["ns-0/model-0|worker-0"] = 1
+        report = await collect(counter)
+        assert report.recounted == {cold} and transport.stats.counters_evicted == 2
+    (logged,) = [r for r in caplog.records if "evicted" in r.getMessage()]
+    assert "--counts-dict-size" in logged.getMessage()
+
+
 @pytest.mark.slow
 async def test_nginx_counts_each_backend_it_served_and_the_split_is_judged(tmp_path: Path) -> None:
     weights = {"a": 2, "b": 3, "c": 5, "d": 0}
@@ -113,9 +152,8 @@ async def test_nginx_counts_each_backend_it_served_and_the_split_is_judged(tmp_p
         assert "d" not in got
 
         windows = SplitWindows(enough=1000)
-        windows.route_changed(KEY, served)
-        windows.add(KEY, counter.instance, {}, 0.0)
-        windows.add(KEY, counter.instance, report.counts[KEY], 1.0)
+        windows.route_changed(KEY, served, -10.0)
+        windows.add(KEY, counter.instance, report.counts[KEY], 0.0, 1.0)
         (judged,) = windows.judge_due(1.0)
         assert judged[2].verdict == "fine" and judged[2].largest_deviation < 0.01  # round robin is exact
 
@@ -144,11 +182,10 @@ async def test_a_table_changed_behind_the_sidecars_back_is_caught_by_its_counts(
         status, answer = await lua.control("POST", "/batch", f"{{}}\nset {KEY.namespace}/{KEY.name} {rogue_text}\n")
         assert status == 200, answer
         windows = SplitWindows(enough=500)
-        windows.route_changed(KEY, sidecar_route)
-        windows.add(KEY, counter.instance, {}, 0.0)
+        windows.route_changed(KEY, sidecar_route, -10.0)
         for t in (1.0, 2.0):
             await measure(lua.nginx.url, HOST, 500)
-            windows.add(KEY, counter.instance, (await collect(counter)).counts[KEY], t)
+            windows.add(KEY, counter.instance, (await collect(counter)).counts[KEY], t - 1, t)
             windows.judge_due(t)
         assert list(windows.off()) == [(KEY, counter.instance)]
 
