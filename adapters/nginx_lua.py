@@ -290,7 +290,7 @@ server {{
 class LuaStats:
     """What the transport did, for metrics: read it, never write it. pushes: batches NGINX
     confirmed; failures: the others and failed lookups, by reason; counters_evicted: request
-    counters its request counter (LuaRequestCounts) saw go down, evicted from a full dict."""
+    counters its request counter (LuaRequestCounts) saw evicted from a full dict."""
 
     pushes: int = 0
     failures: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -719,9 +719,10 @@ class LuaTransport:
 class LuaRequestCounts:
     """Lua mode's RequestCounter (adapters.base): NGINX's pick-time counters of the confirmed maps'
     backends, read a page at a time, as deltas since the last read. The counters only grow
-    within one boot: a new boot id starts the instance's count over, and a counter that went down
-    (evicted from a full dict) its map's, rather than be misread. Evictions are counted
-    (LuaStats.counters_evicted) and logged once: the dict is too small for the maps it counts."""
+    within one boot: a new boot id starts the instance's count over, and a counter evicted from a
+    full dict (another generation, or a count that went down) its map's, rather than be misread.
+    Evictions are counted (LuaStats.counters_evicted) and logged once: the dict is too small for
+    the maps it counts."""
 
     # Counters a request (a map's backends stay in one page, so a page may hold a few more), and
     # the pause between two: a page holds one NGINX worker (8,000 held it 25 ms, 2,000 about 6 ms),
@@ -735,7 +736,11 @@ class LuaRequestCounts:
         self.instance = urllib.parse.urlsplit(transport._url).netloc
         self._enabled = False
         self._boot: str | None = None
+        # Each counter's count and generation at the last read (two dicts of ints: no object per
+        # counter for the collector to walk); generation None from an ome_counts.lua that gives
+        # none (older than generations), 0 for no counter.
         self._seen: dict[str, int] = {}
+        self._generations: dict[str, int | None] = {}
         self._evictions_logged = False
         self.clock: Callable[[], float] = time.monotonic
 
@@ -766,6 +771,7 @@ class LuaRequestCounts:
         transport = self._transport
         at = self.clock()  # before any page: every counter read is at least this late
         seen: dict[str, int] = {}
+        seen_generations: dict[str, int | None] = {}
         deltas: dict[MapKey, dict[str, int]] = {}
         boots: set[str] = set()
         went_down: set[MapKey] = set()
@@ -780,22 +786,26 @@ class LuaRequestCounts:
             counts = answer.get("counts")
             if not isinstance(counts, list) or len(counts) != len(page) or not all(isinstance(n, int) for n in counts):
                 raise Unavailable("nginx control listener: POST /counts: answered counts that do not match the keys asked")
+            generations = answer.get("generations", [None] * len(page))
+            if not isinstance(generations, list) or len(generations) != len(page) or not all(isinstance(g, int | None) for g in generations):
+                raise Unavailable("nginx control listener: POST /counts: answered generations that do not match the keys asked")
             boots.add(str(answer.get("boot")))
-            for (key, cluster), name, value in zip(page, names, counts, strict=True):
-                seen[name] = value
-                last = self._seen.get(name)
-                if last is None:
+            for (key, cluster), name, value, generation in zip(page, names, counts, generations, strict=True):
+                seen[name], seen_generations[name] = value, generation
+                last_value = self._seen.get(name)
+                if last_value is None:
                     continue
-                if value < last:
+                last_generation = self._generations.get(name)
+                if value < last_value or (last_generation and generation != last_generation):
                     went_down.add(key)
                     evicted += 1
-                elif value > last:
-                    deltas.setdefault(key, {})[cluster] = value - last
+                elif value > last_value:
+                    deltas.setdefault(key, {})[cluster] = value - last_value
             await asyncio.sleep(self.page_pause)
         restarted = len(boots) > 1 or (bool(boots) and boots != {self._boot})
         if boots:
             self._boot = next(iter(boots)) if len(boots) == 1 else None
-        self._seen = seen
+        self._seen, self._generations = seen, seen_generations
         if restarted:
             return [CountReport(self.instance, restarted=True, at=at)]
         if evicted:

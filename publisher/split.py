@@ -188,10 +188,12 @@ class SplitWindows:
             window.restart(counting_from)
 
     def restart(self, key: MapKey, instance: str, now: float) -> None:
-        """This instance's count of this map started over at `now`: what was counted before is not."""
-        window = self._window(key, instance)
-        if window is not None:
-            window.restart(now)
+        """This instance's count of this map started over at `now`: what was counted before is
+        not, and no verdict stands until a window after it is judged (as when the whole instance
+        starts over)."""
+        known = self._routes.get(key)
+        if known is not None:
+            self._windows.setdefault(key, {})[instance] = _Window(known[0], max(known[1], now))
 
     def add(self, key: MapKey, instance: str, counts: Mapping[str, int], start: float | None, end: float) -> None:
         """One reported interval (`start`, `end`] of picks per backend cluster for one map on one

@@ -131,6 +131,31 @@ async def test_an_evicted_counter_restarts_its_map_alone_and_is_counted_and_logg
     assert "--counts-dict-size" in logged.getMessage()
 
 
+async def test_a_counter_evicted_and_grown_back_past_its_old_count_is_told_by_its_generation(tmp_path: Path) -> None:
+    """Found by the split simulation: counts alone miss an evicted counter that grew back past
+    the value read before (7 read, evicted, 9 more counted: a "delta" of 2), and a dict too small
+    undercounts cold backends without a word. Each counter made has a generation of its own."""
+    transport, _ = _counted_transport(tmp_path, 1, 2)
+    values = {"ns-0/model-0|worker-0": (1, 7), "ns-0/model-0|worker-1": (2, 500)}
+
+    async def exchange(method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any], str]:
+        assert body is not None
+        asked = [values[name] for name in body.splitlines()]
+        return 200, {"boot": "boot-1", "counts": [n for _, n in asked], "generations": [g for g, _ in asked]}, ""
+
+    transport._exchange = exchange  # type: ignore[method-assign]
+    counter = transport.request_counter
+    counter.enable(60.0)
+    counter.page_pause = 0.0
+    await collect(counter)
+    values = {"ns-0/model-0|worker-0": (3, 9), "ns-0/model-0|worker-1": (2, 600)}
+    report = await collect(counter)
+    assert report.recounted == {MapKey("ns-0", "model-0")} and report.counts == {}
+    assert transport.stats.counters_evicted == 1
+    values = {"ns-0/model-0|worker-0": (3, 19), "ns-0/model-0|worker-1": (2, 700)}
+    assert (await collect(counter)).counts == {MapKey("ns-0", "model-0"): {"worker-0": 10, "worker-1": 100}}
+
+
 @pytest.mark.slow
 async def test_nginx_counts_each_backend_it_served_and_the_split_is_judged(tmp_path: Path) -> None:
     weights = {"a": 2, "b": 3, "c": 5, "d": 0}
