@@ -6,7 +6,9 @@ over instead of being misjudged."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,9 @@ from adapters.base import CountReport
 from adapters.nginx import NginxOptions
 from adapters.nginx_lua import LuaRenderer, LuaRequestCounts, LuaTransport
 from publisher.model import MapKey
-from publisher.split import SplitWindows
+from publisher.split import MIN_REQUESTS, SplitWindows
 from tests.adapters.test_nginx_lua import HOST, KEY, lua_nginx, route
-from tests.gateways import Backends, measure
+from tests.gateways import BACKEND_HEADER, Backends, measure
 
 
 async def collect(counter: LuaRequestCounts) -> CountReport:
@@ -255,3 +257,107 @@ async def test_a_weight_change_is_never_held_back_by_a_read_of_the_counters(tmp_
         assert result.rejected == {} and not read.done()
         release.set()
         assert (await read)[0].restarted  # the first read is the baseline
+
+
+@contextlib.asynccontextmanager
+async def slow_backends(delays: dict[str, float]):  # type: ignore[no-untyped-def]
+    """HTTP servers that answer, each after its own delay, with their name: an LLM backend whose
+    answer takes seconds. Yields each one's endpoint."""
+    from aiohttp import web
+
+    runners, endpoints = [], {}
+    try:
+        for name, delay in delays.items():
+
+            async def handle(request: web.Request, name: str = name, delay: float = delay) -> web.Response:
+                await asyncio.sleep(delay)
+                return web.Response(text=name, headers={BACKEND_HEADER: name})
+
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", handle)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            runners.append(runner)
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            endpoints[name] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        yield endpoints
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+@pytest.mark.slow
+async def test_a_drain_with_long_requests_in_flight_is_never_judged_off(tmp_path: Path) -> None:
+    """Issue 27, as reproduced on real NGINX: backend b answers after 4 s, 80 requests a second,
+    b drained after 2.5 s. Counted in the log phase, the requests picked before the drain were
+    counted as they ended, after it: b 17 % of a window with weights 1/0, off. Counted at the pick,
+    no interval that began after the confirmed drain holds one, and no window is off. (On the Lua
+    of df50202, counting in the log phase: 99 of b's requests counted after the drain.)"""
+    import aiohttp
+
+    async with slow_backends({"a": 0.0, "b": 4.0}) as endpoints, lua_nginx(tmp_path) as lua:
+        both = route(HOST, ("a", endpoints["a"], 1), ("b", endpoints["b"], 1))
+        drained = route(HOST, ("a", endpoints["a"], 1), ("b", endpoints["b"], 0))
+        await lua.push({KEY: both})
+        counter = lua.transport.request_counter
+        counter.enable(1.0)
+        counter.page_pause = 0.0
+        windows = SplitWindows(enough=MIN_REQUESTS)  # windows of the test's traffic, not the rule's
+        windows.route_changed(KEY, both, time.monotonic())
+        since = (await collect(counter)).at  # the baseline
+        answered: dict[str, int] = {}
+        drained_at: list[float] = []
+
+        async def one(session: aiohttp.ClientSession) -> None:
+            async with session.get(lua.nginx.url, headers={"Host": HOST}) as response:
+                await response.read()
+                name = response.headers.get(BACKEND_HEADER, f"status:{response.status}")
+                answered[name] = answered.get(name, 0) + 1
+
+        async def traffic() -> None:
+            """About 80 requests a second, by count rather than by the clock: 200 before the drain
+            (all of b's still in flight then), 300 that start 1.5 s or more after it (a read
+            interval past REPORT_LAG: enough for a window of the drained route)."""
+            connector = aiohttp.TCPConnector(force_close=True, limit=0)
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20), connector=connector) as session:
+                requests: list[asyncio.Task[None]] = []
+                after = 0
+                while after < 300 and len(requests) < 2000:
+                    if len(requests) == 200:
+                        await lua.push({KEY: drained})
+                        drained_at.append(time.monotonic())
+                        windows.route_changed(KEY, drained, drained_at[0])
+                    requests.append(asyncio.create_task(one(session)))
+                    after += bool(drained_at) and time.monotonic() >= drained_at[0] + 1.5
+                    await asyncio.sleep(0.0125)
+                await asyncio.gather(*requests)
+
+        intervals: list[tuple[float, float, dict[str, int]]] = []
+        verdicts: list[str] = []
+
+        async def read() -> None:
+            nonlocal since
+            report = await collect(counter)
+            assert not report.restarted and not report.recounted and report.at is not None
+            counts = dict(report.counts.get(KEY, {}))
+            intervals.append((since, report.at, counts))
+            windows.add(KEY, counter.instance, counts, since, report.at)
+            since = report.at
+            verdicts.extend(judgment.verdict for _, _, judgment in windows.judge_due(report.at))
+
+        sending = asyncio.create_task(traffic())
+        try:
+            for _ in range(120):  # at most a minute; the last answers come about 12 s in
+                if sending.done():
+                    break
+                await asyncio.sleep(0.5)
+                await read()
+        finally:
+            await sending
+        await read()  # every request was picked, and counted, before this
+        assert answered.get("b", 0) > 50 and set(answered) <= {"a", "b"}, answered
+        # Every b request was counted before the drain, none after it, though most ended after it.
+        assert sum(c.get("b", 0) for start, _, c in intervals if start >= drained_at[0]) == 0
+        assert sum(c.get("b", 0) for *_, c in intervals) == answered["b"]
+        assert "off" not in verdicts and not windows.off() and "fine" in verdicts
