@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
+from types import SimpleNamespace
 from collections import defaultdict
 
 import pytest
@@ -19,9 +21,10 @@ from adapters.envoy import CDS_FILE, RDS_FILE, EnvoyOptions, bootstrap, build_fi
 from adapters.envoy_lrs import LoadReportServer, LoadReports, fold_clusters
 from adapters.envoy_xds import XdsTransport
 from publisher.model import MapKey
-from publisher.split import SplitWindows
+from publisher.split import MIN_REQUESTS, SplitWindows
 from tests.adapters.test_envoy_xds import HOST, KEY, RENDERER, envoy, parts, route, write
-from tests.gateways import Backends, eventually, free_port, measure, taken_port
+from tests.adapters.test_nginx_lua_counts import slow_backends
+from tests.gateways import BACKEND_HEADER, Backends, eventually, free_port, measure, taken_port
 
 
 def cluster_stats(name: str, *localities: tuple[int, int, int]) -> load_report_pb2.ClusterStats:
@@ -358,3 +361,98 @@ async def test_envoy_in_file_mode_reports_what_it_served_to_the_sidecars_lrs_ser
     finally:
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
+
+
+@pytest.mark.slow
+async def test_a_drain_with_long_requests_in_flight_counts_none_of_them_after_it_on_envoy(tmp_path) -> None:
+    """Issue 27, as reproduced on real Envoy: backend b answers after 4 s, 80 requests a second, b
+    drained after 200 of them. Counted as they were answered, b's requests came in the reports
+    after the drain (weights 1/0: off). Counted as issued, every one is in a report of an interval
+    that began before the drain was confirmed, and no window is off. (Counting success + error,
+    as df50202 did: 94 of b's requests in intervals that began after the drain.)"""
+    import aiohttp
+
+    transport = XdsTransport("127.0.0.1:0", RENDERER)
+    reports = transport.request_counter
+    reports.enable(1.0)
+    serving = asyncio.create_task(transport.serve())
+    try:
+        await asyncio.wait_for(transport.started(), 10)
+        async with slow_backends({"a": 0.0, "b": 4.0}) as endpoints, envoy(tmp_path, transport.port) as running:
+            backends = SimpleNamespace(endpoint=endpoints.__getitem__)
+            both, drained = route({"a": 1, "b": 1}, backends), route({"a": 1, "b": 0}, backends)  # type: ignore[arg-type]
+            current: dict = {}
+            assert (await write(transport, current, parts((KEY, both)))).rejected == {}
+            windows = SplitWindows(enough=MIN_REQUESTS)  # windows of the test's traffic, not the rule's
+            windows.route_changed(KEY, both, time.monotonic())
+            await eventually(lambda: reports.instances(), timeout=20)
+            since: dict[str, float | None] = {}
+            intervals: list[tuple[float | None, float, dict[str, int]]] = []
+            verdicts: list[str] = []
+
+            async def read() -> None:
+                for report in await reports.collect():
+                    if report.restarted or report.left:
+                        since[report.instance] = report.at
+                        continue
+                    assert report.at is not None
+                    counts = dict(report.counts.get(KEY, {}))
+                    start = since.get(report.instance)
+                    intervals.append((start, report.at, counts))
+                    windows.add(KEY, report.instance, counts, start, report.at)
+                    since[report.instance] = report.at
+                verdicts.extend(judgment.verdict for _, _, judgment in windows.judge_due(time.monotonic()))
+
+            await asyncio.sleep(2.5)  # a report after the clusters came, so the next interval has a known start
+            await read()
+            answered: dict[str, int] = {}
+            drained_at: list[float] = []
+
+            async def one(session: aiohttp.ClientSession) -> None:
+                async with session.get(running.url, headers={"Host": HOST}) as response:
+                    await response.read()
+                    name = response.headers.get(BACKEND_HEADER, f"status:{response.status}")
+                    answered[name] = answered.get(name, 0) + 1
+
+            async def traffic() -> None:
+                connector = aiohttp.TCPConnector(force_close=True, limit=0)
+                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20), connector=connector) as session:
+                    requests: list[asyncio.Task[None]] = []
+                    after = 0
+                    while after < 300 and len(requests) < 2000:
+                        if len(requests) == 200:
+                            assert (await write(transport, current, parts((KEY, drained)))).rejected == {}
+                            drained_at.append(time.monotonic())
+                            windows.route_changed(KEY, drained, drained_at[0])
+                        requests.append(asyncio.create_task(one(session)))
+                        # From one report interval past REPORT_LAG: enough for a window of the drained route.
+                        after += bool(drained_at) and time.monotonic() >= drained_at[0] + 2.0
+                        await asyncio.sleep(0.0125)
+                    await asyncio.gather(*requests)
+
+            sending = asyncio.create_task(traffic())
+            try:
+                for _ in range(120):  # at most a minute; the last answers come about 13 s in
+                    if sending.done():
+                        break
+                    await asyncio.sleep(0.5)
+                    await read()
+            finally:
+                await sending
+            assert answered.get("b", 0) > 50 and set(answered) <= {"a", "b"}, answered
+
+            def counted(name: str) -> int:
+                return sum(c.get(name, 0) for *_, c in intervals)
+
+            for _ in range(40):  # Envoy reports the last interval within a second or two
+                if counted("a") + counted("b") >= sum(answered.values()):
+                    break
+                await asyncio.sleep(0.25)
+                await read()
+            assert counted("b") == answered["b"] and counted("a") == answered["a"]
+            assert sum(c.get("b", 0) for start, _, c in intervals if start is not None and start >= drained_at[0]) == 0
+            assert "off" not in verdicts and not windows.off() and "fine" in verdicts, verdicts
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await transport.aclose()
