@@ -19,7 +19,7 @@ from adapters.nginx import NginxOptions
 from adapters.nginx_lua import LuaRenderer, LuaRequestCounts, LuaTransport
 from publisher.model import MapKey
 from publisher.split import MIN_REQUESTS, SplitWindows
-from tests.adapters.test_nginx_lua import HOST, KEY, lua_nginx, route
+from tests.adapters.test_nginx_lua import HOST, KEY, _scraped_table_series, lua_nginx, route
 from tests.gateways import BACKEND_HEADER, Backends, measure
 
 
@@ -131,6 +131,7 @@ async def test_an_evicted_counter_restarts_its_map_alone_and_is_counted_and_logg
         assert report.recounted == {cold} and transport.stats.counters_evicted == 2
     (logged,) = [r for r in caplog.records if "evicted" in r.getMessage()]
     assert "--counts-dict-size" in logged.getMessage()
+    assert _scraped_table_series(transport.stats)["ome_gateway_publisher_nginx_counters_evicted_total"] == 2
 
 
 async def test_a_counter_evicted_and_grown_back_past_its_old_count_is_told_by_its_generation(tmp_path: Path) -> None:
