@@ -219,6 +219,41 @@ async def test_a_table_changed_behind_the_sidecars_back_is_caught_by_its_counts(
         assert list(windows.off()) == [(KEY, counter.instance)]
 
 
+@pytest.mark.slow
+async def test_a_counts_dict_too_small_restarts_only_the_maps_whose_counters_it_evicted(tmp_path: Path) -> None:
+    """Issue 27 on real NGINX with a 12k counts dict: cold maps' requests evict a busy map's
+    counters, which then grow back past the counts read before. The busy map's count starts over
+    (its counters are of another generation), the instance's does not, and the next read counts
+    exactly what NGINX served."""
+    import aiohttp
+
+    async with Backends(("a", "b")) as backends, lua_nginx(tmp_path, counts_dict_size="12k") as lua:
+        busy = MapKey("ns", "busy")
+        cold = {MapKey("ns", f"cold-{i}"): route(f"cold-{i}.example.com", ("a", backends.endpoint("a"), 1)) for i in range(300)}
+        await lua.push({busy: route("busy.example.com", ("a", backends.endpoint("a"), 1), ("b", backends.endpoint("b"), 1)), **cold})
+        counter = lua.transport.request_counter
+        counter.enable(60.0)
+        counter.page_pause = 0.0
+        assert (await collect(counter)).restarted  # the baseline
+
+        async def one_each(hosts: list[str]) -> None:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+                for host in hosts:
+                    async with session.get(lua.nginx.url, headers={"Host": host}) as response:
+                        assert response.status == 200
+
+        first = await measure(lua.nginx.url, "busy.example.com", 50)
+        assert (await collect(counter)).counts[busy] == dict(first)
+        await one_each([r.hostname for r in cold.values()])  # the busy map's counters are the coldest now
+        grown = await measure(lua.nginx.url, "busy.example.com", 200)  # past the counts read before
+        report = await collect(counter)
+        assert not report.restarted and busy in report.recounted and busy not in report.counts
+        assert lua.transport.stats.counters_evicted >= 2
+        got = await measure(lua.nginx.url, "busy.example.com", 500)
+        report = await collect(counter)
+        assert report.counts[busy] == dict(got) and busy not in report.recounted, (grown, report.counts[busy])
+
+
 @pytest.mark.parametrize(("size", "declared"), [("8m", True), ("16m", True), ("off", False)])
 def test_nginx_config_declares_the_counts_dict_unless_turned_off(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], size: str, declared: bool
