@@ -88,7 +88,7 @@ class CountReport:
     restarted: bool = False
     # The instance is gone (its stream ended): its windows are dropped.
     left: bool = False
-    # Maps whose count alone started over (a counter that went down: evicted): their windows restart.
+    # Maps whose count alone started over (a counter evicted and made again): their windows restart.
     recounted: frozenset[MapKey] = frozenset()
     # When it was counted (time.monotonic()): the interval's end. None: when it is folded.
     at: float | None = None

@@ -10,10 +10,10 @@ after the pick), never when it ends: a stream picked before a drain and answered
 counted before it. Left out: requests that never got an upstream connection (a backend on a closed
 port has requests in error, none issued); a retry is issued, and counted, again. Counters are
 latched per stream, so a new stream starts that Envoy's counting over. However fast an Envoy
-reports, each stream keeps at most one report waiting to be collected: the next is added to it. Reports are folded on a worker thread: at 10,000 maps
-one lists 40,000 clusters (1.7 MB, about 0.1 s of CPU), which on the event loop would hold back
-every xDS stream and status write meanwhile; the thread gives the loop the interpreter back every
-few milliseconds.
+reports, each stream keeps at most one report waiting to be collected: the next is added to it.
+Reports are folded on a worker thread: at 10,000 maps one lists 40,000 clusters (1.7 MB, about
+0.1 s of CPU), which on the event loop would hold back every xDS stream and status write
+meanwhile; the thread gives the loop the interpreter back every few milliseconds.
 """
 
 from __future__ import annotations
