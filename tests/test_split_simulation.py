@@ -27,7 +27,8 @@ df50202's windows over today's counters every seed still fails: maps rightly rep
 for many windows after they are served right again. Today's NGINX model counts at the pick; the
 log-phase counting of df50202 is shown failing on real NGINX (tests/adapters/test_nginx_lua_counts.py).
 
-CI runs `SEEDS`; OME_SPLIT_SIMULATION_SEEDS=200 (say) runs that many more.
+CI runs `SEEDS` (a few seconds); OME_SPLIT_SIMULATION_SEEDS=200 (say) runs that many more, and
+OME_SIMULATION_EXAMPLES (the other simulations' exploration) 20 more.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ from publisher.served_split import SplitVerifier
 from publisher.split import ENOUGH_REQUESTS
 
 SEEDS = [1, 2, 3]
-EXTRA_SEEDS = int(os.environ.get("OME_SPLIT_SIMULATION_SEEDS", "0"))
+# More seeds, opt-in: OME_SPLIT_SIMULATION_SEEDS=N, or 20 with the suite's OME_SIMULATION_EXAMPLES.
+EXTRA_SEEDS = int(os.environ.get("OME_SPLIT_SIMULATION_SEEDS") or (20 if os.environ.get("OME_SIMULATION_EXAMPLES") else 0))
 
 HOUR = 3600.0
 INTERVAL = 30.0  # the sidecar's --split-interval, and the Envoy's reporting interval
