@@ -289,7 +289,7 @@ class EnvoyStream:
 
 @dataclass
 class Episode:
-    """A weight change one gateway ignored: it serves `served`, the sidecar confirmed otherwise."""
+    """A weight change one gateway ignored: it serves weights 10 points away from the confirmed."""
 
     key: MapKey
     gateway: str
@@ -362,16 +362,16 @@ async def run(seed: int) -> Sim:
     transport._exchange = nginx.answer  # type: ignore[method-assign]
     lua_counts = transport.request_counter
     lua_counts.page_pause = 0.0
-    lua_counts.clock = clock  # type: ignore[attr-defined]
+    lua_counts.clock = clock
     load_reports = LoadReports()
-    load_reports.clock = clock  # type: ignore[attr-defined]
+    load_reports.clock = clock
     verifiers = {
         "nginx": SplitVerifier(lua_counts, INTERVAL, "nginx", lambda key: None),
         "envoy": SplitVerifier(load_reports, INTERVAL, "envoy", lambda key: None),
     }
     instance = {"nginx": lua_counts.instance, "envoy": envoy.name}
     for verifier in verifiers.values():
-        verifier.clock = clock  # type: ignore[method-assign]
+        verifier.clock = clock
         verifier.counter.enable(INTERVAL)
     for key, weights in sim.confirmed.items():
         for gateway in gateways.values():
@@ -391,6 +391,8 @@ async def run(seed: int) -> Sim:
             episode = ignoring.get((key, name))
             if name == ignored_by:
                 gateway.serving[key] = skewed(weights)
+                # Two windows, after the interval the change mixed, with an interval to spare on
+                # each side (a window may need one more interval's requests).
                 deadline = sim.now + LATE + 4 * INTERVAL + 2 * sim.window_seconds(key)
                 ignoring[(key, name)] = Episode(key, name, sim.now, deadline)
                 sim.episodes.append(ignoring[(key, name)])
