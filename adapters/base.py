@@ -79,14 +79,19 @@ def in_words(exc: BaseException) -> str:
 
 @dataclass(frozen=True, slots=True)
 class CountReport:
-    """One interval of answered requests per map backend, as one gateway instance counted them."""
+    """One interval of requests per map backend, counted when the gateway picked the backend, as
+    one gateway instance counted them. The interval began at the instance's previous report."""
 
     instance: str
     counts: Mapping[MapKey, Mapping[str, int]] = field(default_factory=dict)
-    # Its counting started over (a new stream or boot, a counter that went down): windows restart.
+    # Its counting started over (a new stream or boot): all its windows restart.
     restarted: bool = False
     # The instance is gone (its stream ended): its windows are dropped.
     left: bool = False
+    # Maps whose count alone started over (a counter evicted and made again): their windows restart.
+    recounted: frozenset[MapKey] = frozenset()
+    # When it was counted (time.monotonic()): the interval's end. None: when it is folded.
+    at: float | None = None
 
 
 @runtime_checkable

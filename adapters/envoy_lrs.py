@@ -4,12 +4,16 @@ In xDS mode it is served on the sidecar's xDS gRPC server (the bootstrap's
 `cluster_manager.load_stats_config` names the xDS cluster); in file mode on a gRPC server of its
 own (`LoadReportServer`, `--envoy-lrs-listen`, the bootstrap's `--lrs`). Each Envoy opens one stream; its first request is answered, once
 the split check has started, with `send_all_clusters` and the reporting interval, and every later request is one interval's counts
-per cluster and locality. A request counts once it is answered, successfully or not (a backend on
-a closed port has requests in error, none "issued"). Counters are latched per stream, so a new
-stream starts that Envoy's counting over. Reports are folded on a worker thread: at 10,000 maps
-one lists 40,000 clusters (1.7 MB, about 0.1 s of CPU), which on the event loop would hold back
-every xDS stream and status write meanwhile; the thread gives the loop the interpreter back every
-few milliseconds.
+per cluster and locality. A request counts when it is issued to the cluster's upstream
+(`total_issued_requests`: Envoy counts it as its stream is given an upstream connection, right
+after the pick), never when it ends: a stream picked before a drain and answered minutes later is
+counted before it. Left out: requests that never got an upstream connection (a backend on a closed
+port has requests in error, none issued); a retry is issued, and counted, again. Counters are
+latched per stream, so a new stream starts that Envoy's counting over. However fast an Envoy
+reports, each stream keeps at most one report waiting to be collected: the next is added to it.
+Reports are folded on a worker thread: at 10,000 maps one lists 40,000 clusters (1.7 MB, about
+0.1 s of CPU), which on the event loop would hold back every xDS stream and status write
+meanwhile; the thread gives the loop the interpreter back every few milliseconds.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import logging
 import socket
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -57,15 +62,23 @@ Counts = dict[MapKey, dict[str, int]]
 
 
 def fold_clusters(clusters: Iterable[Any], counts: Counts) -> None:
-    """Pure: add each map cluster's answered requests (success + error over its localities)."""
+    """Pure: add each map cluster's issued requests (over its localities)."""
     for stats in clusters:
         named = parse_cluster_name(stats.cluster_name)
         if named is None:
             continue
-        answered = sum(loc.total_successful_requests + loc.total_error_requests for loc in stats.upstream_locality_stats)
-        if answered:
+        issued = sum(loc.total_issued_requests for loc in stats.upstream_locality_stats)
+        if issued:
             per_map = counts.setdefault(named[0], {})
-            per_map[named[1]] = per_map.get(named[1], 0) + answered
+            per_map[named[1]] = per_map.get(named[1], 0) + issued
+
+
+def add_counts(into: Counts, counts: Counts) -> None:
+    """Pure: add `counts` into `into`."""
+    for key, per in counts.items():
+        mine = into.setdefault(key, {})
+        for cluster, n in per.items():
+            mine[cluster] = mine.get(cluster, 0) + n
 
 
 def peer_address(peer: str) -> str:
@@ -142,6 +155,20 @@ def _duration(seconds: float) -> duration_pb2.Duration:
     return duration_pb2.Duration(seconds=whole, nanos=int((seconds - whole) * 1e9))
 
 
+@dataclass
+class _Waiting:
+    """A report waiting to be collected: a stream's start, its counts since the last collect, or its end."""
+
+    label: str
+    counts: Counts = field(default_factory=dict)
+    restarted: bool = False
+    left: bool = False
+    at: float | None = None
+
+    def report(self) -> CountReport:
+        return CountReport(self.label, self.counts, restarted=self.restarted, left=self.left, at=self.at)
+
+
 class LoadReports:
     """The LRS servicer and the xDS gateway's RequestCounter (adapters.base)."""
 
@@ -151,9 +178,13 @@ class LoadReports:
         self.reports = 0
         self.fold_seconds = 0.0
         self.report_bytes = 0
-        self._pending: list[CountReport] = []
+        # Reports not yet collected, in order; per stream at most a start, one report (the
+        # intervals since the last collect, summed into `_summing`) and an end.
+        self._pending: list[_Waiting] = []
+        self._summing: dict[object, _Waiting] = {}
         # Each open stream's label -> (node id, peer).
         self._streams: dict[str, tuple[str, str]] = {}
+        self.clock: Callable[[], float] = time.monotonic
 
     def enable(self, interval: float) -> None:
         self.interval = interval
@@ -161,7 +192,18 @@ class LoadReports:
 
     async def collect(self) -> list[CountReport]:
         pending, self._pending = self._pending, []
-        return pending
+        self._summing.clear()
+        return [waiting.report() for waiting in pending]
+
+    def _counted(self, stream: object, label: str, counts: Counts, at: float) -> None:
+        """One interval's counts of a stream: added to its report waiting to be collected, whose
+        interval then ends with this one."""
+        summing = self._summing.get(stream)
+        if summing is None:
+            self._summing[stream] = summing = _Waiting(label)
+            self._pending.append(summing)
+        add_counts(summing.counts, counts)
+        summing.at = at
 
     def add_to(self, server: grpc.aio.Server) -> None:
         lrs_pb2_grpc.add_LoadReportingServiceServicer_to_server(_Servicer(self), server)
@@ -182,6 +224,7 @@ class LoadReports:
 
     async def stream(self, requests: AsyncIterator[lrs_pb2.LoadStatsRequest], context: grpc.aio.ServicerContext) -> AsyncIterator[lrs_pb2.LoadStatsResponse]:
         label: str | None = None
+        stream = object()  # this stream's identity: a reconnect may reuse its label
         try:
             async for request in requests:
                 if label is None:
@@ -191,18 +234,21 @@ class LoadReports:
                     # from its first one.
                     await self._enabled.wait()
                     assert self.interval is not None
-                    self._pending.append(CountReport(label, restarted=True))
+                    # Envoy counts from this answer on.
+                    self._pending.append(_Waiting(label, restarted=True, at=self.clock()))
                     yield lrs_pb2.LoadStatsResponse(send_all_clusters=True, load_reporting_interval=_duration(self.interval))
                     continue
+                at = self.clock()
                 counts, size, seconds = await asyncio.to_thread(_fold_report, request)
                 self.reports += 1
                 self.report_bytes += size
                 self.fold_seconds += seconds
-                self._pending.append(CountReport(label, counts))
+                self._counted(stream, label, counts, at)
         finally:
             if label is not None:
                 self._release(label)
-                self._pending.append(CountReport(label, left=True))
+                self._summing.pop(stream, None)
+                self._pending.append(_Waiting(label, left=True, at=self.clock()))
 
 
 class LoadReportServer:

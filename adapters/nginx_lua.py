@@ -295,11 +295,13 @@ server {{
 @dataclass
 class LuaStats:
     """What the transport did, for metrics: read it, never write it. pushes: batches NGINX
-    confirmed; failures: the others and failed lookups, by reason."""
+    confirmed; failures: the others and failed lookups, by reason; counters_evicted: request
+    counters its request counter (LuaRequestCounts) saw evicted from a full dict."""
 
     pushes: int = 0
     failures: collections.Counter[str] = field(default_factory=collections.Counter)
     restarts_detected: int = 0
+    counters_evicted: int = 0
     bytes_capacity: int | None = None
     bytes_free: int | None = None
 
@@ -721,10 +723,12 @@ class LuaTransport:
 
 
 class LuaRequestCounts:
-    """Lua mode's RequestCounter (adapters.base): NGINX's log-phase counters of the confirmed maps'
+    """Lua mode's RequestCounter (adapters.base): NGINX's pick-time counters of the confirmed maps'
     backends, read a page at a time, as deltas since the last read. The counters only grow
-    within one boot: a new boot id, or a counter that went down (evicted from a full dict), starts
-    the count over rather than be misread."""
+    within one boot: a new boot id starts the instance's count over, and a counter evicted from a
+    full dict (another generation, or a count that went down) its map's, rather than be misread.
+    Evictions are counted (LuaStats.counters_evicted) and logged once: the dict is too small for
+    the maps it counts."""
 
     # Counters a request (a map's backends stay in one page, so a page may hold a few more), and
     # the pause between two: a page holds one NGINX worker (8,000 held it 25 ms, 2,000 about 6 ms),
@@ -738,7 +742,13 @@ class LuaRequestCounts:
         self.instance = urllib.parse.urlsplit(transport._url).netloc
         self._enabled = False
         self._boot: str | None = None
+        # Each counter's count and generation at the last read (two dicts of ints: no object per
+        # counter for the collector to walk); generation None from an ome_counts.lua that gives
+        # none (older than generations), 0 for no counter.
         self._seen: dict[str, int] = {}
+        self._generations: dict[str, int | None] = {}
+        self._evictions_logged = False
+        self.clock: Callable[[], float] = time.monotonic
 
     def enable(self, interval: float) -> None:
         self._enabled = True
@@ -765,10 +775,13 @@ class LuaRequestCounts:
         if not self._enabled:
             return []
         transport = self._transport
+        at = self.clock()  # before any page: every counter read is at least this late
         seen: dict[str, int] = {}
+        seen_generations: dict[str, int | None] = {}
         deltas: dict[MapKey, dict[str, int]] = {}
         boots: set[str] = set()
-        went_down = False
+        went_down: set[MapKey] = set()
+        evicted = 0
         # Each page is made, asked and folded before the next, yielding between.
         for page, names in self._pages(list(transport._parts)):
             # Beside the table's writes, not under their lock: a read of counters changes nothing
@@ -779,22 +792,40 @@ class LuaRequestCounts:
             counts = answer.get("counts")
             if not isinstance(counts, list) or len(counts) != len(page) or not all(isinstance(n, int) for n in counts):
                 raise Unavailable("nginx control listener: POST /counts: answered counts that do not match the keys asked")
+            generations = answer.get("generations", [None] * len(page))
+            if not isinstance(generations, list) or len(generations) != len(page) or not all(isinstance(g, int | None) for g in generations):
+                raise Unavailable("nginx control listener: POST /counts: answered generations that do not match the keys asked")
             boots.add(str(answer.get("boot")))
-            for (key, cluster), name, value in zip(page, names, counts, strict=True):
-                seen[name] = value
-                last = self._seen.get(name)
-                if last is None:
+            for (key, cluster), name, value, generation in zip(page, names, counts, generations, strict=True):
+                seen[name], seen_generations[name] = value, generation
+                last_value = self._seen.get(name)
+                if last_value is None:
                     continue
-                if value < last:
-                    went_down = True
-                elif value > last:
-                    deltas.setdefault(key, {})[cluster] = value - last
+                last_generation = self._generations.get(name)
+                if value < last_value or (last_generation and generation != last_generation):
+                    went_down.add(key)
+                    evicted += 1
+                elif value > last_value:
+                    deltas.setdefault(key, {})[cluster] = value - last_value
             await asyncio.sleep(self.page_pause)
-        restarted = went_down or len(boots) > 1 or (bool(boots) and boots != {self._boot})
+        restarted = len(boots) > 1 or (bool(boots) and boots != {self._boot})
         if boots:
             self._boot = next(iter(boots)) if len(boots) == 1 else None
-        self._seen = seen
-        return [CountReport(self.instance, restarted=True) if restarted else CountReport(self.instance, deltas)]
+        self._seen, self._generations = seen, seen_generations
+        if restarted:
+            return [CountReport(self.instance, restarted=True, at=at)]
+        if evicted:
+            self._note_evictions(evicted)
+        for key in went_down:
+            deltas.pop(key, None)  # its other counters' deltas are of a count that starts over
+        return [CountReport(self.instance, deltas, recounted=frozenset(went_down), at=at)]
+
+    def _note_evictions(self, evicted: int) -> None:
+        self._transport.stats.counters_evicted += evicted
+        if not self._evictions_logged:
+            self._evictions_logged = True
+            # Once: every later read of a dict this small evicts again.
+            log.warning("nginx request counters evicted: raise nginx-config --counts-dict-size", extra={"evicted": evicted, "dict": "ome_counts"})
 
 
 def build(options: NginxOptions) -> tuple[LuaRenderer, LuaTransport]:

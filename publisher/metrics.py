@@ -192,6 +192,7 @@ class NginxTableStats(Protocol):
     pushes: int
     failures: Mapping[str, int]
     restarts_detected: int
+    counters_evicted: int
     bytes_free: int | None
 
     @property
@@ -219,7 +220,12 @@ class _NginxTableCollector:
         restarts = CounterMetricFamily(
             PREFIX + "nginx_restarts_detected", "NGINX restarts seen by a new boot id (the table re-pushed).", value=stats.restarts_detected
         )
-        families = [pushes, failures, restarts]
+        evicted = CounterMetricFamily(
+            PREFIX + "nginx_counters_evicted",
+            "Request counters (served-split check) evicted from a full ome_counts dict: raise nginx-config --counts-dict-size.",
+            value=stats.counters_evicted,
+        )
+        families = [pushes, failures, restarts, evicted]
         if stats.bytes_free is not None and stats.bytes_used is not None:
             families.append(GaugeMetricFamily(PREFIX + "nginx_table_used_bytes", "Bytes of NGINX's Lua table in use.", value=stats.bytes_used))
             families.append(GaugeMetricFamily(PREFIX + "nginx_table_free_bytes", "Bytes of NGINX's Lua table still free.", value=stats.bytes_free))

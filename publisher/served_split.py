@@ -1,12 +1,14 @@
 """Live split verification: does each gateway instance split requests as the weights say?
 
-The gateway counts (adapters.base.RequestCounter: Envoy's Load Reporting Service, NGINX's log-phase
+The gateway counts (adapters.base.RequestCounter: Envoy's Load Reporting Service, NGINX's pick-time
 counters); this module owns the windows those counts fill (publisher.split), judges them every
 interval, and says what it found: per map and instance in /debug/maps, as the map's condition
 message while it is off, and as metrics. It never holds, unpublishes or changes a map.
 
 One task (`run`) drives it. The applier tells it, through `route_confirmed`, each route the
-gateway confirmed, so the windows of a map restart when its weights change.
+gateway confirmed, so the windows of a map restart when its weights change. Each report's interval
+runs from the instance's previous report to this one, so a window counts only the picks made after
+its route was confirmed (publisher.split).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ class SplitVerifier:
         self.map_states: Counter[str] = Counter()
         self._routes: dict[MapKey, Route] = {}
         self._off: dict[MapKey, str] = {}
+        # Each instance's last report time: the start of its next interval.
+        self._since: dict[str, float] = {}
+        self.clock: Callable[[], float] = time.monotonic
 
     # --- what the applier tells it -------------------------------------------------------------
 
@@ -53,7 +58,7 @@ class SplitVerifier:
                 self.changed(key)
         else:
             self._routes[key] = route
-        self.windows.route_changed(key, route)
+        self.windows.route_changed(key, route, self.clock())
 
     # --- the task ---------------------------------------------------------------------------------
 
@@ -66,7 +71,7 @@ class SplitVerifier:
             except AdapterError as exc:
                 log.warning("request counts not read", extra={"gateway": self.gateway, "error": str(exc)})
                 continue
-            await self.fold(reports, time.monotonic())
+            await self.fold(reports, self.clock())
 
     async def fold(self, reports: list[Any], now: float) -> None:
         """Add one round of reports, judge what is due, and say which maps turned off or back.
@@ -83,18 +88,26 @@ class SplitVerifier:
             started = time.perf_counter()
 
         for report in reports:
+            instance, at = report.instance, now if report.at is None else report.at
             if report.restarted or report.left:
-                self.windows.forget_instance(report.instance)
+                self.windows.forget_instance(instance)
             if report.left:
-                self.instances.discard(report.instance)
+                # Its series go with it: Envoys that reconnect under new labels must not grow them.
+                self.instances.discard(instance)
+                self.reports.pop(instance, None)
+                self._since.pop(instance, None)
                 continue
-            self.instances.add(report.instance)
+            self.instances.add(instance)
             if not report.restarted:
-                self.reports[report.instance] += 1
+                self.reports[instance] += 1
+            for key in report.recounted:
+                self.windows.restart(key, instance, at)
+            start = self._since.get(instance)
             for done, (key, counts) in enumerate(report.counts.items(), 1):
-                self.windows.add(key, report.instance, counts, now)
+                self.windows.add(key, instance, counts, start, at)
                 if done % SLICE == 0:
                     await pause()
+            self._since[instance] = at
         due = self.windows.due(now)
         for start in range(0, len(due), SLICE):
             if start:

@@ -1,8 +1,11 @@
 """Is the split a gateway serves the split we published? Pure statistics over counted requests.
 
-A gateway instance reports, per interval, how many requests each of a map's backends got. Those
-counts are folded into a tumbling window per (map, instance) and judged against the route's
-weights once the window holds enough requests. Envoy draws every request independently, so one
+A gateway instance reports, per interval, how many requests each of a map's backends got, counted
+when the backend was picked (a request's start), never when it ended: an LLM stream picked before a
+drain may end minutes after it. Those counts are folded into a tumbling window per (map, instance)
+and judged against the route's weights once the window holds enough requests. A window counts only
+intervals that began after the map's route was confirmed (and `REPORT_LAG` more), so no pick made
+under the old weights is judged against the new. Envoy draws every request independently, so one
 map's counts in a window are multinomial; NGINX's smooth weighted round robin spreads them far more
 evenly, so a multinomial test is conservative there. Maps are judged one by one, never pooled: the
 first picks after a reset of round robin favour the heavy backends.
@@ -13,8 +16,8 @@ The rule (simulated over 10,000 maps x 100 windows of correct gateways: no false
 - otherwise the window is off when the chi-square p-value is below `FAMILY_ALPHA / maps judged
   that round` (a Bonferroni bound over the round) and some backend is more than `MIN_DEVIATION`
   from its share: a large gateway must not raise alarms on noise, and a tiny skew is not worth one;
-- a map is reported off after `CONFIRMATIONS` off windows in a row, and cleared after as many
-  fine ones.
+- a map is reported off after `CONFIRMATIONS` off windows in a row, and cleared by the first fine
+  one: a false alarm lasts no longer than it took to raise.
 
 This is a report: no verdict here ever holds, unpublishes or changes a map.
 """
@@ -34,6 +37,10 @@ MAX_WINDOW_SECONDS = 15 * 60.0
 FAMILY_ALPHA = 1e-3
 MIN_DEVIATION = 0.05
 CONFIRMATIONS = 2
+# How late a count may reach the sidecar after the gateway took it (an Envoy's load report is sent
+# before it arrives): an interval that began less than this after a route was confirmed may hold
+# picks made under the old route, so it is not counted.
+REPORT_LAG = 1.0
 
 Verdict = Literal["fine", "off", "few_requests"]
 
@@ -134,15 +141,20 @@ def describe(judgment: Judgment, route: Route, gateway: str) -> str:
 @dataclass(slots=True)
 class _Window:
     route: Route
+    # Only intervals that began at or after this are counted (time.monotonic()).
+    counting_from: float
     counts: dict[str, int] = field(default_factory=dict)
     opened: float | None = None
-    skip_next: bool = False
     off_streak: int = 0
-    fine_streak: int = 0
     reported_off: bool = False
     verified: bool = False
     last: Judgment | None = None
     last_off: Judgment | None = None
+
+    def restart(self, counting_from: float) -> None:
+        self.counts.clear()
+        self.opened = None
+        self.counting_from = max(self.counting_from, counting_from)
 
 
 WindowKey = tuple[MapKey, str]
@@ -152,51 +164,58 @@ class SplitWindows:
     """Tumbling windows per (map, gateway instance) and the in-a-row rule. Owned by one task.
 
     `route_changed` is called when the engine confirms a write that changes a map's route: its
-    windows restart, and the first interval after it is skipped (it mixes both routes). An interval
-    that an instance reports as a reset (new boot, a counter that went down) restarts that window.
-    Windows are kept per map, so a route change costs its map's windows, not every map's."""
+    windows restart, and count only intervals that begin `REPORT_LAG` after it (the interval that
+    holds the change mixes both routes, and Envoy reports a new cluster only from its second
+    report). `restart` starts one window over (its instance's count of that map started over: a
+    new boot or stream, an evicted counter) from the given time. Windows are kept per map, so a
+    route change costs its map's windows, not every map's."""
 
     def __init__(self, enough: int = ENOUGH_REQUESTS, max_age: float = MAX_WINDOW_SECONDS) -> None:
         self.enough = enough
         self.max_age = max_age
-        self._routes: dict[MapKey, Route] = {}
+        self._routes: dict[MapKey, tuple[Route, float]] = {}
         self._windows: dict[MapKey, dict[str, _Window]] = {}
 
-    def route_changed(self, key: MapKey, route: Route | None) -> None:
+    def route_changed(self, key: MapKey, route: Route | None, now: float) -> None:
         if route is None:
             self._routes.pop(key, None)
             self._windows.pop(key, None)
             return
-        self._routes[key] = route
+        counting_from = now + REPORT_LAG
+        self._routes[key] = (route, counting_from)
         for window in self._windows.get(key, {}).values():
             window.route = route
-            window.counts.clear()
-            window.opened = None
-            window.skip_next = True
+            window.restart(counting_from)
 
-    def add(self, key: MapKey, instance: str, counts: Mapping[str, int], now: float, *, reset: bool = False) -> None:
-        """One reported interval of requests per backend cluster for one map on one instance."""
-        route = self._routes.get(key)
-        if route is None:
-            return
-        windows = self._windows.setdefault(key, {})
-        window = windows.get(instance)
-        if window is None:
-            # An instance first seen mid-interval: its first interval may predate the route.
-            window = windows[instance] = _Window(route, skip_next=True)
-        if reset:
-            window.counts.clear()
-            window.opened = None
-            window.skip_next = True
-            return
-        if window.skip_next:
-            window.skip_next = False
+    def restart(self, key: MapKey, instance: str, now: float) -> None:
+        """This instance's count of this map started over at `now`: what was counted before is
+        not, and no verdict stands until a window after it is judged (as when the whole instance
+        starts over)."""
+        known = self._routes.get(key)
+        if known is not None:
+            self._windows.setdefault(key, {})[instance] = _Window(known[0], max(known[1], now))
+
+    def add(self, key: MapKey, instance: str, counts: Mapping[str, int], start: float | None, end: float) -> None:
+        """One reported interval (`start`, `end`] of picks per backend cluster for one map on one
+        instance. `start` None: not known (an instance's first report), so not counted."""
+        window = self._window(key, instance)
+        if window is None or start is None or start < window.counting_from:
             return
         if window.opened is None:
-            window.opened = now
+            window.opened = start
         for cluster, n in counts.items():
             if n:
                 window.counts[cluster] = window.counts.get(cluster, 0) + n
+
+    def _window(self, key: MapKey, instance: str) -> _Window | None:
+        known = self._routes.get(key)
+        if known is None:
+            return None
+        windows = self._windows.setdefault(key, {})
+        window = windows.get(instance)
+        if window is None:
+            window = windows[instance] = _Window(*known)
+        return window
 
     def maps(self) -> set[MapKey]:
         """The maps with a window on some instance."""
@@ -242,18 +261,13 @@ class SplitWindows:
             if judgment.verdict == "off":
                 window.last_off = judgment
                 window.off_streak += 1
-                window.fine_streak = 0
                 if window.off_streak >= CONFIRMATIONS:
                     window.reported_off = True
                     window.verified = False
-            else:
-                window.fine_streak += 1
+            elif judgment.verdict == "fine":
                 window.off_streak = 0
-                if not window.reported_off:
-                    window.verified = True
-                elif window.fine_streak >= CONFIRMATIONS:
-                    window.reported_off = False
-                    window.verified = True
+                window.reported_off = False
+                window.verified = True
             window.counts.clear()
             window.opened = None
             judged.append((key, instance, judgment))

@@ -36,6 +36,7 @@ async def published_chat():
     publisher, stores, gateway = make_publisher()
     changed: list[MapKey] = []
     verifier = SplitVerifier(ScriptedCounter(), 60.0, "memory", lambda key: (changed.append(key), publisher.split_changed(key)))
+    verifier.clock = lambda: 0.0  # routes confirmed at 0 s: intervals that begin from 1 s count
     publisher.split = verifier
     publisher.status_sink = object()  # reports are kept (no status writer runs here)
     put_map(stores, make_map())
@@ -73,12 +74,12 @@ async def test_a_correct_split_is_verified_and_a_skewed_one_named_in_the_conditi
         scrape = generate_latest(metrics.REGISTRY).decode()
         assert 'ome_gateway_publisher_split_off{gateway="gw-1",name="chat",namespace="prod"} 1.0' in scrape
         assert 'ome_gateway_publisher_split_maps{state="off"} 1.0' in scrape
-        for t in (6.0, 7.0):
-            await verifier.fold([CountReport("gw-1", served(route, right, 2000))], t)
+        # One fine window clears it (issue 27: it took two, 28 minutes on a quiet map).
+        await verifier.fold([CountReport("gw-1", served(route, right, 2000))], 6.0)
         assert changed == [CHAT, CHAT] and verifier.note(CHAT) is None
         scrape = generate_latest(metrics.REGISTRY).decode()
         assert "split_off{" not in scrape
-        assert 'ome_gateway_publisher_split_reports_total{gateway="gw-1"} 7.0' in scrape
+        assert 'ome_gateway_publisher_split_reports_total{gateway="gw-1"} 6.0' in scrape
     finally:
         metrics.watch_split(None)
     await publisher.sync_once(publisher.queue.take_ready())
@@ -123,6 +124,7 @@ async def test_a_fold_of_many_busy_maps_gives_the_event_loop_back_between_slices
     import asyncio
 
     verifier = SplitVerifier(None, 60.0, "nginx", lambda key: None)  # type: ignore[arg-type]
+    verifier.clock = lambda: 0.0
     backends = tuple(Backend(f"worker-{b}", "http://10.0.0.1:8000", 1) for b in range(2))
     keys = [MapKey("prod", f"model-{i}") for i in range(2000)]
     for i, key in enumerate(keys):
@@ -145,3 +147,42 @@ async def test_a_fold_of_many_busy_maps_gives_the_event_loop_back_between_slices
     finally:
         task.cancel()
     assert verifier.map_states["verified"] == len(keys)
+
+
+async def test_an_instance_that_leaves_takes_its_report_series_with_it():
+    """Issue 27: `split_reports_total{gateway}` kept a series for every instance label ever seen:
+    100 reconnects of two Envoys sharing a node id and host made 100 series."""
+    verifier = SplitVerifier(ScriptedCounter(), 60.0, "envoy", lambda key: None)
+    metrics.watch_split(verifier)
+    try:
+        for n in range(100):
+            label = f"gw@10.0.0.1:{40000 + n}"
+            await verifier.fold([CountReport(label, restarted=True), CountReport(label, {})], float(n))
+            await verifier.fold([CountReport(label, left=True)], n + 0.5)
+        await verifier.fold([CountReport("gw", restarted=True), CountReport("gw", {})], 200.0)
+        scrape = generate_latest(metrics.REGISTRY).decode()
+    finally:
+        metrics.watch_split(None)
+    assert scrape.count("ome_gateway_publisher_split_reports_total{") == 1
+    assert 'ome_gateway_publisher_split_reports_total{gateway="gw"} 1.0' in scrape
+    assert verifier.instances == {"gw"}
+
+
+async def test_a_map_whose_counter_went_down_restarts_alone():
+    """Issue 27: one evicted counter restarted every map of the NGINX instance, so with a small
+    dict no map was ever judged. Only the maps named `recounted` start over."""
+    verifier = SplitVerifier(ScriptedCounter(), 60.0, "nginx", lambda key: None)
+    verifier.clock = lambda: 0.0
+    backends = tuple(Backend(f"worker-{b}", "http://10.0.0.1:8000", 1) for b in range(2))
+    keys = [MapKey("prod", f"model-{i}") for i in range(3)]
+    for i, key in enumerate(keys):
+        verifier.route_confirmed(key, Route(f"model-{i}.example.com", backends))
+    even = {key: {"worker-0": 1000, "worker-1": 1000} for key in keys}
+    await verifier.fold([CountReport("nginx-1", restarted=True)], 0.0)
+    await verifier.fold([CountReport("nginx-1", {key: {"worker-0": 500} for key in keys})], 10.0)
+    await verifier.fold([CountReport("nginx-1", {keys[0]: {"worker-0": 700}})], 15.0)
+    await verifier.fold([CountReport("nginx-1", {k: v for k, v in even.items() if k != keys[0]}, recounted=frozenset({keys[0]}))], 20.0)
+    assert [verifier.windows.state(key, "nginx-1")[0] for key in keys] == ["few_requests", "verified", "verified"]
+    assert verifier.windows.state(keys[0], "nginx-1")[2] == 0  # its 700 were dropped with its count
+    await verifier.fold([CountReport("nginx-1", even)], 30.0)
+    assert [verifier.windows.state(key, "nginx-1")[0] for key in keys] == ["verified"] * 3

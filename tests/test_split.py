@@ -125,86 +125,99 @@ def test_the_message_names_the_observed_shares_and_the_weights() -> None:
     )
 
 
-def feed(windows: SplitWindows, instance: str, counts: dict[str, int], now: float) -> list[str]:
-    windows.add(KEY, instance, counts, now)
-    return [j.verdict for _, _, j in windows.judge_due(now)]
+def feed(windows: SplitWindows, instance: str, counts: dict[str, int], start: float | None, end: float) -> list[str]:
+    windows.add(KEY, instance, counts, start, end)
+    return [j.verdict for _, _, j in windows.judge_due(end)]
 
 
-def test_a_map_is_reported_off_after_two_off_windows_in_a_row_and_cleared_after_two_fine() -> None:
+def test_a_map_is_reported_off_after_two_off_windows_in_a_row_and_cleared_by_the_first_fine_one() -> None:
+    """Issue 27: a false off took two clean windows to clear (28 minutes on a quiet map); it now
+    clears as fast as it was raised."""
     r = route(1, 1)
     skewed = {"worker-a": 1500, "worker-b": 500}
     even = {"worker-a": 1000, "worker-b": 1000}
     windows = SplitWindows()
-    windows.route_changed(KEY, r)
-    assert feed(windows, "gw-1", even, 0.0) == []  # an instance's first interval is skipped
-    assert feed(windows, "gw-1", skewed, 1.0) == ["off"]
+    windows.route_changed(KEY, r, 0.0)
+    assert feed(windows, "gw-1", even, None, 10.0) == []  # an instance's first report: its start is not known
+    assert feed(windows, "gw-1", skewed, 10.0, 20.0) == ["off"]
     assert windows.state(KEY, "gw-1")[0] == "few_requests" and not windows.off()
-    assert feed(windows, "gw-1", even, 2.0) == ["fine"]
-    assert feed(windows, "gw-1", skewed, 3.0) == ["off"]
+    assert feed(windows, "gw-1", even, 20.0, 30.0) == ["fine"]
+    assert feed(windows, "gw-1", skewed, 30.0, 40.0) == ["off"]
     assert not windows.off() and windows.state(KEY, "gw-1")[0] == "verified"
-    assert feed(windows, "gw-1", skewed, 4.0) == ["off"]
+    assert feed(windows, "gw-1", skewed, 40.0, 50.0) == ["off"]
     assert list(windows.off()) == [(KEY, "gw-1")] and windows.state(KEY, "gw-1")[0] == "off"
-    assert feed(windows, "gw-1", even, 5.0) == ["fine"]
-    assert windows.state(KEY, "gw-1")[0] == "off"
-    assert feed(windows, "gw-1", even, 6.0) == ["fine"]
+    assert feed(windows, "gw-1", even, 50.0, 60.0) == ["fine"]
     assert not windows.off() and windows.state(KEY, "gw-1")[0] == "verified"
 
 
 def test_each_instance_is_judged_on_its_own() -> None:
     r = route(1, 1)
     windows = SplitWindows()
-    windows.route_changed(KEY, r)
-    for instance in ("gw-1", "gw-2"):
-        windows.add(KEY, instance, {"worker-a": 1}, 0.0)
-    for t in (1.0, 2.0):
-        windows.add(KEY, "gw-1", {"worker-a": 1000, "worker-b": 1000}, t)
-        windows.add(KEY, "gw-2", {"worker-a": 1800, "worker-b": 200}, t)
-        windows.judge_due(t)
+    windows.route_changed(KEY, r, 0.0)
+    for t in (10.0, 20.0):
+        windows.add(KEY, "gw-1", {"worker-a": 1000, "worker-b": 1000}, t, t + 10)
+        windows.add(KEY, "gw-2", {"worker-a": 1800, "worker-b": 200}, t, t + 10)
+        windows.judge_due(t + 10)
     assert list(windows.off()) == [(KEY, "gw-2")]
     assert windows.state(KEY, "gw-1")[0] == "verified"
 
 
-def test_a_confirmed_route_change_restarts_the_window_and_skips_the_interval_after_it() -> None:
+def test_only_intervals_that_began_after_the_confirmed_route_are_counted() -> None:
     windows = SplitWindows()
-    windows.route_changed(KEY, route(1, 1))
-    windows.add(KEY, "gw-1", {}, 0.0)
-    windows.add(KEY, "gw-1", {"worker-a": 900}, 1.0)
-    windows.route_changed(KEY, route(9, 1))
-    # Half of this interval was served by the old route: it is not counted.
-    assert feed(windows, "gw-1", {"worker-a": 1500, "worker-b": 600}, 2.0) == []
+    windows.route_changed(KEY, route(1, 1), 0.0)
+    assert feed(windows, "gw-1", {"worker-a": 900}, 10.0, 20.0) == []
+    assert windows.state(KEY, "gw-1")[2] == 900
+    windows.route_changed(KEY, route(9, 1), 25.0)
     assert windows.state(KEY, "gw-1")[2] == 0
-    assert feed(windows, "gw-1", {"worker-a": 1800, "worker-b": 200}, 3.0) == ["fine"]
+    # Half of this interval was picked by the old route: it is not counted.
+    assert feed(windows, "gw-1", {"worker-a": 1500, "worker-b": 600}, 20.0, 30.0) == []
+    assert windows.state(KEY, "gw-1")[2] == 0
+    assert feed(windows, "gw-1", {"worker-a": 1800, "worker-b": 200}, 30.0, 40.0) == ["fine"]
 
 
-def test_a_reset_counter_restarts_the_window_rather_than_misjudging() -> None:
+def test_a_drain_is_never_judged_by_picks_made_before_it_whenever_their_report_arrives() -> None:
+    """Issue 27: the interval after a route change was skipped by the order reports were folded
+    in, not by when they were counted. An Envoy's report sent before the drain was folded after it
+    (and skipped), and the next one, which held the last picks of the drained backend, was
+    judged: weight 0 but served. Only intervals that began after the confirmed drain count."""
     windows = SplitWindows()
-    windows.route_changed(KEY, route(1, 1))
-    windows.add(KEY, "gw-1", {}, 0.0)
-    windows.add(KEY, "gw-1", {"worker-a": 1500}, 1.0)
-    windows.add(KEY, "gw-1", {}, 2.0, reset=True)
-    windows.add(KEY, "gw-1", {"worker-a": 999}, 3.0)  # the interval after a reset is skipped too
-    assert feed(windows, "gw-1", {"worker-a": 1000, "worker-b": 1000}, 4.0) == ["fine"]
+    windows.route_changed(KEY, route(1, 1), 0.0)
+    windows.add(KEY, "envoy", {"worker-a": 500, "worker-b": 500}, 5.0, 15.0)
+    windows.route_changed(KEY, route(1, 0), 18.0)  # drained at 18 s; the next report holds 15-18 s's picks of b
+    assert feed(windows, "envoy", {"worker-a": 900, "worker-b": 100}, 15.0, 25.0) == []
+    for t in (25.0, 35.0):
+        assert feed(windows, "envoy", {"worker-a": 2000}, t, t + 10) == ["fine"]
+    assert not windows.off() and windows.state(KEY, "envoy")[0] == "verified"
+
+
+def test_a_restarted_count_restarts_the_window_rather_than_misjudging() -> None:
+    windows = SplitWindows()
+    windows.route_changed(KEY, route(1, 1), 0.0)
+    windows.add(KEY, "gw-1", {"worker-a": 1500}, 10.0, 20.0)
+    windows.restart(KEY, "gw-1", 25.0)
+    assert windows.state(KEY, "gw-1")[2] == 0
+    windows.add(KEY, "gw-1", {"worker-a": 999}, 20.0, 30.0)  # began before the restart: not counted
+    assert feed(windows, "gw-1", {"worker-a": 1000, "worker-b": 1000}, 30.0, 40.0) == ["fine"]
 
 
 def test_a_quiet_map_is_judged_after_the_longest_window_with_the_minimum() -> None:
     windows = SplitWindows()
-    windows.route_changed(KEY, route(1, 1))
-    windows.add(KEY, "gw-1", {}, 0.0)
-    assert feed(windows, "gw-1", {"worker-a": 60, "worker-b": 60}, 1.0) == []
-    assert feed(windows, "gw-1", {"worker-a": 60, "worker-b": 60}, 1.0 + MAX_WINDOW_SECONDS) == ["fine"]
+    windows.route_changed(KEY, route(1, 1), 0.0)
+    assert feed(windows, "gw-1", {"worker-a": 60, "worker-b": 60}, 10.0, 20.0) == []
+    assert feed(windows, "gw-1", {"worker-a": 60, "worker-b": 60}, 20.0, 10.0 + MAX_WINDOW_SECONDS) == ["fine"]
     # Too few even then: the window starts over instead of growing for ever.
-    assert feed(windows, "gw-1", {"worker-a": 50, "worker-b": 50}, 2.0 + MAX_WINDOW_SECONDS) == []
-    assert feed(windows, "gw-1", {"worker-a": 10}, 3.0 + 2 * MAX_WINDOW_SECONDS) == []
+    assert feed(windows, "gw-1", {"worker-a": 50, "worker-b": 50}, 10.0 + MAX_WINDOW_SECONDS, 20.0 + MAX_WINDOW_SECONDS) == []
+    assert feed(windows, "gw-1", {"worker-a": 10}, 20.0 + MAX_WINDOW_SECONDS, 30.0 + 2 * MAX_WINDOW_SECONDS) == []
     assert windows.state(KEY, "gw-1")[2] == 0
 
 
 def test_a_withdrawn_map_and_a_gone_instance_are_forgotten() -> None:
     windows = SplitWindows()
-    windows.route_changed(KEY, route(1, 1))
-    windows.add(KEY, "gw-1", {}, 0.0)
-    windows.add(KEY, "gw-2", {}, 0.0)
+    windows.route_changed(KEY, route(1, 1), 0.0)
+    windows.add(KEY, "gw-1", {}, None, 10.0)
+    windows.add(KEY, "gw-2", {}, None, 10.0)
     windows.forget_instance("gw-2")
     assert windows.state(KEY, "gw-2") == ("few_requests", None, 0)
-    windows.route_changed(KEY, None)
-    windows.add(KEY, "gw-1", {"worker-a": 5000}, 1.0)
-    assert windows.judge_due(1.0) == []
+    windows.route_changed(KEY, None, 15.0)
+    windows.add(KEY, "gw-1", {"worker-a": 5000}, 10.0, 20.0)
+    assert windows.judge_due(20.0) == []

@@ -76,7 +76,7 @@ function _M.access()
     state.next_address = state.next_address + 1
     ngx.ctx.ome_backend = backend
     ngx.ctx.ome_first = state.next_address
-    counts.note(key, backend.cluster)
+    counts.picked(key, backend.cluster)
 end
 
 function _M.balance()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
+from types import SimpleNamespace
 from collections import defaultdict
 
 import pytest
@@ -19,9 +21,10 @@ from adapters.envoy import CDS_FILE, RDS_FILE, EnvoyOptions, bootstrap, build_fi
 from adapters.envoy_lrs import LoadReportServer, LoadReports, fold_clusters
 from adapters.envoy_xds import XdsTransport
 from publisher.model import MapKey
-from publisher.split import SplitWindows
+from publisher.split import MIN_REQUESTS, SplitWindows
 from tests.adapters.test_envoy_xds import HOST, KEY, RENDERER, envoy, parts, route, write
-from tests.gateways import Backends, eventually, free_port, measure, taken_port
+from tests.adapters.test_nginx_lua_counts import slow_backends
+from tests.gateways import BACKEND_HEADER, Backends, eventually, free_port, measure, taken_port
 
 
 def cluster_stats(name: str, *localities: tuple[int, int, int]) -> load_report_pb2.ClusterStats:
@@ -40,19 +43,31 @@ def test_cluster_names_read_back_as_map_and_backend() -> None:
     assert parse_cluster_name("ome|a|b") is None
 
 
-def test_a_report_counts_answered_requests_per_map_backend_and_nothing_else() -> None:
+def test_a_report_counts_issued_requests_per_map_backend_and_nothing_else() -> None:
     counts: dict = {}
     fold_clusters(
         [
             cluster_stats(cluster_name(KEY, "a"), (10, 2, 12), (3, 0, 3)),
-            # A backend on a closed port: every request in error, none issued.
+            # A backend on a closed port: every request in error, none issued (none counted).
             cluster_stats(cluster_name(KEY, "b"), (0, 7, 0)),
             cluster_stats(cluster_name(KEY, "c")),
             cluster_stats("ome-xds", (99, 0, 99)),
         ],
         counts,
     )
-    assert counts == {KEY: {"a": 15, "b": 7}}
+    assert counts == {KEY: {"a": 15}}
+
+
+def test_a_stream_is_counted_when_issued_not_when_it_ends() -> None:
+    """Issue 27: requests counted as they ended (success + error) put the streams picked before a
+    drain, answered minutes later, after it: 48 requests on a weight-0 backend, reported off. They
+    count in the report of the interval they were issued in."""
+    before_drain: dict = {}
+    fold_clusters([cluster_stats(cluster_name(KEY, "a"), (40, 0, 40)), cluster_stats(cluster_name(KEY, "b"), (0, 0, 48))], before_drain)
+    after_drain: dict = {}
+    fold_clusters([cluster_stats(cluster_name(KEY, "a"), (100, 0, 100)), cluster_stats(cluster_name(KEY, "b"), (48, 0, 0))], after_drain)
+    assert before_drain == {KEY: {"a": 40, "b": 48}}
+    assert after_drain == {KEY: {"a": 100}}
 
 
 def test_the_bootstrap_reports_load_to_the_xds_cluster_unless_told_not_to() -> None:
@@ -124,12 +139,11 @@ async def test_envoy_reports_the_split_it_served_and_a_skewed_one_is_named(tmp_p
             # Judge it, two windows of 2,000: against the weights it serves, and against weights
             # 10 points away from them (a gateway that serves other weights than it confirmed).
             right, wrong = SplitWindows(), SplitWindows()
-            right.route_changed(KEY, served)
-            wrong.route_changed(KEY, route({"a": 3, "b": 2, "c": 5, "d": 0}, backends))
+            right.route_changed(KEY, served, -10.0)
+            wrong.route_changed(KEY, route({"a": 3, "b": 2, "c": 5, "d": 0}, backends), -10.0)
             for windows in (right, wrong):
-                windows.add(KEY, instance, {}, 0.0)
                 for t in (1.0, 2.0, 3.0, 4.0):
-                    windows.add(KEY, instance, counted, t)
+                    windows.add(KEY, instance, counted, t - 1, t)
                     windows.judge_due(t)
             assert right.state(KEY, instance)[0] == "verified"
             assert list(wrong.off()) == [(KEY, instance)]
@@ -229,6 +243,42 @@ async def test_an_envoy_that_connects_before_the_split_check_starts_reports_at_i
     assert restarted.restarted and counted.counts == {KEY: {"worker-a": 8}} and left.left
 
 
+async def test_an_envoy_reporting_back_to_back_keeps_one_report_waiting_whatever_its_pace() -> None:
+    """Issue 27: every report was kept until the next round: one client sending reports back to
+    back took the sidecar from 135 MB to 1.83 GB in 21 s. Each stream keeps one report waiting,
+    the sum of its intervals since the last collect, ending at the latest."""
+    from envoy.service.load_stats.v3 import lrs_pb2
+
+    reports = LoadReports()
+    reports.enable(10.0)
+    now = [100.0]
+    reports.clock = lambda: now[0]
+    first, drained = await _open_stream(reports, "gw", "ipv4:10.0.0.1:41000")
+    second, drained_second = await _open_stream(reports, "gw", "ipv4:10.0.0.2:41000")
+    try:
+        stats = [cluster_stats(cluster_name(KEY, "a"), (0, 0, 2)), cluster_stats(cluster_name(KEY, "b"), (0, 0, 1))]
+        for n in range(1000):
+            now[0] = 101.0 + n
+            first.put_nowait(lrs_pb2.LoadStatsRequest(node={"id": "gw"}, cluster_stats=stats))
+        second.put_nowait(lrs_pb2.LoadStatsRequest(node={"id": "gw"}, cluster_stats=stats[:1]))
+        await eventually(lambda: reports.reports == 1001)
+        assert len(reports._pending) == 4  # two starts, one report per stream
+        collected = await reports.collect()
+        assert [r.instance for r in collected if r.restarted] == ["gw", "gw@10.0.0.2"]
+        counted = {r.instance: r for r in collected if not r.restarted}
+        assert counted["gw"].counts == {KEY: {"a": 2000, "b": 1000}} and counted["gw"].at == 1100.0
+        assert counted["gw@10.0.0.2"].counts == {KEY: {"a": 2}}
+        first.put_nowait(lrs_pb2.LoadStatsRequest(node={"id": "gw"}, cluster_stats=stats))
+        await eventually(lambda: reports.reports == 1002)
+        (later,) = await reports.collect()
+        assert later.counts == {KEY: {"a": 2, "b": 1}}
+    finally:
+        for requests, task in ((first, drained), (second, drained_second)):
+            requests.put_nowait(None)
+            await task
+    assert [r.left for r in await reports.collect()] == [True, True]
+
+
 def test_file_mode_bootstrap_reports_load_to_the_lrs_address_it_is_given(tmp_path, capsys) -> None:
     from publisher.cli import main
 
@@ -311,3 +361,98 @@ async def test_envoy_in_file_mode_reports_what_it_served_to_the_sidecars_lrs_ser
     finally:
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
+
+
+@pytest.mark.slow
+async def test_a_drain_with_long_requests_in_flight_counts_none_of_them_after_it_on_envoy(tmp_path) -> None:
+    """Issue 27, as reproduced on real Envoy: backend b answers after 4 s, 80 requests a second, b
+    drained after 200 of them. Counted as they were answered, b's requests came in the reports
+    after the drain (weights 1/0: off). Counted as issued, every one is in a report of an interval
+    that began before the drain was confirmed, and no window is off. (Counting success + error,
+    as df50202 did: 94 of b's requests in intervals that began after the drain.)"""
+    import aiohttp
+
+    transport = XdsTransport("127.0.0.1:0", RENDERER)
+    reports = transport.request_counter
+    reports.enable(1.0)
+    serving = asyncio.create_task(transport.serve())
+    try:
+        await asyncio.wait_for(transport.started(), 10)
+        async with slow_backends({"a": 0.0, "b": 4.0}) as endpoints, envoy(tmp_path, transport.port) as running:
+            backends = SimpleNamespace(endpoint=endpoints.__getitem__)
+            both, drained = route({"a": 1, "b": 1}, backends), route({"a": 1, "b": 0}, backends)  # type: ignore[arg-type]
+            current: dict = {}
+            assert (await write(transport, current, parts((KEY, both)))).rejected == {}
+            windows = SplitWindows(enough=MIN_REQUESTS)  # windows of the test's traffic, not the rule's
+            windows.route_changed(KEY, both, time.monotonic())
+            await eventually(lambda: reports.instances(), timeout=20)
+            since: dict[str, float | None] = {}
+            intervals: list[tuple[float | None, float, dict[str, int]]] = []
+            verdicts: list[str] = []
+
+            async def read() -> None:
+                for report in await reports.collect():
+                    if report.restarted or report.left:
+                        since[report.instance] = report.at
+                        continue
+                    assert report.at is not None
+                    counts = dict(report.counts.get(KEY, {}))
+                    start = since.get(report.instance)
+                    intervals.append((start, report.at, counts))
+                    windows.add(KEY, report.instance, counts, start, report.at)
+                    since[report.instance] = report.at
+                verdicts.extend(judgment.verdict for _, _, judgment in windows.judge_due(time.monotonic()))
+
+            await asyncio.sleep(2.5)  # a report after the clusters came, so the next interval has a known start
+            await read()
+            answered: dict[str, int] = {}
+            drained_at: list[float] = []
+
+            async def one(session: aiohttp.ClientSession) -> None:
+                async with session.get(running.url, headers={"Host": HOST}) as response:
+                    await response.read()
+                    name = response.headers.get(BACKEND_HEADER, f"status:{response.status}")
+                    answered[name] = answered.get(name, 0) + 1
+
+            async def traffic() -> None:
+                connector = aiohttp.TCPConnector(force_close=True, limit=0)
+                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20), connector=connector) as session:
+                    requests: list[asyncio.Task[None]] = []
+                    after = 0
+                    while after < 300 and len(requests) < 2000:
+                        if len(requests) == 200:
+                            assert (await write(transport, current, parts((KEY, drained)))).rejected == {}
+                            drained_at.append(time.monotonic())
+                            windows.route_changed(KEY, drained, drained_at[0])
+                        requests.append(asyncio.create_task(one(session)))
+                        # From one report interval past REPORT_LAG: enough for a window of the drained route.
+                        after += bool(drained_at) and time.monotonic() >= drained_at[0] + 2.0
+                        await asyncio.sleep(0.0125)
+                    await asyncio.gather(*requests)
+
+            sending = asyncio.create_task(traffic())
+            try:
+                for _ in range(120):  # at most a minute; the last answers come about 13 s in
+                    if sending.done():
+                        break
+                    await asyncio.sleep(0.5)
+                    await read()
+            finally:
+                await sending
+            assert answered.get("b", 0) > 50 and set(answered) <= {"a", "b"}, answered
+
+            def counted(name: str) -> int:
+                return sum(c.get(name, 0) for *_, c in intervals)
+
+            for _ in range(40):  # Envoy reports the last interval within a second or two
+                if counted("a") + counted("b") >= sum(answered.values()):
+                    break
+                await asyncio.sleep(0.25)
+                await read()
+            assert counted("b") == answered["b"] and counted("a") == answered["a"]
+            assert sum(c.get("b", 0) for start, _, c in intervals if start is not None and start >= drained_at[0]) == 0
+            assert "off" not in verdicts and not windows.off() and "fine" in verdicts, verdicts
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await transport.aclose()

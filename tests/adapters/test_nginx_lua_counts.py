@@ -1,11 +1,14 @@
 """NGINX Lua mode's request counts (adapters/nginx_lua/ome_counts.lua, LuaRequestCounts): real NGINX
-counts what it served per map backend; the sidecar reads deltas page by page, and a restart or a
-counter that went down restarts the count instead of being misjudged."""
+counts each request per map backend when it picks the backend; the sidecar reads deltas page by
+page, and a restart (the instance's count) or a counter that went down (its map's count) starts
+over instead of being misjudged."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +18,9 @@ from adapters.base import CountReport
 from adapters.nginx import NginxOptions
 from adapters.nginx_lua import LuaRenderer, LuaRequestCounts, LuaTransport
 from publisher.model import MapKey
-from publisher.split import SplitWindows
-from tests.adapters.test_nginx_lua import HOST, KEY, lua_nginx, route
-from tests.gateways import Backends, measure
+from publisher.split import MIN_REQUESTS, SplitWindows
+from tests.adapters.test_nginx_lua import HOST, KEY, _scraped_table_series, lua_nginx, route
+from tests.gateways import BACKEND_HEADER, Backends, measure
 
 
 async def collect(counter: LuaRequestCounts) -> CountReport:
@@ -92,6 +95,70 @@ async def test_a_page_holds_whole_maps_and_every_backend_once(tmp_path: Path) ->
     assert all(len(page) < counter.page_backends + 3 for page in pages)
 
 
+async def test_an_evicted_counter_restarts_its_map_alone_and_is_counted_and_logged_once(tmp_path: Path, caplog) -> None:
+    """Issue 27: with a small ome_counts dict, one evicted cold counter made every read report the
+    whole instance restarted, so no map was ever judged (two maps with 75,000 requests each stayed
+    "few requests"), with no log and no metric."""
+    transport, _ = _counted_transport(tmp_path, 3, 2)
+    values = {f"ns-{i}/model-{i}|worker-{b}": 0 for i in range(3) for b in range(2)}
+
+    async def exchange(method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any], str]:
+        assert body is not None
+        return 200, {"boot": "boot-1", "counts": [values[name] for name in body.splitlines()]}, ""
+
+    transport._exchange = exchange  # type: ignore[method-assign]
+    counter = transport.request_counter
+    counter.enable(60.0)
+    counter.page_pause = 0.0
+    counter.clock = lambda: 7.0
+    assert (await collect(counter)).restarted  # the baseline
+    cold, busy = MapKey("ns-0", "model-0"), [MapKey("ns-1", "model-1"), MapKey("ns-2", "model-2")]
+    for name in values:
+        values[name] += 37_500
+    await collect(counter)
+    values["ns-0/model-0|worker-1"] = 3  # evicted, counting again from 0
+    values["ns-0/model-0|worker-0"] += 10
+    for key in busy:
+        for b in range(2):
+            values[f"{key.namespace}/{key.name}|worker-{b}"] += 1000
+    with caplog.at_level("WARNING", logger="adapters.nginx_lua"):
+        report = await collect(counter)
+        assert not report.restarted and report.recounted == {cold} and report.at == 7.0
+        assert report.counts == {key: {"worker-0": 1000, "worker-1": 1000} for key in busy}
+        assert transport.stats.counters_evicted == 1
+        values["ns-0/model-0|worker-0"] = 1
+        report = await collect(counter)
+        assert report.recounted == {cold} and transport.stats.counters_evicted == 2
+    (logged,) = [r for r in caplog.records if "evicted" in r.getMessage()]
+    assert "--counts-dict-size" in logged.getMessage()
+    assert _scraped_table_series(transport.stats)["ome_gateway_publisher_nginx_counters_evicted_total"] == 2
+
+
+async def test_a_counter_evicted_and_grown_back_past_its_old_count_is_told_by_its_generation(tmp_path: Path) -> None:
+    """Found by the split simulation: counts alone miss an evicted counter that grew back past
+    the value read before (7 read, evicted, 9 more counted: a "delta" of 2), and a dict too small
+    undercounts cold backends without a word. Each counter made has a generation of its own."""
+    transport, _ = _counted_transport(tmp_path, 1, 2)
+    values = {"ns-0/model-0|worker-0": (1, 7), "ns-0/model-0|worker-1": (2, 500)}
+
+    async def exchange(method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any], str]:
+        assert body is not None
+        asked = [values[name] for name in body.splitlines()]
+        return 200, {"boot": "boot-1", "counts": [n for _, n in asked], "generations": [g for g, _ in asked]}, ""
+
+    transport._exchange = exchange  # type: ignore[method-assign]
+    counter = transport.request_counter
+    counter.enable(60.0)
+    counter.page_pause = 0.0
+    await collect(counter)
+    values = {"ns-0/model-0|worker-0": (3, 9), "ns-0/model-0|worker-1": (2, 600)}
+    report = await collect(counter)
+    assert report.recounted == {MapKey("ns-0", "model-0")} and report.counts == {}
+    assert transport.stats.counters_evicted == 1
+    values = {"ns-0/model-0|worker-0": (3, 19), "ns-0/model-0|worker-1": (2, 700)}
+    assert (await collect(counter)).counts == {MapKey("ns-0", "model-0"): {"worker-0": 10, "worker-1": 100}}
+
+
 @pytest.mark.slow
 async def test_nginx_counts_each_backend_it_served_and_the_split_is_judged(tmp_path: Path) -> None:
     weights = {"a": 2, "b": 3, "c": 5, "d": 0}
@@ -103,7 +170,8 @@ async def test_nginx_counts_each_backend_it_served_and_the_split_is_judged(tmp_p
         assert await counter.collect() == []  # nothing is read until enabled
         counter.enable(60.0)
         counter.page_backends = 3  # two pages: a map's backends stay in one
-        assert await collect(counter) == CountReport(counter.instance, restarted=True)  # the baseline
+        counter.clock = lambda: 5.0
+        assert await collect(counter) == CountReport(counter.instance, restarted=True, at=5.0)  # the baseline
 
         got = await measure(lua.nginx.url, HOST, 1000)
         assert sum(got.values()) == 1000
@@ -113,9 +181,8 @@ async def test_nginx_counts_each_backend_it_served_and_the_split_is_judged(tmp_p
         assert "d" not in got
 
         windows = SplitWindows(enough=1000)
-        windows.route_changed(KEY, served)
-        windows.add(KEY, counter.instance, {}, 0.0)
-        windows.add(KEY, counter.instance, report.counts[KEY], 1.0)
+        windows.route_changed(KEY, served, -10.0)
+        windows.add(KEY, counter.instance, report.counts[KEY], 0.0, 1.0)
         (judged,) = windows.judge_due(1.0)
         assert judged[2].verdict == "fine" and judged[2].largest_deviation < 0.01  # round robin is exact
 
@@ -144,13 +211,47 @@ async def test_a_table_changed_behind_the_sidecars_back_is_caught_by_its_counts(
         status, answer = await lua.control("POST", "/batch", f"{{}}\nset {KEY.namespace}/{KEY.name} {rogue_text}\n")
         assert status == 200, answer
         windows = SplitWindows(enough=500)
-        windows.route_changed(KEY, sidecar_route)
-        windows.add(KEY, counter.instance, {}, 0.0)
+        windows.route_changed(KEY, sidecar_route, -10.0)
         for t in (1.0, 2.0):
             await measure(lua.nginx.url, HOST, 500)
-            windows.add(KEY, counter.instance, (await collect(counter)).counts[KEY], t)
+            windows.add(KEY, counter.instance, (await collect(counter)).counts[KEY], t - 1, t)
             windows.judge_due(t)
         assert list(windows.off()) == [(KEY, counter.instance)]
+
+
+@pytest.mark.slow
+async def test_a_counts_dict_too_small_restarts_only_the_maps_whose_counters_it_evicted(tmp_path: Path) -> None:
+    """Issue 27 on real NGINX with a 12k counts dict: cold maps' requests evict a busy map's
+    counters, which then grow back past the counts read before. The busy map's count starts over
+    (its counters are of another generation), the instance's does not, and the next read counts
+    exactly what NGINX served."""
+    import aiohttp
+
+    async with Backends(("a", "b")) as backends, lua_nginx(tmp_path, counts_dict_size="12k") as lua:
+        busy = MapKey("ns", "busy")
+        cold = {MapKey("ns", f"cold-{i}"): route(f"cold-{i}.example.com", ("a", backends.endpoint("a"), 1)) for i in range(300)}
+        await lua.push({busy: route("busy.example.com", ("a", backends.endpoint("a"), 1), ("b", backends.endpoint("b"), 1)), **cold})
+        counter = lua.transport.request_counter
+        counter.enable(60.0)
+        counter.page_pause = 0.0
+        assert (await collect(counter)).restarted  # the baseline
+
+        async def one_each(hosts: list[str]) -> None:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+                for host in hosts:
+                    async with session.get(lua.nginx.url, headers={"Host": host}) as response:
+                        assert response.status == 200
+
+        first = await measure(lua.nginx.url, "busy.example.com", 50)
+        assert (await collect(counter)).counts[busy] == dict(first)
+        await one_each([r.hostname for r in cold.values()])  # the busy map's counters are the coldest now
+        grown = await measure(lua.nginx.url, "busy.example.com", 200)  # past the counts read before
+        report = await collect(counter)
+        assert not report.restarted and busy in report.recounted and busy not in report.counts
+        assert lua.transport.stats.counters_evicted >= 2
+        got = await measure(lua.nginx.url, "busy.example.com", 500)
+        report = await collect(counter)
+        assert report.counts[busy] == dict(got) and busy not in report.recounted, (grown, report.counts[busy])
 
 
 @pytest.mark.parametrize(("size", "declared"), [("8m", True), ("16m", True), ("off", False)])
@@ -193,3 +294,107 @@ async def test_a_weight_change_is_never_held_back_by_a_read_of_the_counters(tmp_
         assert result.rejected == {} and not read.done()
         release.set()
         assert (await read)[0].restarted  # the first read is the baseline
+
+
+@contextlib.asynccontextmanager
+async def slow_backends(delays: dict[str, float]):  # type: ignore[no-untyped-def]
+    """HTTP servers that answer, each after its own delay, with their name: an LLM backend whose
+    answer takes seconds. Yields each one's endpoint."""
+    from aiohttp import web
+
+    runners, endpoints = [], {}
+    try:
+        for name, delay in delays.items():
+
+            async def handle(request: web.Request, name: str = name, delay: float = delay) -> web.Response:
+                await asyncio.sleep(delay)
+                return web.Response(text=name, headers={BACKEND_HEADER: name})
+
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", handle)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            runners.append(runner)
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            endpoints[name] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        yield endpoints
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+@pytest.mark.slow
+async def test_a_drain_with_long_requests_in_flight_is_never_judged_off(tmp_path: Path) -> None:
+    """Issue 27, as reproduced on real NGINX: backend b answers after 4 s, 80 requests a second,
+    b drained after 2.5 s. Counted in the log phase, the requests picked before the drain were
+    counted as they ended, after it: b 17 % of a window with weights 1/0, off. Counted at the pick,
+    no interval that began after the confirmed drain holds one, and no window is off. (On the Lua
+    of df50202, counting in the log phase: 99 of b's requests counted after the drain.)"""
+    import aiohttp
+
+    async with slow_backends({"a": 0.0, "b": 4.0}) as endpoints, lua_nginx(tmp_path) as lua:
+        both = route(HOST, ("a", endpoints["a"], 1), ("b", endpoints["b"], 1))
+        drained = route(HOST, ("a", endpoints["a"], 1), ("b", endpoints["b"], 0))
+        await lua.push({KEY: both})
+        counter = lua.transport.request_counter
+        counter.enable(1.0)
+        counter.page_pause = 0.0
+        windows = SplitWindows(enough=MIN_REQUESTS)  # windows of the test's traffic, not the rule's
+        windows.route_changed(KEY, both, time.monotonic())
+        since = (await collect(counter)).at  # the baseline
+        answered: dict[str, int] = {}
+        drained_at: list[float] = []
+
+        async def one(session: aiohttp.ClientSession) -> None:
+            async with session.get(lua.nginx.url, headers={"Host": HOST}) as response:
+                await response.read()
+                name = response.headers.get(BACKEND_HEADER, f"status:{response.status}")
+                answered[name] = answered.get(name, 0) + 1
+
+        async def traffic() -> None:
+            """About 80 requests a second, by count rather than by the clock: 200 before the drain
+            (all of b's still in flight then), 300 that start 1.5 s or more after it (a read
+            interval past REPORT_LAG: enough for a window of the drained route)."""
+            connector = aiohttp.TCPConnector(force_close=True, limit=0)
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20), connector=connector) as session:
+                requests: list[asyncio.Task[None]] = []
+                after = 0
+                while after < 300 and len(requests) < 2000:
+                    if len(requests) == 200:
+                        await lua.push({KEY: drained})
+                        drained_at.append(time.monotonic())
+                        windows.route_changed(KEY, drained, drained_at[0])
+                    requests.append(asyncio.create_task(one(session)))
+                    after += bool(drained_at) and time.monotonic() >= drained_at[0] + 1.5
+                    await asyncio.sleep(0.0125)
+                await asyncio.gather(*requests)
+
+        intervals: list[tuple[float, float, dict[str, int]]] = []
+        verdicts: list[str] = []
+
+        async def read() -> None:
+            nonlocal since
+            report = await collect(counter)
+            assert not report.restarted and not report.recounted and report.at is not None
+            counts = dict(report.counts.get(KEY, {}))
+            intervals.append((since, report.at, counts))
+            windows.add(KEY, counter.instance, counts, since, report.at)
+            since = report.at
+            verdicts.extend(judgment.verdict for _, _, judgment in windows.judge_due(report.at))
+
+        sending = asyncio.create_task(traffic())
+        try:
+            for _ in range(120):  # at most a minute; the last answers come about 12 s in
+                if sending.done():
+                    break
+                await asyncio.sleep(0.5)
+                await read()
+        finally:
+            await sending
+        await read()  # every request was picked, and counted, before this
+        assert answered.get("b", 0) > 50 and set(answered) <= {"a", "b"}, answered
+        # Every b request was counted before the drain, none after it, though most ended after it.
+        assert sum(c.get("b", 0) for start, _, c in intervals if start >= drained_at[0]) == 0
+        assert sum(c.get("b", 0) for *_, c in intervals) == answered["b"]
+        assert "off" not in verdicts and not windows.off() and "fine" in verdicts
