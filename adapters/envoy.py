@@ -46,6 +46,15 @@ from adapters.base import (
 )
 from adapters.json_file import from_json as route_from_json
 from adapters.json_file import to_json as route_json
+from adapters.timeouts import (
+    DEFAULT_ROUTE_IDLE_TIMEOUT,
+    DEFAULT_ROUTE_TIMEOUT,
+    RouteIdleTimeout,
+    RouteTimeout,
+    envoy_duration,
+    route_idle_timeout_field,
+    route_timeout_field,
+)
 from publisher.model import MapKey, Publication, Route, parse_endpoint
 
 if TYPE_CHECKING:
@@ -127,6 +136,8 @@ class EnvoyOptions(BaseModel):
         default=False,
         description="Send each backend its endpoint's host; off, as OME's own publisher passes the Host through.",
     )
+    route_timeout: RouteTimeout = route_timeout_field()
+    route_idle_timeout: RouteIdleTimeout = route_idle_timeout_field()
 
     @field_validator("envoy_xds_listen", "envoy_lrs_listen")
     @classmethod
@@ -152,7 +163,12 @@ def build(options: EnvoyOptions) -> tuple[Any, Any]:
         from adapters.envoy_resources import XdsRenderer
         from adapters.envoy_xds import XdsTransport
 
-        renderer = XdsRenderer(ca_file=options.envoy_ca_file, rewrite_host=options.rewrite_host)
+        renderer = XdsRenderer(
+            ca_file=options.envoy_ca_file,
+            rewrite_host=options.rewrite_host,
+            timeout=options.route_timeout,
+            idle_timeout=options.route_idle_timeout,
+        )
         return renderer, XdsTransport(options.envoy_xds_listen, renderer)
     return build_files(options)
 
@@ -252,7 +268,7 @@ def _cluster(key: MapKey, cluster: str, endpoint_url: str, *, ca_file: Path) -> 
     return resource
 
 
-def _virtual_host(key: MapKey, route: Route, *, rewrite_host: bool) -> dict[str, Any]:
+def _virtual_host(key: MapKey, route: Route, *, rewrite_host: bool, timeout: float, idle_timeout: float) -> dict[str, Any]:
     envoy_route: dict[str, Any] = {
         "match": {"prefix": "/"},
         "metadata": {"filter_metadata": {METADATA_KEY: route_json(key, route)}},
@@ -267,8 +283,15 @@ def _virtual_host(key: MapKey, route: Route, *, rewrite_host: bool) -> dict[str,
                 host = parse_endpoint(backend.endpoint).host
                 weight["host_rewrite_literal"] = host[1:-1] if host.startswith("[") else host
             clusters.append(weight)
-        envoy_route["route"] = {"weighted_clusters": {"clusters": clusters}}
+        envoy_route["route"] = {"weighted_clusters": {"clusters": clusters}, **route_timeouts(timeout, idle_timeout)}
     return {"name": _virtual_host_name(key), "domains": [route.hostname], "routes": [envoy_route]}
+
+
+def route_timeouts(timeout: float, idle_timeout: float) -> dict[str, str]:
+    """A route action's timeouts (adapters.timeouts): `timeout` 0s is no deadline, where Envoy's
+    default is 15 s for the whole answer; `idle_timeout` replaces the connection manager's stream
+    idle timeout (5 min) once the route is chosen."""
+    return {"timeout": envoy_duration(timeout), "idle_timeout": envoy_duration(idle_timeout)}
 
 
 def _dumps(value: Any) -> str:
@@ -293,12 +316,20 @@ class EnvoyPart:
     clusters: tuple[_Cluster, ...]  # in backend order
 
 
-def render_part(key: MapKey, route: Route, *, rewrite_host: bool = False, ca_file: Path = _DEFAULT_CA) -> EnvoyPart:
+def render_part(
+    key: MapKey,
+    route: Route,
+    *,
+    rewrite_host: bool = False,
+    ca_file: Path = _DEFAULT_CA,
+    timeout: float = DEFAULT_ROUTE_TIMEOUT,
+    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT,
+) -> EnvoyPart:
     """Both files' text for one map. ValueError for a route `route_problem()` refuses."""
     problem = route_problem(key, route)
     if problem is not None:
         raise ValueError(f"{key}: {problem}")
-    virtual_host = _dumps(_virtual_host(key, route, rewrite_host=rewrite_host))
+    virtual_host = _dumps(_virtual_host(key, route, rewrite_host=rewrite_host, timeout=timeout, idle_timeout=idle_timeout))
     clusters = []
     for backend in route.backends:
         text = _dumps(_cluster(key, backend.cluster, backend.endpoint, ca_file=ca_file))
@@ -312,12 +343,16 @@ class EnvoyRenderer:
 
     rewrite_host: bool = False
     ca_file: Path = _DEFAULT_CA
+    timeout: float = DEFAULT_ROUTE_TIMEOUT
+    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT
 
     def problem(self, key: MapKey, route: Route) -> str | None:
         return envoy_problem(route)
 
     def render(self, key: MapKey, route: Route) -> EnvoyPart:
-        return render_part(key, route, rewrite_host=self.rewrite_host, ca_file=self.ca_file)
+        return render_part(
+            key, route, rewrite_host=self.rewrite_host, ca_file=self.ca_file, timeout=self.timeout, idle_timeout=self.idle_timeout
+        )
 
 
 def _version(digests: Iterable[bytes]) -> str:
@@ -368,10 +403,12 @@ def render(
     route_config: str = "ome-global",
     rewrite_host: bool = False,
     ca_file: Path = _DEFAULT_CA,
+    timeout: float = DEFAULT_ROUTE_TIMEOUT,
+    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT,
 ) -> Rendered:
     """Pure: routes -> cds.yaml and rds.yaml. ValueError for a route Envoy cannot take, or two maps
     with one hostname."""
-    renderer = EnvoyRenderer(rewrite_host=rewrite_host, ca_file=ca_file)
+    renderer = EnvoyRenderer(rewrite_host=rewrite_host, ca_file=ca_file, timeout=timeout, idle_timeout=idle_timeout)
     return assemble({key: renderer.render(key, route) for key, route in routes.items()}, route_config=route_config)
 
 
@@ -999,7 +1036,12 @@ class EnvoyFileTransport(TransportDefaults):
 
 def build_files(options: EnvoyOptions) -> tuple[EnvoyRenderer, EnvoyFileTransport]:
     """File mode's renderer and transport for the engine."""
-    renderer = EnvoyRenderer(rewrite_host=options.rewrite_host, ca_file=options.envoy_ca_file)
+    renderer = EnvoyRenderer(
+        rewrite_host=options.rewrite_host,
+        ca_file=options.envoy_ca_file,
+        timeout=options.route_timeout,
+        idle_timeout=options.route_idle_timeout,
+    )
     return renderer, EnvoyFileTransport(options, load_reports=_load_report_server(options))
 
 

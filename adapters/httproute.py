@@ -26,6 +26,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adapters.base import AdapterError, Rejected, TransportDefaults, Unavailable, WriteResult
+from adapters.timeouts import RouteTimeout, route_timeout_field, unit_duration
 from publisher.kube import HTTP_ROUTES, SERVICES, Kube, KubeError
 from publisher.model import (
     Duration,
@@ -112,6 +113,7 @@ class HttpRouteOptions(BaseModel):
         default=5.0,
         description="How long to wait for the gateway to report on a route; covers a healthy controller's reconcile.",
     )
+    route_timeout: RouteTimeout = route_timeout_field()
 
     @field_validator("gateway")
     @classmethod
@@ -291,7 +293,13 @@ def render_service(group: ObjectGroup, ref: BackendRef, options: HttpRouteOption
 def render_route(group: ObjectGroup, options: HttpRouteOptions) -> dict[str, Any]:
     """The HTTPRoute of one map, as applied. Hostname and weights are read back from the route
     itself; its annotations name the map and each backend's exact endpoint."""
-    rule: dict[str, Any] = {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}]}
+    # timeouts.request "0s" is no deadline (Gateway API: zero disables it); left out, the deadline
+    # is the implementation's own (Envoy Gateway's is 15 s), which cuts LLM streams. backendRequest
+    # (per attempt, and never longer than request) is left to the implementation: no retries are set.
+    rule: dict[str, Any] = {
+        "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+        "timeouts": {"request": unit_duration(options.route_timeout)},
+    }
     if group.refs:
         rule["backendRefs"] = [
             {"group": "", "kind": "Service", "name": ref.service, "port": options.backend_port, "weight": ref.weight}

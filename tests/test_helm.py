@@ -795,7 +795,7 @@ def test_nginx_defaults_to_lua_with_one_secret_in_both_containers() -> None:
     generate = _container(pod, "nginx-config")
     assert "ome-publisher nginx-config \"$@\"" in generate["command"][2]
     assert generate["args"] == ["--listen=8080", "--control-listen=127.0.0.1:8082", f"--secret-file={secret_file}", "--lua-dir=/etc/nginx/ome-lua/lua",
-                                "--shared-dict-size=32m", "--counts-dict-size=8m"]
+                                "--shared-dict-size=32m", "--counts-dict-size=8m", "--route-idle-timeout=1h"]
     # The CLI copies the Lua modules and names the copy (issue 23, finding 9): no sed over its output.
     assert "sed" not in " ".join(generate["command"]) and "python" not in " ".join(generate["command"])
     assert _secret_mounts(pod, "publisher") == _secret_mounts(pod, "nginx") == ["/etc/ome-publisher/nginx-control"]
