@@ -87,6 +87,7 @@ __all__ = [
     "read_clusters",
     "read_routes",
     "render",
+    "route_timeouts",
     "run_envoy",
     "xds_bootstrap",
 ]
@@ -443,17 +444,27 @@ def _metadata_route(virtual_host: Any) -> tuple[MapKey, Route]:
     return route_from_json(virtual_host["routes"][0]["metadata"]["filter_metadata"][METADATA_KEY])
 
 
-def read_routes(rds_text: str) -> tuple[str, dict[MapKey, Route]]:
+def _served_with(virtual_host: Any, timeouts: Mapping[str, str] | None) -> bool:
+    """Whether the host's route has `timeouts` (route_timeouts), or answers without a backend."""
+    action = virtual_host["routes"][0].get("route")
+    return timeouts is None or action is None or all(action.get(name) == value for name, value in timeouts.items())
+
+
+def read_routes(rds_text: str, *, timeouts: Mapping[str, str] | None = None) -> tuple[str, dict[MapKey, Route]]:
     """Pure: the version and the routes an rds.yaml written by `assemble` holds. ValueError else.
-    Blocking for a large file: call it through asyncio.to_thread."""
+    With `timeouts` (route_timeouts), a route served with others (an older sidecar's, or other
+    options) is left out: to the engine it is not served, and it is written again. Blocking for a
+    large file: call it through asyncio.to_thread."""
     try:
         head = _RDS_HEAD.match(rds_text)
         if head is not None:
             version = json.loads(rds_text[: rds_text.index(',"resources"')] + "}")["version_info"]
-            return str(version), dict(_metadata_route(host) for host, _, _ in _elements(rds_text, head.end()))
+            hosts = (host for host, _, _ in _elements(rds_text, head.end()))
+            return str(version), dict(_metadata_route(host) for host in hosts if _served_with(host, timeouts))
         document = _load(rds_text) if rds_text.strip() else None
         (resource,) = document["resources"]
-        routes = dict(_metadata_route(host) for host in resource.get("virtual_hosts") or [])
+        hosts = resource.get("virtual_hosts") or []
+        routes = dict(_metadata_route(host) for host in hosts if _served_with(host, timeouts))
         return str(document["version_info"]), routes
     except (yaml.YAMLError, KeyError, TypeError, IndexError, ValueError) as exc:
         raise ValueError(f"not an rds file written by this adapter: {exc!r}") from exc
@@ -876,7 +887,7 @@ class EnvoyFileTransport(TransportDefaults):
                     cds, rds = empty.cds, empty.rds
                 await self._io.write(CDS_FILE, cds)
                 await self._io.write(RDS_FILE, rds)
-            in_rds = await asyncio.to_thread(read_routes, rds) if rds is not None else None
+            in_rds = await asyncio.to_thread(self._read_routes, rds) if rds is not None else None
             in_cds = await asyncio.to_thread(read_clusters, cds) if cds is not None else None
             if in_rds and in_cds and (served is None or (served.rds, served.cds) == (in_rds[0], in_cds[0])):
                 assert rds is not None and cds is not None
@@ -898,9 +909,15 @@ class EnvoyFileTransport(TransportDefaults):
                 if in_rds and in_rds[0] == served.rds:
                     routes = in_rds[1]
                 else:
-                    _, routes = await asyncio.to_thread(read_routes, await self._io.served_rds())
+                    _, routes = await asyncio.to_thread(self._read_routes, await self._io.served_rds())
         log.info("envoy state read back", extra={"maps": len(routes), "rds_version": self._rds_version})
         return routes
+
+    def _read_routes(self, rds_text: str) -> tuple[str, dict[MapKey, Route]]:
+        """read_routes, with the timeouts this sidecar renders: after they change, every map is
+        written again, not only the next one that changes."""
+        timeouts = route_timeouts(self._options.route_timeout, self._options.route_idle_timeout)
+        return read_routes(rds_text, timeouts=timeouts)
 
     async def _served_versions(self) -> _PerSubscription | None:
         """The versions Envoy holds, or None when there is no admin API or Envoy is not up yet."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -322,19 +323,30 @@ def render(
     return assemble(parts, listen=listen, status_listen=status_listen)[0]
 
 
-def read_back(text: str) -> tuple[dict[MapKey, Route], list[str]]:
-    """The routes a file holds, and one message per line that is not a valid one."""
+def read_back(text: str, *, idle_timeout: float | None = None) -> tuple[dict[MapKey, Route], list[str]]:
+    """The routes a file holds, and one message per line that is not a valid one. With
+    `idle_timeout`, a map that proxies with another one (an older sidecar's, or other options) is
+    left out: to the engine it is not served, and it is written again."""
     routes: dict[MapKey, Route] = {}
     problems: list[str] = []
+    # The proxy timeouts in the lines that follow each map's read-back line, None for a map that
+    # answers without a backend (503).
+    timeouts: dict[MapKey, set[str] | None] = {}
+    current: MapKey | None = None
     for number, line in enumerate(text.splitlines(), start=1):
+        if not line.startswith((ROUTE_PREFIX, LEGACY_PREFIX)):
+            stripped = line.strip()
+            if current is not None and stripped.startswith(("proxy_pass ", "proxy_read_timeout ", "proxy_send_timeout ")):
+                held = timeouts.get(current) or set()
+                timeouts[current] = held if stripped.startswith("proxy_pass ") else held | {stripped}
+            continue
+        current = None
         try:
             if line.startswith(ROUTE_PREFIX):
                 key, route = route_from_json(json.loads(line[len(ROUTE_PREFIX) :]))
-            elif line.startswith(LEGACY_PREFIX):
+            else:
                 pub = Publication.from_json(json.loads(line[len(LEGACY_PREFIX) :]))
                 key, route = pub.key, pub.route
-            else:
-                continue
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             problems.append(f"line {number}: {exc}")
             continue
@@ -342,7 +354,10 @@ def read_back(text: str) -> tuple[dict[MapKey, Route], list[str]]:
         if reason is not None:
             problems.append(f"line {number}: {reason}")
             continue
-        routes[key] = route
+        routes[key], current, timeouts[key] = route, key, None
+    if idle_timeout is not None:
+        wanted = {f"proxy_{way}_timeout {unit_duration(idle_timeout)};" for way in ("read", "send")}
+        routes = {key: route for key, route in routes.items() if timeouts[key] in (None, wanted)}
     return routes, problems
 
 
@@ -550,7 +565,10 @@ class NginxFileTransport:
                             )
                             await self._put(text)
                         self._confirmed_text = text
-                        routes, problems = await asyncio.to_thread(read_back, text)
+                        # With this sidecar's idle timeout: after it changes, every map is
+                        # written again, not only the next one that changes.
+                        idle_timeout = self._options.route_idle_timeout
+                        routes, problems = await asyncio.to_thread(functools.partial(read_back, text, idle_timeout=idle_timeout))
                         for message in problems:
                             log.warning("nginx file line ignored", extra={"path": str(self._path), "problem": message})
                         return routes
