@@ -20,7 +20,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2, scoped_route_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from envoy.type.matcher.v3 import string_pb2
-from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
+from google.protobuf import any_pb2, wrappers_pb2
 
 from adapters.base import envoy_weight_sum_problem, publication_problem
 from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, DEFAULT_ROUTE_TIMEOUT
@@ -178,10 +178,6 @@ def _cluster(name: str, endpoint_url: str, ca_file: Path) -> cluster_pb2.Cluster
     return cluster
 
 
-def _milliseconds(duration: duration_pb2.Duration, seconds: float) -> None:
-    duration.FromMilliseconds(round(seconds * 1000))
-
-
 def _route_config(key: MapKey, route: Route, rewrite_host: bool, timeout: float, idle_timeout: float) -> route_pb2.RouteConfiguration:
     rule = route_components_pb2.Route(match=route_components_pb2.RouteMatch(prefix="/"))
     if route.all_zero:
@@ -196,8 +192,8 @@ def _route_config(key: MapKey, route: Route, rewrite_host: bool, timeout: float,
                 weighted.host_rewrite_literal = host[1:-1] if host.startswith("[") else host
         # adapters.timeouts: 0s is no deadline (Envoy's default is 15 s for the whole answer); the
         # idle timeout replaces the connection manager's stream idle timeout (5 min).
-        _milliseconds(rule.route.timeout, timeout)
-        _milliseconds(rule.route.idle_timeout, idle_timeout)
+        rule.route.timeout.FromMilliseconds(round(timeout * 1000))
+        rule.route.idle_timeout.FromMilliseconds(round(idle_timeout * 1000))
     # The scope picked this configuration by host already, so its one virtual host takes any.
     virtual_host = route_components_pb2.VirtualHost(name=map_name(key), domains=["*"], routes=[rule])
     return route_pb2.RouteConfiguration(name=map_name(key), virtual_hosts=[virtual_host])

@@ -546,3 +546,48 @@ async def test_envoys_connection_manager_idle_timeout_does_not_undercut_the_rout
         answers = await _all({name: get(f"{url}late", bound=30) for name, url in urls.items()})
     assert answers == dict.fromkeys(urls, (200, "late answer"))
 
+
+
+@pytest.mark.slow
+async def test_an_xds_sidecar_restarted_with_another_idle_timeout_sends_it_to_the_envoy_serving_the_old_one(tmp_path):
+    """xDS mode re-renders what it reads back from the Envoys: a changed timeout reaches them
+    without waiting for the map to change."""
+    xds, listen, admin = free_port(), free_port(), free_port()
+
+    @contextlib.asynccontextmanager
+    async def sidecar(**options: Any) -> AsyncIterator[Any]:
+        engine = ADAPTERS["envoy"].engine("envoy", EnvoyOptions(envoy_xds_listen=f"127.0.0.1:{xds}", **options))
+        serving = asyncio.create_task(engine.serve())
+        try:
+            await asyncio.wait_for(engine.transport.started(), 10)
+            yield engine
+        finally:
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+            await engine.aclose()
+
+    async def idle_timeouts() -> list[str]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            async with session.get(f"http://127.0.0.1:{admin}/config_dump?resource=dynamic_route_configs") as response:
+                dump = await response.json(content_type=None)
+        return [r["route"]["idle_timeout"] for c in dump["configs"] for h in c["route_config"]["virtual_hosts"] for r in h["routes"]]
+
+    boot = tmp_path / "envoy.yaml"
+    boot.write_text(xds_bootstrap(xds_host="127.0.0.1", xds_port=xds, listen_host="127.0.0.1", listen_port=listen,
+                                  admin_host="127.0.0.1", admin_port=admin))  # fmt: skip
+    async with run_envoy(boot, admin_url=f"http://127.0.0.1:{admin}", log_path=tmp_path / "envoy.log"):
+        async with sidecar() as first:
+            await eventually(lambda: len(first.transport.envoys()) >= 1, timeout=20)
+            await _publish(first, "http://127.0.0.1:1")
+            assert await idle_timeouts() == ["3600s"]
+        async with sidecar(route_idle_timeout="5m") as restarted:  # Envoy keeps serving meanwhile
+            await eventually(lambda: len(restarted.transport.envoys()) >= 1, timeout=20)
+            assert dict(await restarted.start()) == {KEY: Route(HOST, (Backend("a", "http://127.0.0.1:1", 1),))}
+            await eventually(_equal(idle_timeouts, ["300s"]), timeout=10)
+
+
+def _equal(read: Callable[[], Awaitable[Any]], expected: Any) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return bool(await read() == expected)
+
+    return check
