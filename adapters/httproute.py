@@ -470,6 +470,7 @@ class HttpRouteTransport(TransportDefaults):
         self._held: dict[MapKey, _Objects] = {}
         self._owners: dict[ObjectName, MapKey] = {}  # our routes (and names being claimed) -> their map
         self._orphans: set[MapKey] = set()  # maps with Services of ours but no route, as last read
+        self._told_timeouts_dropped = False
 
     async def _connected(self) -> Kube:
         if self._kube is None:
@@ -673,6 +674,7 @@ class HttpRouteTransport(TransportDefaults):
             route = await self._call(
                 f"route {target[0]}/{target[1]}", lambda: kube.apply(HTTP_ROUTES, body, field_manager=options.field_manager)
             )
+            self._check_timeouts_kept(route)
             if state.route not in (None, target):
                 await self._delete(HTTP_ROUTES, state.route)
                 self._owners.pop(state.route, None)
@@ -682,6 +684,19 @@ class HttpRouteTransport(TransportDefaults):
             route = await self._get_route(target)  # unchanged, but refused last time: ask again
         await _all(self._delete_service(state, name) for name in list(state.services) if name not in wanted)
         return route
+
+    def _check_timeouts_kept(self, route: Mapping[str, Any] | None) -> None:
+        """Logs once when the API server dropped the rules' `timeouts`: an HTTPRoute CRD older than
+        Gateway API v1.2 (standard channel) does not know them. The gateway then keeps its own
+        deadline (15 s in some), and each resync finds the route not as rendered and applies it again."""
+        rules = ((route or {}).get("spec") or {}).get("rules") or []
+        if route is None or self._told_timeouts_dropped or all("timeouts" in rule for rule in rules):
+            return
+        self._told_timeouts_dropped = True
+        log.warning(
+            "the API server dropped the HTTPRoute's timeouts: install Gateway API's CRDs v1.2 or later (standard channel)",
+            extra={"route": "/".join(_name(route)), "request_timeout": unit_duration(self._options.route_timeout)},
+        )
 
     async def _withdraw(self, key: MapKey) -> None:
         """Safe order: the route's weights to 0 (no request can reach a Service we delete), then the

@@ -153,6 +153,23 @@ def test_a_route_written_without_timeouts_reads_back_as_not_ours_and_is_rewritte
     assert not parse_route(written, options)[1]
 
 
+def test_an_api_server_that_drops_the_timeouts_is_named_once_in_the_log(caplog):
+    """An HTTPRoute CRD older than Gateway API v1.2 prunes `timeouts`: the gateway keeps its own
+    deadline, which the log says once, naming the fix."""
+    from adapters.httproute import HttpRouteTransport
+
+    options = _httproute_options()
+    transport = HttpRouteTransport(options)
+    applied = render_route(HttpRouteRenderer(options).render(KEY, ROUTE), options)
+    transport._check_timeouts_kept(applied)
+    assert not caplog.records
+    del applied["spec"]["rules"][0]["timeouts"]
+    transport._check_timeouts_kept(applied)
+    transport._check_timeouts_kept(applied)
+    (record,) = caplog.records
+    assert "Gateway API's CRDs v1.2 or later" in record.getMessage()
+
+
 # --- after the timeouts change (an upgrade from a sidecar that set none): every map is rewritten -----
 
 
