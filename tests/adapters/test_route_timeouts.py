@@ -29,6 +29,7 @@ from envoy.config.route.v3 import route_pb2
 from adapters import ADAPTERS
 from adapters.engine import Engine
 from adapters.envoy import RDS_FILE, EnvoyFileTransport, EnvoyOptions, bootstrap, read_routes, render, route_timeouts, run_envoy, xds_bootstrap
+from adapters.envoy import build as envoy_build
 from adapters.envoy_resources import XdsRenderer
 from adapters.httproute import HttpRouteOptions, HttpRouteRenderer, render_route
 from adapters.nginx import NginxOptions
@@ -86,7 +87,7 @@ def test_envoy_options_build_renderers_with_the_timeouts(tmp_path):
         EnvoyOptions(envoy_dir=tmp_path, route_timeout="10m", route_idle_timeout="5m"),
         EnvoyOptions(envoy_xds_listen="127.0.0.1:18000", route_timeout="10m", route_idle_timeout="5m"),
     ):
-        renderer = ADAPTERS["envoy"]._module.build(options)[0]
+        renderer = envoy_build(options)[0]
         assert (renderer.timeout, renderer.idle_timeout) == (600.0, 300.0)
 
 
@@ -208,7 +209,7 @@ async def test_an_envoy_file_written_with_other_timeouts_is_rewritten_at_start()
 
     def engine(**options: Any) -> Any:
         opts = EnvoyOptions(envoy_dir=Path("/nonexistent"), envoy_admin="http://fake", **options)
-        renderer, _ = ADAPTERS["envoy"]._module.build(EnvoyOptions(envoy_dir=Path("/nonexistent"), **options))
+        renderer, _ = envoy_build(EnvoyOptions(envoy_dir=Path("/nonexistent"), **options))
         return Engine("envoy", renderer, EnvoyFileTransport(opts, io=io))
 
     first = engine()
@@ -335,7 +336,10 @@ class LlmBackend:
         return response
 
     async def _late(self, request: web.Request) -> web.Response:
-        await asyncio.sleep(self.after)
+        # Stops waiting once the gateway gave up and closed the connection: nothing outlives a test.
+        deadline = time.monotonic() + self.after
+        while time.monotonic() < deadline and request.transport is not None and not request.transport.is_closing():
+            await asyncio.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
         return web.Response(text="late answer")
 
     async def __aenter__(self) -> LlmBackend:
@@ -529,10 +533,10 @@ async def test_every_gateway_serves_a_stream_of_over_two_minutes_and_a_first_byt
 
 @pytest.mark.slow
 async def test_every_gateway_ends_a_request_idle_for_longer_than_its_idle_timeout(tmp_path):
-    """With a 2 s idle timeout, a first byte after 6 s is a gateway timeout (504), and a stream
-    with a token a second arrives whole: the idle timeout is between bytes, not a deadline."""
-    async with LlmBackend(seconds=6.0, interval=1.0, after=6.0) as backend, \
-            four_gateways(tmp_path, backend.endpoint, idle_timeout=2.0) as gateways:  # fmt: skip
+    """With a 4 s idle timeout, a first byte after 10 s is a gateway timeout (504), and a stream
+    with a token a second for 6 s arrives whole: the idle timeout is between bytes, not a deadline."""
+    async with LlmBackend(seconds=6.0, interval=1.0, after=10.0) as backend, \
+            four_gateways(tmp_path, backend.endpoint, idle_timeout=4.0) as gateways:  # fmt: skip
         streams = {name: read_stream(url, name, bound=30) for name, url in gateways.items()}
         lates = {name: get(f"{url}late", bound=30) for name, url in gateways.items()}
         streamed, late = await asyncio.gather(_all(streams), _all(lates))
