@@ -46,6 +46,15 @@ from adapters.base import (
 )
 from adapters.json_file import from_json as route_from_json
 from adapters.json_file import to_json as route_json
+from adapters.timeouts import (
+    DEFAULT_ROUTE_IDLE_TIMEOUT,
+    DEFAULT_ROUTE_TIMEOUT,
+    RouteIdleTimeout,
+    RouteTimeout,
+    envoy_duration,
+    route_idle_timeout_field,
+    route_timeout_field,
+)
 from publisher.model import MapKey, Publication, Route, parse_endpoint
 
 if TYPE_CHECKING:
@@ -78,6 +87,7 @@ __all__ = [
     "read_clusters",
     "read_routes",
     "render",
+    "route_timeouts",
     "run_envoy",
     "xds_bootstrap",
 ]
@@ -127,6 +137,8 @@ class EnvoyOptions(BaseModel):
         default=False,
         description="Send each backend its endpoint's host; off, as OME's own publisher passes the Host through.",
     )
+    route_timeout: RouteTimeout = route_timeout_field()
+    route_idle_timeout: RouteIdleTimeout = route_idle_timeout_field()
 
     @field_validator("envoy_xds_listen", "envoy_lrs_listen")
     @classmethod
@@ -152,7 +164,12 @@ def build(options: EnvoyOptions) -> tuple[Any, Any]:
         from adapters.envoy_resources import XdsRenderer
         from adapters.envoy_xds import XdsTransport
 
-        renderer = XdsRenderer(ca_file=options.envoy_ca_file, rewrite_host=options.rewrite_host)
+        renderer = XdsRenderer(
+            ca_file=options.envoy_ca_file,
+            rewrite_host=options.rewrite_host,
+            timeout=options.route_timeout,
+            idle_timeout=options.route_idle_timeout,
+        )
         return renderer, XdsTransport(options.envoy_xds_listen, renderer)
     return build_files(options)
 
@@ -252,7 +269,7 @@ def _cluster(key: MapKey, cluster: str, endpoint_url: str, *, ca_file: Path) -> 
     return resource
 
 
-def _virtual_host(key: MapKey, route: Route, *, rewrite_host: bool) -> dict[str, Any]:
+def _virtual_host(key: MapKey, route: Route, *, rewrite_host: bool, timeout: float, idle_timeout: float) -> dict[str, Any]:
     envoy_route: dict[str, Any] = {
         "match": {"prefix": "/"},
         "metadata": {"filter_metadata": {METADATA_KEY: route_json(key, route)}},
@@ -267,8 +284,15 @@ def _virtual_host(key: MapKey, route: Route, *, rewrite_host: bool) -> dict[str,
                 host = parse_endpoint(backend.endpoint).host
                 weight["host_rewrite_literal"] = host[1:-1] if host.startswith("[") else host
             clusters.append(weight)
-        envoy_route["route"] = {"weighted_clusters": {"clusters": clusters}}
+        envoy_route["route"] = {"weighted_clusters": {"clusters": clusters}, **route_timeouts(timeout, idle_timeout)}
     return {"name": _virtual_host_name(key), "domains": [route.hostname], "routes": [envoy_route]}
+
+
+def route_timeouts(timeout: float, idle_timeout: float) -> dict[str, str]:
+    """A route action's timeouts (adapters.timeouts): `timeout` 0s is no deadline, where Envoy's
+    default is 15 s for the whole answer; `idle_timeout` replaces the connection manager's stream
+    idle timeout (5 min) once the route is chosen."""
+    return {"timeout": envoy_duration(timeout), "idle_timeout": envoy_duration(idle_timeout)}
 
 
 def _dumps(value: Any) -> str:
@@ -293,12 +317,20 @@ class EnvoyPart:
     clusters: tuple[_Cluster, ...]  # in backend order
 
 
-def render_part(key: MapKey, route: Route, *, rewrite_host: bool = False, ca_file: Path = _DEFAULT_CA) -> EnvoyPart:
+def render_part(
+    key: MapKey,
+    route: Route,
+    *,
+    rewrite_host: bool = False,
+    ca_file: Path = _DEFAULT_CA,
+    timeout: float = DEFAULT_ROUTE_TIMEOUT,
+    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT,
+) -> EnvoyPart:
     """Both files' text for one map. ValueError for a route `route_problem()` refuses."""
     problem = route_problem(key, route)
     if problem is not None:
         raise ValueError(f"{key}: {problem}")
-    virtual_host = _dumps(_virtual_host(key, route, rewrite_host=rewrite_host))
+    virtual_host = _dumps(_virtual_host(key, route, rewrite_host=rewrite_host, timeout=timeout, idle_timeout=idle_timeout))
     clusters = []
     for backend in route.backends:
         text = _dumps(_cluster(key, backend.cluster, backend.endpoint, ca_file=ca_file))
@@ -312,12 +344,16 @@ class EnvoyRenderer:
 
     rewrite_host: bool = False
     ca_file: Path = _DEFAULT_CA
+    timeout: float = DEFAULT_ROUTE_TIMEOUT
+    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT
 
     def problem(self, key: MapKey, route: Route) -> str | None:
         return envoy_problem(route)
 
     def render(self, key: MapKey, route: Route) -> EnvoyPart:
-        return render_part(key, route, rewrite_host=self.rewrite_host, ca_file=self.ca_file)
+        return render_part(
+            key, route, rewrite_host=self.rewrite_host, ca_file=self.ca_file, timeout=self.timeout, idle_timeout=self.idle_timeout
+        )
 
 
 def _version(digests: Iterable[bytes]) -> str:
@@ -368,10 +404,12 @@ def render(
     route_config: str = "ome-global",
     rewrite_host: bool = False,
     ca_file: Path = _DEFAULT_CA,
+    timeout: float = DEFAULT_ROUTE_TIMEOUT,
+    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT,
 ) -> Rendered:
     """Pure: routes -> cds.yaml and rds.yaml. ValueError for a route Envoy cannot take, or two maps
     with one hostname."""
-    renderer = EnvoyRenderer(rewrite_host=rewrite_host, ca_file=ca_file)
+    renderer = EnvoyRenderer(rewrite_host=rewrite_host, ca_file=ca_file, timeout=timeout, idle_timeout=idle_timeout)
     return assemble({key: renderer.render(key, route) for key, route in routes.items()}, route_config=route_config)
 
 
@@ -406,17 +444,27 @@ def _metadata_route(virtual_host: Any) -> tuple[MapKey, Route]:
     return route_from_json(virtual_host["routes"][0]["metadata"]["filter_metadata"][METADATA_KEY])
 
 
-def read_routes(rds_text: str) -> tuple[str, dict[MapKey, Route]]:
+def _served_with(virtual_host: Any, timeouts: Mapping[str, str] | None) -> bool:
+    """Whether the host's route has `timeouts` (route_timeouts), or answers without a backend."""
+    action = virtual_host["routes"][0].get("route")
+    return timeouts is None or action is None or all(action.get(name) == value for name, value in timeouts.items())
+
+
+def read_routes(rds_text: str, *, timeouts: Mapping[str, str] | None = None) -> tuple[str, dict[MapKey, Route]]:
     """Pure: the version and the routes an rds.yaml written by `assemble` holds. ValueError else.
-    Blocking for a large file: call it through asyncio.to_thread."""
+    With `timeouts` (route_timeouts), a route served with others (an older sidecar's, or other
+    options) is left out: to the engine it is not served, and it is written again. Blocking for a
+    large file: call it through asyncio.to_thread."""
     try:
         head = _RDS_HEAD.match(rds_text)
         if head is not None:
             version = json.loads(rds_text[: rds_text.index(',"resources"')] + "}")["version_info"]
-            return str(version), dict(_metadata_route(host) for host, _, _ in _elements(rds_text, head.end()))
+            hosts = (host for host, _, _ in _elements(rds_text, head.end()))
+            return str(version), dict(_metadata_route(host) for host in hosts if _served_with(host, timeouts))
         document = _load(rds_text) if rds_text.strip() else None
         (resource,) = document["resources"]
-        routes = dict(_metadata_route(host) for host in resource.get("virtual_hosts") or [])
+        hosts = resource.get("virtual_hosts") or []
+        routes = dict(_metadata_route(host) for host in hosts if _served_with(host, timeouts))
         return str(document["version_info"]), routes
     except (yaml.YAMLError, KeyError, TypeError, IndexError, ValueError) as exc:
         raise ValueError(f"not an rds file written by this adapter: {exc!r}") from exc
@@ -839,7 +887,7 @@ class EnvoyFileTransport(TransportDefaults):
                     cds, rds = empty.cds, empty.rds
                 await self._io.write(CDS_FILE, cds)
                 await self._io.write(RDS_FILE, rds)
-            in_rds = await asyncio.to_thread(read_routes, rds) if rds is not None else None
+            in_rds = await asyncio.to_thread(self._read_routes, rds) if rds is not None else None
             in_cds = await asyncio.to_thread(read_clusters, cds) if cds is not None else None
             if in_rds and in_cds and (served is None or (served.rds, served.cds) == (in_rds[0], in_cds[0])):
                 assert rds is not None and cds is not None
@@ -861,9 +909,15 @@ class EnvoyFileTransport(TransportDefaults):
                 if in_rds and in_rds[0] == served.rds:
                     routes = in_rds[1]
                 else:
-                    _, routes = await asyncio.to_thread(read_routes, await self._io.served_rds())
+                    _, routes = await asyncio.to_thread(self._read_routes, await self._io.served_rds())
         log.info("envoy state read back", extra={"maps": len(routes), "rds_version": self._rds_version})
         return routes
+
+    def _read_routes(self, rds_text: str) -> tuple[str, dict[MapKey, Route]]:
+        """read_routes, with the timeouts this sidecar renders: after they change, every map is
+        written again, not only the next one that changes."""
+        timeouts = route_timeouts(self._options.route_timeout, self._options.route_idle_timeout)
+        return read_routes(rds_text, timeouts=timeouts)
 
     async def _served_versions(self) -> _PerSubscription | None:
         """The versions Envoy holds, or None when there is no admin API or Envoy is not up yet."""
@@ -999,7 +1053,12 @@ class EnvoyFileTransport(TransportDefaults):
 
 def build_files(options: EnvoyOptions) -> tuple[EnvoyRenderer, EnvoyFileTransport]:
     """File mode's renderer and transport for the engine."""
-    renderer = EnvoyRenderer(rewrite_host=options.rewrite_host, ca_file=options.envoy_ca_file)
+    renderer = EnvoyRenderer(
+        rewrite_host=options.rewrite_host,
+        ca_file=options.envoy_ca_file,
+        timeout=options.route_timeout,
+        idle_timeout=options.route_idle_timeout,
+    )
     return renderer, EnvoyFileTransport(options, load_reports=_load_report_server(options))
 
 

@@ -23,6 +23,7 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import any_pb2, wrappers_pb2
 
 from adapters.base import envoy_weight_sum_problem, publication_problem
+from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, DEFAULT_ROUTE_TIMEOUT
 from publisher.model import Backend, MapKey, Publication, Route, is_canonical_ipv4, parse_endpoint
 
 __all__ = [
@@ -85,6 +86,8 @@ class MapResources:
     scope: Resource
     ca_file: Path
     rewrite_host: bool
+    timeout: float = DEFAULT_ROUTE_TIMEOUT
+    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT
 
     @functools.cached_property
     def clusters(self) -> tuple[Resource, ...]:
@@ -95,7 +98,7 @@ class MapResources:
 
     @functools.cached_property
     def route_config(self) -> Resource:
-        config = _resource(map_name(self.key), _route_config(self.key, self.route, self.rewrite_host))
+        config = _resource(map_name(self.key), _route_config(self.key, self.route, self.rewrite_host, self.timeout, self.idle_timeout))
         return Resource(config.name, _route_version(self.route, config.body), config.body)
 
     def __eq__(self, other: object) -> bool:
@@ -175,7 +178,7 @@ def _cluster(name: str, endpoint_url: str, ca_file: Path) -> cluster_pb2.Cluster
     return cluster
 
 
-def _route_config(key: MapKey, route: Route, rewrite_host: bool) -> route_pb2.RouteConfiguration:
+def _route_config(key: MapKey, route: Route, rewrite_host: bool, timeout: float, idle_timeout: float) -> route_pb2.RouteConfiguration:
     rule = route_components_pb2.Route(match=route_components_pb2.RouteMatch(prefix="/"))
     if route.all_zero:
         rule.direct_response.status = 503
@@ -187,6 +190,10 @@ def _route_config(key: MapKey, route: Route, rewrite_host: bool) -> route_pb2.Ro
             if rewrite_host:
                 host = parse_endpoint(backend.endpoint).host
                 weighted.host_rewrite_literal = host[1:-1] if host.startswith("[") else host
+        # adapters.timeouts: 0s is no deadline (Envoy's default is 15 s for the whole answer); the
+        # idle timeout replaces the connection manager's stream idle timeout (5 min).
+        rule.route.timeout.FromMilliseconds(round(timeout * 1000))
+        rule.route.idle_timeout.FromMilliseconds(round(idle_timeout * 1000))
     # The scope picked this configuration by host already, so its one virtual host takes any.
     virtual_host = route_components_pb2.VirtualHost(name=map_name(key), domains=["*"], routes=[rule])
     return route_pb2.RouteConfiguration(name=map_name(key), virtual_hosts=[virtual_host])
@@ -204,6 +211,8 @@ class XdsRenderer:
 
     ca_file: Path = _DEFAULT_CA
     rewrite_host: bool = False
+    timeout: float = DEFAULT_ROUTE_TIMEOUT
+    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT
 
     def problem(self, key: MapKey, route: Route) -> str | None:
         probe = Publication(key.namespace, key.name, route.hostname, 0, 0, route.backends)
@@ -224,4 +233,5 @@ class XdsRenderer:
         return None
 
     def render(self, key: MapKey, route: Route) -> MapResources:
-        return MapResources(key, route, _resource(map_name(key), _scope(key, route.hostname)), self.ca_file, self.rewrite_host)
+        scope = _resource(map_name(key), _scope(key, route.hostname))
+        return MapResources(key, route, scope, self.ca_file, self.rewrite_host, self.timeout, self.idle_timeout)

@@ -26,6 +26,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adapters.base import AdapterError, Rejected, TransportDefaults, Unavailable, WriteResult
+from adapters.timeouts import RouteTimeout, route_timeout_field, unit_duration
 from publisher.kube import HTTP_ROUTES, SERVICES, Kube, KubeError
 from publisher.model import (
     Duration,
@@ -117,6 +118,7 @@ class HttpRouteOptions(BaseModel):
         default=5.0,
         description="How long to wait for the gateway to report on a route; covers a healthy controller's reconcile.",
     )
+    route_timeout: RouteTimeout = route_timeout_field()
 
     @field_validator("gateway")
     @classmethod
@@ -296,7 +298,13 @@ def render_service(group: ObjectGroup, ref: BackendRef, options: HttpRouteOption
 def render_route(group: ObjectGroup, options: HttpRouteOptions) -> dict[str, Any]:
     """The HTTPRoute of one map, as applied. Hostname and weights are read back from the route
     itself; its annotations name the map and each backend's exact endpoint."""
-    rule: dict[str, Any] = {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}]}
+    # timeouts.request "0s" is no deadline (Gateway API: zero disables it); left out, the deadline
+    # is the implementation's own (Envoy Gateway's is 15 s), which cuts LLM streams. backendRequest
+    # (per attempt, and never longer than request) is left to the implementation: no retries are set.
+    rule: dict[str, Any] = {
+        "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+        "timeouts": {"request": unit_duration(options.route_timeout)},
+    }
     if group.refs:
         rule["backendRefs"] = [
             {"group": "", "kind": "Service", "name": ref.service, "port": options.backend_port, "weight": ref.weight}
@@ -467,6 +475,7 @@ class HttpRouteTransport(TransportDefaults):
         self._held: dict[MapKey, _Objects] = {}
         self._owners: dict[ObjectName, MapKey] = {}  # our routes (and names being claimed) -> their map
         self._orphans: set[MapKey] = set()  # maps with Services of ours but no route, as last read
+        self._told_timeouts_dropped = False
 
     async def _connected(self) -> Kube:
         if self._kube is None:
@@ -670,6 +679,7 @@ class HttpRouteTransport(TransportDefaults):
             route = await self._call(
                 f"route {target[0]}/{target[1]}", lambda: kube.apply(HTTP_ROUTES, body, field_manager=options.field_manager)
             )
+            self._check_timeouts_kept(route)
             if state.route not in (None, target):
                 await self._delete(HTTP_ROUTES, state.route)
                 self._owners.pop(state.route, None)
@@ -679,6 +689,19 @@ class HttpRouteTransport(TransportDefaults):
             route = await self._get_route(target)  # unchanged, but refused last time: ask again
         await _all(self._delete_service(state, name) for name in list(state.services) if name not in wanted)
         return route
+
+    def _check_timeouts_kept(self, route: Mapping[str, Any] | None) -> None:
+        """Logs once when the API server dropped the rules' `timeouts`: an HTTPRoute CRD older than
+        Gateway API v1.2 (standard channel) does not know them. The gateway then keeps its own
+        deadline (15 s in some), and each resync finds the route not as rendered and applies it again."""
+        rules = ((route or {}).get("spec") or {}).get("rules") or []
+        if route is None or self._told_timeouts_dropped or all("timeouts" in rule for rule in rules):
+            return
+        self._told_timeouts_dropped = True
+        log.warning(
+            "the API server dropped the HTTPRoute's timeouts: install Gateway API's CRDs v1.2 or later (standard channel)",
+            extra={"route": "/".join(_name(route)), "request_timeout": unit_duration(self._options.route_timeout)},
+        )
 
     async def _withdraw(self, key: MapKey) -> None:
         """Safe order: the route's weights to 0 (no request can reach a Service we delete), then the

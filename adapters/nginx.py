@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -37,6 +38,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from adapters.base import Rejected, Unavailable, WriteResult, duplicate_hostname, in_words, publication_problem, write_atomic
 from adapters.json_file import from_json as route_from_json
 from adapters.json_file import to_json as route_json
+from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, RouteIdleTimeout, route_idle_timeout_field, unit_duration
 from publisher.model import Interval, MapKey, Publication, Route, parse_endpoint
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,7 @@ class NginxOptions(BaseModel):
     rewrite_host: bool = Field(
         default=False, description="Off: the client's Host passes through, as OME's own publisher does."
     )
+    route_idle_timeout: RouteIdleTimeout = route_idle_timeout_field()
 
     @model_validator(mode="before")
     @classmethod
@@ -124,6 +127,10 @@ class NginxOptions(BaseModel):
         if self.nginx_mode == "lua":
             if self.nginx_secret_file is None:
                 raise ValueError("nginx_mode lua needs nginx_secret_file")
+            if "route_idle_timeout" in self.model_fields_set:
+                # Lua mode pushes weights only: the timeouts are in the snippet NGINX loads.
+                raise ValueError("nginx_mode lua takes its idle timeout from `ome-publisher nginx-config --route-idle-timeout`, "
+                                 "not from route_idle_timeout")
             return self
         if self.nginx_conf_file is None:
             raise ValueError("nginx_mode reload needs nginx_conf_file")
@@ -200,11 +207,19 @@ def _server_line(backend_endpoint: str, weight: int) -> str:
     return f"    server {endpoint.host}:{endpoint.port} {f'weight={weight}' if weight else 'down'};\n"
 
 
-_PROXY_COMMON = (
-    "        proxy_http_version 1.1;\n"
-    '        proxy_set_header Connection "";\n'
-    "        proxy_buffering off;\n"
-)
+def _proxy_common(idle_timeout: float) -> str:
+    """What every proxied location sets: keep-alive to the backends; each byte passed on as it
+    comes (an LLM stream's tokens are not held in a buffer); and the idle timeout (adapters.timeouts)
+    between two reads or writes of the backend, where NGINX's default is 60 s. NGINX has no total
+    deadline."""
+    idle = unit_duration(idle_timeout)
+    return (
+        "        proxy_http_version 1.1;\n"
+        '        proxy_set_header Connection "";\n'
+        "        proxy_buffering off;\n"
+        f"        proxy_read_timeout {idle};\n"
+        f"        proxy_send_timeout {idle};\n"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +230,9 @@ class NginxPart:
     text: str
 
 
-def render_part(key: MapKey, route: Route, *, listen: str, rewrite_host: bool = False) -> NginxPart:
+def render_part(
+    key: MapKey, route: Route, *, listen: str, rewrite_host: bool = False, idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT
+) -> NginxPart:
     """The config text of one map: its read-back line, upstream(s) and server block.
 
     Raises ValueError for a route `route_problem()` refuses: nothing unchecked reaches the file.
@@ -237,7 +254,7 @@ def render_part(key: MapKey, route: Route, *, listen: str, rewrite_host: bool = 
         out += [server_head, f"        proxy_pass {scheme}://{name};\n", "        proxy_set_header Host $host;\n"]
         if scheme == "https":
             out.append("        proxy_ssl_server_name on;\n        proxy_ssl_name $host;\n")
-        out += [_PROXY_COMMON, "    }\n}\n"]
+        out += [_proxy_common(idle_timeout), "    }\n}\n"]
         return NginxPart(route.hostname, "".join(out))
     stem = _variable_stem(key)
     units = split_units(b.weight for b in route.backends)
@@ -258,7 +275,7 @@ def render_part(key: MapKey, route: Route, *, listen: str, rewrite_host: bool = 
         f"        proxy_pass ${stem}_target;\n",
         f"        proxy_set_header Host ${stem}_host;\n",
         f"        proxy_ssl_server_name on;\n        proxy_ssl_name ${stem}_host;\n",
-        _PROXY_COMMON,
+        _proxy_common(idle_timeout),
         "    }\n}\n",
     ]
     return NginxPart(route.hostname, "".join(out))
@@ -296,25 +313,40 @@ def render(
     listen: str = "8080",
     status_listen: str = "127.0.0.1:8081",
     rewrite_host: bool = False,
+    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT,
 ) -> str:
     """The whole file for `routes`. Raises ValueError for a route `route_problem()` refuses."""
-    parts = {key: render_part(key, route, listen=listen, rewrite_host=rewrite_host) for key, route in routes.items()}
+    parts = {
+        key: render_part(key, route, listen=listen, rewrite_host=rewrite_host, idle_timeout=idle_timeout)
+        for key, route in routes.items()
+    }
     return assemble(parts, listen=listen, status_listen=status_listen)[0]
 
 
-def read_back(text: str) -> tuple[dict[MapKey, Route], list[str]]:
-    """The routes a file holds, and one message per line that is not a valid one."""
+def read_back(text: str, *, idle_timeout: float | None = None) -> tuple[dict[MapKey, Route], list[str]]:
+    """The routes a file holds, and one message per line that is not a valid one. With
+    `idle_timeout`, a map that proxies with another one (an older sidecar's, or other options) is
+    left out: to the engine it is not served, and it is written again."""
     routes: dict[MapKey, Route] = {}
     problems: list[str] = []
+    # The proxy timeouts in the lines that follow each map's read-back line, None for a map that
+    # answers without a backend (503).
+    timeouts: dict[MapKey, set[str] | None] = {}
+    current: MapKey | None = None
     for number, line in enumerate(text.splitlines(), start=1):
+        if not line.startswith((ROUTE_PREFIX, LEGACY_PREFIX)):
+            stripped = line.strip()
+            if current is not None and stripped.startswith(("proxy_pass ", "proxy_read_timeout ", "proxy_send_timeout ")):
+                held = timeouts.get(current) or set()
+                timeouts[current] = held if stripped.startswith("proxy_pass ") else held | {stripped}
+            continue
+        current = None
         try:
             if line.startswith(ROUTE_PREFIX):
                 key, route = route_from_json(json.loads(line[len(ROUTE_PREFIX) :]))
-            elif line.startswith(LEGACY_PREFIX):
+            else:
                 pub = Publication.from_json(json.loads(line[len(LEGACY_PREFIX) :]))
                 key, route = pub.key, pub.route
-            else:
-                continue
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             problems.append(f"line {number}: {exc}")
             continue
@@ -322,7 +354,10 @@ def read_back(text: str) -> tuple[dict[MapKey, Route], list[str]]:
         if reason is not None:
             problems.append(f"line {number}: {reason}")
             continue
-        routes[key] = route
+        routes[key], current, timeouts[key] = route, key, None
+    if idle_timeout is not None:
+        wanted = {f"proxy_{way}_timeout {unit_duration(idle_timeout)};" for way in ("read", "send")}
+        routes = {key: route for key, route in routes.items() if timeouts[key] in (None, wanted)}
     return routes, problems
 
 
@@ -339,12 +374,13 @@ class NginxRenderer:
 
     listen: str = "8080"
     rewrite_host: bool = False
+    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT
 
     def problem(self, key: MapKey, route: Route) -> str | None:
         return nginx_problem(route, rewrite_host=self.rewrite_host)
 
     def render(self, key: MapKey, route: Route) -> NginxPart:
-        return render_part(key, route, listen=self.listen, rewrite_host=self.rewrite_host)
+        return render_part(key, route, listen=self.listen, rewrite_host=self.rewrite_host, idle_timeout=self.idle_timeout)
 
 
 # --- The process side -----------------------------------------------------------------------------
@@ -529,7 +565,10 @@ class NginxFileTransport:
                             )
                             await self._put(text)
                         self._confirmed_text = text
-                        routes, problems = await asyncio.to_thread(read_back, text)
+                        # With this sidecar's idle timeout: after it changes, every map is
+                        # written again, not only the next one that changes.
+                        idle_timeout = self._options.route_idle_timeout
+                        routes, problems = await asyncio.to_thread(functools.partial(read_back, text, idle_timeout=idle_timeout))
                         for message in problems:
                             log.warning("nginx file line ignored", extra={"path": str(self._path), "problem": message})
                         return routes
@@ -675,7 +714,8 @@ class NginxFileTransport:
 
 def build_reload(options: NginxOptions) -> tuple[NginxRenderer, NginxFileTransport]:
     """Reload mode's renderer and transport for the engine."""
-    return NginxRenderer(listen=options.nginx_listen, rewrite_host=options.rewrite_host), NginxFileTransport(options)
+    renderer = NginxRenderer(listen=options.nginx_listen, rewrite_host=options.rewrite_host, idle_timeout=options.route_idle_timeout)
+    return renderer, NginxFileTransport(options)
 
 
 def build(options: NginxOptions) -> tuple[Any, Any]:

@@ -31,6 +31,7 @@ import aiohttp
 
 from adapters.base import CountReport, NotConnected, Rejected, Unavailable, WriteResult, in_words
 from adapters.nginx import NginxOptions
+from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, MAX_ROUTE_TIMEOUT, unit_duration
 from publisher.model import Backend, MapKey, Route, parse_endpoint
 
 log = logging.getLogger(__name__)
@@ -197,10 +198,13 @@ def http_snippet(
     counts_dict_size: str | None = "8m",
     ca_file: Path | None = None,
     lua_dir: Path = LUA_DIR,
+    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT,
 ) -> str:
     """The text to include inside `http {}`: the table, the catch-all server, the two upstreams
     and the control listener, with the Lua modules from `lua_dir` (this package's, or a copy where
-    NGINX sees it: `copy_lua_modules`). Raises ValueError on a value NGINX would read as syntax."""
+    NGINX sees it: `copy_lua_modules`). `idle_timeout` (adapters.timeouts) bounds the wait between
+    two reads or writes of a backend; there is no total deadline. Raises ValueError on a value
+    NGINX would read as syntax."""
     from adapters.nginx import _check_listen
 
     _check_listen(listen)
@@ -208,6 +212,8 @@ def http_snippet(
     for size in (shared_dict_size, counts_dict_size):
         if size is not None and not _SIZE.fullmatch(size):
             raise ValueError(f"{size!r} is not an NGINX size from 32k to 1024m, such as 32m")
+    if not 0 < idle_timeout <= MAX_ROUTE_TIMEOUT:
+        raise ValueError(f"idle timeout {idle_timeout:g}s is not between 1ms and 24h")
     ca_file = ca_file or DEFAULT_CA_FILE
     counts_dict = (
         ""
@@ -265,8 +271,10 @@ server {{
         proxy_set_header Host $ome_host;
         proxy_http_version 1.1;
         proxy_set_header Connection "";
+        # Each byte is passed on as it comes: an LLM stream's tokens are not held in a buffer.
         proxy_buffering off;
-        proxy_read_timeout 1h;
+        proxy_read_timeout {unit_duration(idle_timeout)};
+        proxy_send_timeout {unit_duration(idle_timeout)};
         proxy_next_upstream error timeout;
         proxy_ssl_server_name on;
         proxy_ssl_name $ome_sni;

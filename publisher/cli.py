@@ -735,10 +735,27 @@ def _add_nginx_config(parser: argparse.ArgumentParser) -> None:
         help="request counters per map backend for the served-split check, ~131 B each (default: 8m; `off`: no counting)",
     )
     parser.add_argument("--ca-file", metavar="PATH", help="CA bundle for https backends (default: the system bundle)")
+    parser.add_argument(
+        "--route-idle-timeout",
+        type=_route_idle_timeout,
+        default="1h",
+        metavar="DURATION",
+        help="the longest a request may go without a byte from or to its backend, the wait for the first one included; "
+        f"no total deadline (`run --route-idle-timeout` in reload mode; {DURATION_UNITS}; default: 1h)",
+    )
     parser.add_argument("--lua-dir", metavar="DIR", help="copy the Lua modules into DIR (made if missing) and load them from there, "
                         "for an NGINX that does not see this package's files (default: load them from the package)")
     parser.add_argument("--load-modules", action="store_true", help="print the load_module lines for the main nginx.conf instead")
     parser.set_defaults(run=_nginx_config)
+
+
+def _route_idle_timeout(value: str) -> float:
+    from adapters.timeouts import idle_timeout_seconds
+
+    try:
+        return idle_timeout_seconds(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _nginx_config(args: argparse.Namespace) -> int:
@@ -762,6 +779,7 @@ def _nginx_config(args: argparse.Namespace) -> int:
             counts_dict_size=None if args.counts_dict_size == "off" else args.counts_dict_size,
             ca_file=Path(args.ca_file) if args.ca_file else None,
             lua_dir=lua_dir,
+            idle_timeout=args.route_idle_timeout,
         )
     except ValueError as exc:
         print(f"ome-publisher nginx-config: {exc}", file=sys.stderr)

@@ -81,7 +81,9 @@ def parse_duration(value: Any, *, zero_ok: bool = False) -> float:
 
 
 def format_duration(seconds: float) -> str:
-    """`seconds` in the duration grammar, largest unit first: 90 -> 1m30s, 0.5 -> 500ms."""
+    """`seconds` in the duration grammar, largest unit first: 90 -> 1m30s, 0.5 -> 500ms, 0 -> 0s."""
+    if seconds == 0:
+        return "0s"
     if seconds < 1:
         return f"{seconds * 1000:g}ms"
     hours, rest = divmod(seconds, 3600.0)

@@ -795,7 +795,7 @@ def test_nginx_defaults_to_lua_with_one_secret_in_both_containers() -> None:
     generate = _container(pod, "nginx-config")
     assert "ome-publisher nginx-config \"$@\"" in generate["command"][2]
     assert generate["args"] == ["--listen=8080", "--control-listen=127.0.0.1:8082", f"--secret-file={secret_file}", "--lua-dir=/etc/nginx/ome-lua/lua",
-                                "--shared-dict-size=32m", "--counts-dict-size=8m"]
+                                "--shared-dict-size=32m", "--counts-dict-size=8m", "--route-idle-timeout=1h"]
     # The CLI copies the Lua modules and names the copy (issue 23, finding 9): no sed over its output.
     assert "sed" not in " ".join(generate["command"]) and "python" not in " ".join(generate["command"])
     assert _secret_mounts(pod, "publisher") == _secret_mounts(pod, "nginx") == ["/etc/ome-publisher/nginx-control"]
@@ -994,3 +994,33 @@ def test_files_mode_envoy_reports_load_to_the_sidecars_lrs_port_while_split_veri
     assert "--no-load-stats" in _container(off, "envoy-bootstrap")["args"]
     with pytest.raises((helm.HelmRenderError, helm.HelmValuesError), match="adapter.envoy.lrsPort are both port 9901"):
         _render(_merge(files, {"adapter": {"envoy": {"lrsPort": 9901}}}))
+
+
+def _flag_values(args: list[str], flag: str) -> list[str]:
+    return [arg.partition("=")[2] for arg in args if arg.partition("=")[0] == flag]
+
+
+def test_route_timeouts_reach_every_gateway_from_one_pair_of_values() -> None:
+    """routeTimeouts (issue 27, item 4): the total deadline where a gateway has one (Envoy, an
+    HTTPRoute's timeouts.request), the idle timeout where it has one (Envoy, NGINX: the sidecar in
+    reload mode, nginx-config in Lua mode, where `run` refuses it), and the binary's defaults."""
+    timeouts = {"routeTimeouts": {"total": "10m", "idle": "5m"}}
+    cases = {
+        "envoy-xds": ({}, "10m", "5m", None),
+        "envoy-files": ({"adapter": {"envoy": {"mode": "files"}}}, "10m", "5m", None),
+        "nginx-reload": ({"adapter": {"name": "nginx", "nginx": {"mode": "reload"}}}, None, "5m", None),
+        "nginx-lua": ({"adapter": {"name": "nginx"}}, None, None, "5m"),
+        "httproute": ({"adapter": {"name": "httproute", "httproute": {"gateway": "gateways/global"}}}, "10m", None, None),
+    }
+    for name, (changes, total, idle, snippet_idle) in cases.items():
+        pod = _pod(_merge(changes, timeouts))
+        args = _container(pod, "publisher")["args"]
+        assert _flag_values(args, "--route-timeout") == ([total] if total else []), name
+        assert _flag_values(args, "--route-idle-timeout") == ([idle] if idle else []), name
+        if snippet_idle:
+            assert _flag_values(_container(pod, "nginx-config")["args"], "--route-idle-timeout") == [snippet_idle]
+    defaults = _container(_pod({}), "publisher")["args"]
+    assert (_flag_values(defaults, "--route-timeout"), _flag_values(defaults, "--route-idle-timeout")) == (["0s"], ["1h"])
+    for refused in ({"total": "10"}, {"idle": "0s"}, {"idle": ""}, {"total": "10m", "idle": "5m", "read": "1m"}):
+        with pytest.raises(helm.HelmValuesError):
+            _chart().validate_schema({"routeTimeouts": refused})

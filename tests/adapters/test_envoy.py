@@ -314,9 +314,9 @@ async def test_read_back_parses_off_the_event_loop(monkeypatch):
     parsed_on: list[int] = []
     original = adapters.envoy.read_routes
 
-    def spy(text):
+    def spy(text, **options):
         parsed_on.append(threading.get_ident())
-        return original(text)
+        return original(text, **options)
 
     monkeypatch.setattr(adapters.envoy, "read_routes", spy)
     assert await fake_adapter(io).transport.read() == routes(*pubs)

@@ -17,4 +17,5 @@ the http {} snippet NGINX includes. tests/test_helm.py checks every flag here ag
 {{- with .Values.adapter.nginx.caFile }}
 - {{ printf "--ca-file=%s" . | quote }}
 {{- end }}
+- {{ printf "--route-idle-timeout=%s" .Values.routeTimeouts.idle | quote }}
 {{- end }}

@@ -52,6 +52,8 @@ against `ome-publisher run --help`.
 {{- if .Values.adapter.envoy.rewriteHost }}
 - --rewrite-host
 {{- end }}
+- {{ printf "--route-timeout=%s" .Values.routeTimeouts.total | quote }}
+- {{ printf "--route-idle-timeout=%s" .Values.routeTimeouts.idle | quote }}
 {{- else if eq .Values.adapter.name "nginx" }}
 - {{ printf "--nginx-mode=%s" .Values.adapter.nginx.mode | quote }}
 {{- if .Values.adapter.nginx.rewriteHost }}
@@ -70,6 +72,7 @@ against `ome-publisher run --help`.
 {{- end }}
 - {{ printf "--nginx-status-listen=%s" .Values.adapter.nginx.statusListen | quote }}
 - {{ printf "--nginx-min-reload-interval=%s" .Values.adapter.nginx.minReloadInterval | quote }}
+- {{ printf "--route-idle-timeout=%s" .Values.routeTimeouts.idle | quote }}
 {{- with .Values.adapter.nginx.testCmd }}
 - {{ printf "--nginx-test-cmd=%s" . | quote }}
 {{- end }}
@@ -78,6 +81,7 @@ against `ome-publisher run --help`.
 - {{ printf "--gateway=%s" (required "adapter.httproute.gateway (NAMESPACE/NAME) is required for the httproute adapter" .Values.adapter.httproute.gateway) | quote }}
 - {{ printf "--backend-port=%d" (int .Values.adapter.httproute.backendPort) | quote }}
 - {{ printf "--route-namespace=%s" (include "ome-gateway-publisher.routeNamespace" .) | quote }}
+- {{ printf "--route-timeout=%s" .Values.routeTimeouts.total | quote }}
 {{- if .Values.adapter.httproute.gatewayKubeconfigSecret.name }}
 - --gateway-kubeconfig=/etc/ome-publisher/gateway-cluster/kubeconfig
 {{- end }}
