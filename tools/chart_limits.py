@@ -54,6 +54,8 @@ DURATIONS = {
     "splitVerify.interval": "split_interval",
     "statusDelay": "status_delay",
     "adapter.nginx.minReloadInterval": "nginx_min_reload_interval",
+    "routeTimeouts.total": "route_timeout",
+    "routeTimeouts.idle": "route_idle_timeout",
 }
 
 

@@ -9,7 +9,9 @@ and the seconds the sidecar takes (least, most, zero or not). _validate.tpl chec
 {"path": "gates.probeMaxAge", "flag": "--probe-max-age", "least": 0.0, "most": 604800.0, "zeroOk": false, "leastText": "0", "mostText": "168h", "why": ""},
 {"path": "splitVerify.interval", "flag": "--split-interval", "least": 10.0, "most": 3600.0, "zeroOk": false, "leastText": "10s", "mostText": "1h", "why": "each report lists every map's backends"},
 {"path": "statusDelay", "flag": "--status-delay", "least": 0.0, "most": 3600.0, "zeroOk": true, "leastText": "0", "mostText": "1h", "why": ""},
-{"path": "adapter.nginx.minReloadInterval", "flag": "--nginx-min-reload-interval", "least": 0.0, "most": 86400.0, "zeroOk": true, "leastText": "0", "mostText": "24h", "why": ""}
+{"path": "adapter.nginx.minReloadInterval", "flag": "--nginx-min-reload-interval", "least": 0.0, "most": 86400.0, "zeroOk": true, "leastText": "0", "mostText": "24h", "why": ""},
+{"path": "routeTimeouts.total", "flag": "--route-timeout", "least": 0.0, "most": 86400.0, "zeroOk": true, "leastText": "0", "mostText": "24h", "why": ""},
+{"path": "routeTimeouts.idle", "flag": "--route-idle-timeout", "least": 0.0, "most": 86400.0, "zeroOk": false, "leastText": "0", "mostText": "24h", "why": ""}
 ]
 {{- end }}
 
