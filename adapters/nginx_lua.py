@@ -264,9 +264,6 @@ server {{
         access_by_lua_block {{
             require("ome_route").access()
         }}
-        log_by_lua_block {{
-            require("ome_counts").count()
-        }}
         proxy_pass $ome_upstream;
         proxy_set_header Host $ome_host;
         proxy_http_version 1.1;

@@ -19,7 +19,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from publisher.model import Duration, Interval, parse_duration
+from publisher.model import DAY, Duration, DurationRange, Interval
 
 __all__ = [
     "DEFAULT_ROUTE_IDLE_TIMEOUT",
@@ -36,14 +36,13 @@ __all__ = [
 
 DEFAULT_ROUTE_TIMEOUT = 0.0  # none
 DEFAULT_ROUTE_IDLE_TIMEOUT = 3600.0
-# NGINX keeps its timers in a 32-bit wrapping clock of milliseconds (24.8 days); a day is far
-# beyond any answer, and bounds what a typo such as `100000h` would hold open.
-MAX_ROUTE_TIMEOUT = 24 * 3600.0
+# NGINX keeps its timers in a 32-bit wrapping clock of milliseconds (24.8 days); a day (every
+# duration option's ceiling) is far beyond any answer, and bounds what a typo such as `100000h`
+# would hold open.
+MAX_ROUTE_TIMEOUT = DAY
 
 
 def _whole_milliseconds(seconds: float) -> float:
-    if seconds > MAX_ROUTE_TIMEOUT:
-        raise ValueError(f"{seconds:g}s is longer than 24h")
     milliseconds = round(seconds * 1000)
     if seconds and milliseconds == 0:
         raise ValueError(f"{seconds:g}s is shorter than a millisecond")
@@ -58,7 +57,7 @@ RouteIdleTimeout = Annotated[Duration, AfterValidator(_whole_milliseconds)]
 def idle_timeout_seconds(value: str) -> float:
     """A route idle timeout as a flag gives it (`nginx-config --route-idle-timeout`), checked as
     RouteIdleTimeout checks it. ValueError names what is wrong."""
-    return _whole_milliseconds(parse_duration(value))
+    return _whole_milliseconds(DurationRange(MAX_ROUTE_TIMEOUT)(value))
 
 
 def route_timeout_field() -> RouteTimeout:
