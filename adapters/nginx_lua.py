@@ -235,6 +235,9 @@ lua_shared_dict ome_routes {shared_dict_size};
 {counts_dict}\
 init_by_lua_block {{
     require("ome_control").init("{secret_file}")
+    -- Every module read here, by the master: workers run as another user (nobody, www-data) that
+    -- may not read lua_package_path, and files changed since the start must not mix in.
+    require("ome_route")
 }}
 
 upstream ome_plain {{

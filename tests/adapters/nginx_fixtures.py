@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from adapters.nginx import NginxOptions, render
-from adapters.nginx_lua import LOAD_MODULES, http_snippet
+from adapters.nginx_lua import LOAD_MODULES, LUA_DIR, http_snippet
 from publisher.model import Backend, MapKey, Publication, Route
 from tests.gateways import eventually, free_port
 
@@ -221,7 +221,8 @@ class RunningLuaNginx:
                 assert response.status == 200, await response.text()
                 return json.loads(await response.text())
 
-    def configure(self, *, shared_dict_size: str, counts_dict_size: str | None = "1m", ca_file: Path | None = None) -> None:
+    def configure(self, *, shared_dict_size: str, counts_dict_size: str | None = "1m", ca_file: Path | None = None,
+                  lua_dir: Path = LUA_DIR) -> None:
         """Write the nginx-config snippet, read at the next start."""
         (self.directory / "ome-lua.conf").write_text(
             http_snippet(
@@ -231,6 +232,7 @@ class RunningLuaNginx:
                 shared_dict_size=shared_dict_size,
                 counts_dict_size=counts_dict_size,
                 ca_file=ca_file,
+                lua_dir=lua_dir,
             )
         )
 
@@ -271,6 +273,7 @@ async def running_lua_nginx(
     shared_dict_size: str = "4m",
     counts_dict_size: str | None = "1m",
     ca_file: Path | None = None,
+    lua_dir: Path = LUA_DIR,
     start: bool = True,
 ) -> AsyncIterator[RunningLuaNginx]:
     """NGINX with the Lua modules, serving the nginx-config snippet with an empty table; with
@@ -286,7 +289,7 @@ async def running_lua_nginx(
         _LUA_MAIN_CONF.format(load_modules=load_modules, dir=directory, workers=workers, conf=snippet, eval_port=eval_port)
     )
     nginx = RunningLuaNginx(directory, main_conf, secret_file, listen_port, control_port, eval_port)
-    nginx.configure(shared_dict_size=shared_dict_size, counts_dict_size=counts_dict_size, ca_file=ca_file)
+    nginx.configure(shared_dict_size=shared_dict_size, counts_dict_size=counts_dict_size, ca_file=ca_file, lua_dir=lua_dir)
     try:
         if start:
             await nginx.start()

@@ -7,6 +7,8 @@ import contextlib
 import datetime
 import ipaddress
 import json
+import os
+import shutil
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from adapters.nginx_lua import (
     LuaStats,
     LuaTransport,
     checksum,
+    copy_lua_modules,
     decode_entry,
     entry_text,
     http_snippet,
@@ -817,6 +820,7 @@ async def test_https_backend_with_the_wrong_certificate_name_is_refused_even_aft
                 MapKey("ns", "bad"): route("bad.example.com", ("tls", f"https://bad.test:{port}", 1)),
             })  # fmt: skip
             statuses: dict[str, list[int]] = {"good.example.com": [], "bad.example.com": []}
+            bodies: dict[str, set[str]] = {"good.example.com": set(), "bad.example.com": set()}
             # One client connection for all requests, alternating names, so any upstream connection
             # NGINX kept from a verified request would be there to reuse.
             connector = aiohttp.TCPConnector(limit=1)
@@ -824,14 +828,40 @@ async def test_https_backend_with_the_wrong_certificate_name_is_refused_even_aft
                 for _ in range(10):
                     for host in statuses:
                         async with session.get(lua.nginx.url, headers={"Host": host}) as response:
-                            await response.read()
+                            bodies[host].add(await response.text())
                             statuses[host].append(response.status)
-            assert statuses["good.example.com"] == [200] * 10
-            assert statuses["bad.example.com"] == [502] * 10
-            assert hits == ["good.test"] * 10
+            # On a mismatch, say who answered and why: the bodies and NGINX's error log.
+            why = f"answers {bodies}\nerror.log:\n{lua.nginx.errors()}"
+            assert statuses["good.example.com"] == [200] * 10, why
+            assert statuses["bad.example.com"] == [502] * 10, why
+            assert hits == ["good.test"] * 10, why
             assert "certificate verify failed" in lua.nginx.errors() or "does not match" in lua.nginx.errors()
     finally:
         await runner.cleanup()
+
+
+# --- The Lua modules: read once, by the master, so no worker needs their files -------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["removed", "unreadable"])
+async def test_workers_route_with_the_modules_read_at_start_whatever_becomes_of_their_files(tmp_path: Path, loss: str) -> None:
+    """Issue 27, item 3: NGINX's workers run as another user than the master that read the snippet
+    (nobody for an NGINX started as root without `user`, www-data with Debian's nginx.conf), and
+    loaded ome_route.lua at their first request: with the modules where only root reads (a package
+    or checkout under /root or a `mktemp -d` directory), every request was answered 500 ("module
+    'ome_route' not found") while the control listener, loaded by the master, confirmed every
+    write. Files removed or replaced after the start (a package upgraded in place) did the same."""
+    if loss == "unreadable" and os.geteuid() != 0:
+        pytest.skip("NGINX's workers run as another user only when NGINX starts as root")
+    lua_dir = tmp_path / "private" / "lua"
+    copy_lua_modules(lua_dir)
+    (tmp_path / "private").chmod(0o700)
+    async with Backends(("a",)) as backends, lua_nginx(tmp_path / "nginx", lua_dir=lua_dir) as lua:
+        if loss == "removed":
+            shutil.rmtree(lua_dir)
+        await lua.push({KEY: route(HOST, ("a", backends.endpoint("a"), 1))})
+        assert await measure(lua.nginx.url, HOST, 20) == {"a": 20}, lua.nginx.errors()
 
 
 # --- Issue 21, finding 6: all or nothing under memory pressure, repair, restore, secret, lock ----------
