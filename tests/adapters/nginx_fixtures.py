@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -280,7 +281,9 @@ async def running_lua_nginx(
     `start=False`, configured on its ports but not started (a test starts it later)."""
     (directory / "tmp").mkdir(parents=True, exist_ok=True)
     secret_file = directory / "secret"
-    secret_file.write_text("test-secret-0123456789abcdef\n")
+    # A secret of its own: a transport whose NGINX stopped must never be let into another test's
+    # (or another process's) NGINX that took its port since.
+    secret_file.write_text(f"test-secret-{secrets.token_hex(16)}\n")
     listen_port, control_port, eval_port = free_port(), free_port(), free_port()
     snippet = directory / "ome-lua.conf"
     main_conf = directory / "nginx.conf"

@@ -221,13 +221,13 @@ async def test_a_table_changed_behind_the_sidecars_back_is_caught_by_its_counts(
 
 @pytest.mark.slow
 async def test_a_counts_dict_too_small_restarts_only_the_maps_whose_counters_it_evicted(tmp_path: Path) -> None:
-    """Issue 27 on real NGINX with a 12k counts dict: cold maps' requests evict a busy map's
+    """Issue 27 on real NGINX with a 32k counts dict (the least nginx-config takes): cold maps' requests evict a busy map's
     counters, which then grow back past the counts read before. The busy map's count starts over
     (its counters are of another generation), the instance's does not, and the next read counts
     exactly what NGINX served."""
     import aiohttp
 
-    async with Backends(("a", "b")) as backends, lua_nginx(tmp_path, counts_dict_size="12k") as lua:
+    async with Backends(("a", "b")) as backends, lua_nginx(tmp_path, counts_dict_size="32k") as lua:
         busy = MapKey("ns", "busy")
         cold = {MapKey("ns", f"cold-{i}"): route(f"cold-{i}.example.com", ("a", backends.endpoint("a"), 1)) for i in range(300)}
         await lua.push({busy: route("busy.example.com", ("a", backends.endpoint("a"), 1), ("b", backends.endpoint("b"), 1)), **cold})
