@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from adapters import ADAPTERS
 from adapters.base import Adapter, ApplyResult, Reconciled, RequestCounter, TransportDefaults, publication_problem
-from publisher import gate, loop, metrics, status
+from publisher import gate, loop, metrics, region_report, status
 from publisher.config import ConfigError, RunConfig, adapter_options
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
@@ -212,10 +212,13 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
     sink: status.StatusSink | None = None
     if mode == "condition":
         assert kube is not None
-        sink = status.ConditionSink(kube, stores.maps, config.name)
+        client = kube
+        sink = status.ConditionSink(kube, stores.maps, config.name,
+                                    drop_leftovers=lambda: region_report.drop_leftovers(client, config.name, config.namespace))
     elif mode == "report":
         assert kube is not None
-        sink = ReportSink(kube, config.name, known=lambda key: stores.maps.get(key) is not None, namespaces=config.namespace)
+        sink = ReportSink(kube, config.name, known=lambda key: stores.maps.get(key) is not None, namespaces=config.namespace,
+                          has_condition=lambda key: status.own_condition(stores.maps.get(key), config.name) is not None)
     publisher = Publisher(stores, adapter, options, status_sink=sink)
     source: loop.Source
     source_dir = config.source_dir
