@@ -83,12 +83,14 @@ def fleet_view(
     The regions are `regions` and every region seen on any map or report read."""
     found: dict[MapKey, dict[str, Verdict]] = {}
     generations: dict[MapKey, int] = {}
+    uids: dict[MapKey, str] = {}
     known_regions = set(regions)
     for raw in maps:
         metadata = raw.get("metadata") or {}
         key = MapKey(str(metadata.get("namespace", "default")), str(metadata.get("name", "")))
         generation = metadata.get("generation")
         generations[key] = generation if isinstance(generation, int) else 0
+        uids[key] = str(metadata.get("uid") or "")
         verdicts = found.setdefault(key, {})
         conditions = (raw.get("status") or {}).get("conditions") or []
         for condition in conditions if isinstance(conditions, list) else ():
@@ -109,7 +111,8 @@ def fleet_view(
         namespace = str((raw.get("metadata") or {}).get("namespace", "default"))
         for name, verdict in entries.items():
             key = MapKey(namespace, name)
-            if key in found:  # a report on a map that is gone says nothing
+            # A report on a map that is gone, or on an older map of the same name, says nothing.
+            if key in found and verdict.about(uids[key]):
                 found[key][region] = _newer(found[key].get(region), verdict)
     ordered_regions = sorted(known_regions)
     return [
@@ -132,21 +135,54 @@ async def _list_maps(kube: Kube, namespaces: tuple[str, ...]) -> list[dict[str, 
     return items
 
 
+async def read_reports(kube: Kube, namespaces: tuple[str, ...] = (), label_selector: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """The RegionReports, and what could not be read: a fleet without the CRD (condition mode
+    only, a supported setup) has none; one that may not read them (403) is told so in one line.
+    Raises KubeError for any other failure."""
+    try:
+        return await region_report.list_reports(kube, namespaces, label_selector), None
+    except KubeError as exc:
+        if exc.not_found:
+            return [], None
+        if exc.code == 403:
+            return [], f"RegionReports not read ({exc}): regions in report mode are not shown"
+        raise
+
+
 async def read_fleet(
     kube: Kube, namespaces: tuple[str, ...] = (), *, names: frozenset[str] = frozenset(), regions: Iterable[str] = ()
-) -> list[MapStatus]:
+) -> tuple[list[MapStatus], str | None]:
     """The maps and every region's RegionReports in `namespaces` (all when empty), as fleet_view
-    sees them. Raises KubeError."""
+    sees them, and what could not be read (see read_reports). Raises KubeError."""
     maps = await _list_maps(kube, namespaces)
-    reports = await region_report.list_reports(kube, namespaces)
-    return fleet_view(maps, reports, names=names, regions=regions)
+    reports, unread = await read_reports(kube, namespaces)
+    return fleet_view(maps, reports, names=names, regions=regions), unread
 
 
-async def forget_region(kube: Kube, region: str, namespaces: tuple[str, ...] = ()) -> tuple[int, int]:
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """What --forget-region removed, and what it could not read (None: everything was read)."""
+
+    reports: int
+    conditions: int
+    unread: str | None
+
+
+async def forget_region(kube: Kube, region: str, namespaces: tuple[str, ...] = ()) -> Forgotten:
     """What a removed region left: its RegionReports are deleted and its condition is taken off
     every map (an apply of no conditions under its field manager removes only what it owned).
-    Returns (reports deleted, conditions removed). Raises KubeError."""
-    reports = await region_report.forget_region(kube, region, namespaces)
+    No CRD means no reports. Raises KubeError."""
+    found, unread = await read_reports(kube, namespaces, f"{region_report.REGION_LABEL}={region}")
+    reports = 0
+    for raw in found:
+        metadata = raw["metadata"]
+        try:
+            await kube.delete(region_report.REGION_REPORTS, metadata["namespace"], metadata["name"])
+        except KubeError as exc:
+            if not exc.not_found:
+                raise
+            continue
+        reports += 1
     condition_type = status.condition_type(region)
     removed = 0
     for raw in await _list_maps(kube, namespaces):
@@ -167,4 +203,11 @@ async def forget_region(kube: Kube, region: str, namespaces: tuple[str, ...] = (
                 raise
             continue
         removed += 1
-    return reports, removed
+    return Forgotten(reports, removed, unread)
+
+
+async def regions_seen(kube: Kube, namespaces: tuple[str, ...] = ()) -> list[str]:
+    """Every region that has a condition or a RegionReport in `namespaces`: what a mistyped
+    region name is told to pick from."""
+    view, _ = await read_fleet(kube, namespaces)
+    return sorted({region for item in view for region in item.verdicts})
