@@ -209,16 +209,7 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
     )
     stores = Stores.empty()
     mode = "off" if config.dry_run or kube is None else config.effective_status_mode
-    sink: status.StatusSink | None = None
-    if mode == "condition":
-        assert kube is not None
-        client = kube
-        sink = status.ConditionSink(kube, stores.maps, config.name,
-                                    drop_leftovers=lambda: region_report.drop_leftovers(client, config.name, config.namespace))
-    elif mode == "report":
-        assert kube is not None
-        sink = ReportSink(kube, config.name, known=lambda key: stores.maps.get(key) is not None, namespaces=config.namespace,
-                          has_condition=lambda key: status.own_condition(stores.maps.get(key), config.name) is not None)
+    sink = status_sink(mode, kube, stores, config.name, config.namespace) if kube is not None else None
     publisher = Publisher(stores, adapter, options, status_sink=sink)
     source: loop.Source
     source_dir = config.source_dir
@@ -233,6 +224,17 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
                              refusals_fatal=one_pass, stale_after=config.source_stale_after, instance=config.name)
         source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
     return publisher, source
+
+
+def status_sink(mode: str, kube: Kube, stores: Stores, name: str, namespaces: tuple[str, ...]) -> status.StatusSink | None:
+    """Where region `name`'s verdicts go in `mode` (None: off). Each mode's sink removes what the
+    region left in the other mode, so `status` reads the region's current mode alone."""
+    if mode == "condition":
+        return status.ConditionSink(kube, stores.maps, name, drop_leftovers=lambda: region_report.drop_leftovers(kube, name, namespaces))
+    if mode == "report":
+        return ReportSink(kube, name, known=lambda key: stores.maps.get(key) is not None, namespaces=namespaces,
+                          has_condition=lambda key: status.own_condition(stores.maps.get(key), name) is not None)
+    return None
 
 
 async def _close(adapter: Adapter, kube: Kube | None) -> None:

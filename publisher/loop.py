@@ -614,13 +614,17 @@ class Publisher:
         """Periodically ask the applier to repair drift and re-decide every map."""
         while True:
             await asyncio.sleep(self.options.resync)
-            if not self.is_synced:
-                continue
-            self._reconcile_due = True
-            self._resync_backlog = sorted(self.all_keys(), reverse=True)
-            self._feed_resync_backlog()
-            if self.leading:
-                self.recheck_status()  # the status is repaired as the gateway is
+            if self.is_synced:
+                self.resync_now()
+
+    def resync_now(self) -> None:
+        """Ask the applier to repair drift and re-decide every map; the status is repaired as the
+        gateway is (what the server holds is compared with every verdict)."""
+        self._reconcile_due = True
+        self._resync_backlog = sorted(self.all_keys(), reverse=True)
+        self._feed_resync_backlog()
+        if self.leading:
+            self.recheck_status()
 
     # --- health -------------------------------------------------------------------------------
 

@@ -1,0 +1,211 @@
+"""What `status` says of a region equals what the region decided, within one resync (issue 27).
+
+A stateful simulation of one region ("eu") with two replicas under leader election, against the
+fake API server over real HTTP: the real Publisher status path (its queue, `lead`, `resync_now`,
+`write_reports`), the real sinks of both modes as `app.status_sink` wires them, and the real
+reading code of `ome-publisher status` (`fleet.read_fleet`). The rules change verdicts, write (or
+not: a leader may die before it writes), change the leader, delete or edit the region's reports by
+hand or by `--forget-region`, delete and recreate maps (a new uid), and switch the region's mode.
+After each resync, every map's verdict as `status` reads it must be the region's own decision (no
+verdict where it decided nothing about the map of that uid).
+
+Replicas refresh their watch cache from the server before each write (the watch is assumed to
+have caught up); time is a counter, so the backoff of a failed write is skipped deterministically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+
+from adapters import ADAPTERS
+from adapters.json_file import JsonOptions
+from publisher import app, fleet, status
+from publisher.kube import Kube
+from publisher.loop import LoopOptions, Publisher
+from publisher.model import MapKey, Reason, parse_traffic_map
+from publisher.source import Stores
+from tests.builders import make_map
+from tests.fakes.kube_api import FakeKubeAPI, write_kubeconfig
+
+TM = "ome.io/v1beta1/trafficmaps"
+RR = "gateway-publisher.ome.io/v1alpha1/regionreports"
+REGION = "eu"
+NAMESPACE = "prod"
+NAMES = ("chat", "embed")
+REPLICAS = ("replica-a", "replica-b")
+VERDICTS = (
+    (True, Reason.PUBLISHED, "served"),
+    (False, Reason.ROUTABLE_OUTDATED, "waiting for Routable"),
+    (False, Reason.SOURCE_MISSING, "no InferenceService"),
+)
+
+
+class Replica:
+    """One replica of the region: its watch cache, its Publisher and its sink."""
+
+    def __init__(self, kube: Kube, mode: str, out: Path, clock: list[float]) -> None:
+        self.stores = Stores.empty()
+        sink = app.status_sink(mode, kube, self.stores, REGION, ())
+        adapter = ADAPTERS["json"].engine("json", JsonOptions(json_path=out))
+        self.publisher = Publisher(self.stores, adapter, LoopOptions(instance=REGION, status_delay=0.0, resync=3600),
+                                   status_sink=sink, clock=lambda: clock[0])
+        self.publisher.leading = False
+
+
+class StatusSimulation(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.tmp = tempfile.TemporaryDirectory()
+        self.api = FakeKubeAPI()
+        self.run(self.api.start())
+        self.kube = self.run(Kube.connect(write_kubeconfig(Path(self.tmp.name) / "kubeconfig", self.api.url)))
+        self.clock = [0.0]
+        self.mode = "report"
+        self.leader = REPLICAS[0]
+        self.replicas = self._start_replicas()
+        # What the region decided, by map name: (uid the verdict is about, the verdict); a map it
+        # has not decided since it was (re)created has no entry.
+        self.decided: dict[str, tuple[str, status.Report]] = {}
+
+    def run(self, coroutine: Any) -> Any:
+        return self.loop.run_until_complete(coroutine)
+
+    def teardown(self) -> None:
+        self.run(self.kube.close())
+        self.run(self.api.stop())
+        self.loop.close()
+        self.tmp.cleanup()
+
+    def _start_replicas(self) -> dict[str, Replica]:
+        replicas = {name: Replica(self.kube, self.mode, Path(self.tmp.name) / f"{name}.json", self.clock) for name in REPLICAS}
+        replicas[self.leader].publisher.lead()
+        return replicas
+
+    # --- the world ---------------------------------------------------------------------------------
+
+    def _uid(self, name: str) -> str | None:
+        raw = self.api.get(TM, NAMESPACE, name)
+        return raw["metadata"]["uid"] if raw is not None else None
+
+    def _watch(self) -> None:
+        """Every replica's watch cache catches up with the server."""
+        objects = [(MapKey(NAMESPACE, raw["metadata"]["name"]), parse_traffic_map(raw), raw["metadata"]["resourceVersion"])
+                   for raw in self.api.objects(TM, NAMESPACE)]
+        for replica in self.replicas.values():
+            replica.stores.maps.replace(objects)
+
+    def _flush(self) -> None:
+        """The leader writes what fell due; a failed write is retried (time jumps past its backoff)."""
+        publisher = self.replicas[self.leader].publisher
+        for _ in range(5):
+            self._watch()
+            self.clock[0] += 1000.0
+            keys = publisher.status_queue.take_ready()
+            if not keys:
+                return
+            self.run(publisher.write_reports(keys))
+
+    @rule(name=st.sampled_from(NAMES))
+    def create_map(self, name: str) -> None:
+        if self._uid(name) is None:
+            self.api.create(make_map(name, namespace=NAMESPACE, generation=1))
+
+    @rule(name=st.sampled_from(NAMES))
+    def delete_map(self, name: str) -> None:
+        if self._uid(name) is None:
+            return
+        self.api.delete(TM, NAMESPACE, name)
+        # Every replica sees it go and forgets the map (the leader's sink is told to drop its verdict).
+        self.decided.pop(name, None)
+        for replica in self.replicas.values():
+            replica.publisher._forget(MapKey(NAMESPACE, name))
+
+    @rule(name=st.sampled_from(NAMES), verdict=st.sampled_from(VERDICTS))
+    def decide(self, name: str, verdict: tuple[bool, Reason, str]) -> None:
+        """Every replica decides the map (only the leader writes, at the next flush)."""
+        raw = self.api.get(TM, NAMESPACE, name)
+        if raw is None:
+            return
+        published, reason, message = verdict
+        report = status.Report(published, reason, message, raw["metadata"]["generation"], raw["metadata"]["uid"])
+        self.decided[name] = (raw["metadata"]["uid"], report)
+        for replica in self.replicas.values():
+            replica.publisher._queue_report(MapKey(NAMESPACE, name), report)
+
+    @rule()
+    def flush(self) -> None:
+        self._flush()
+
+    @rule()
+    def change_leader(self) -> None:
+        """The leader dies or loses its Lease with its queue unwritten; the other replica leads."""
+        self.replicas[self.leader].publisher.leading = False
+        self.leader = REPLICAS[1] if self.leader == REPLICAS[0] else REPLICAS[0]
+        self.replicas[self.leader].publisher.lead()
+
+    @precondition(lambda self: bool(self.api.objects(RR)))
+    @rule(data=st.data())
+    def delete_a_report(self, data: st.DataObject) -> None:
+        report = data.draw(st.sampled_from(self.api.objects(RR)))
+        self.api.delete(RR, report["metadata"]["namespace"], report["metadata"]["name"])
+
+    @precondition(lambda self: any(report["maps"] for report in self.api.objects(RR)))
+    @rule(data=st.data())
+    def edit_a_report(self, data: st.DataObject) -> None:
+        """Someone edits a verdict by hand (kubectl edit)."""
+        report = data.draw(st.sampled_from([r for r in self.api.objects(RR) if r["maps"]]))
+        name = data.draw(st.sampled_from(sorted(report["maps"])))
+        report["maps"][name] = {**report["maps"][name], "status": "True", "reason": "Published", "observedGeneration": 99}
+        self.api.update(report)
+
+    @rule()
+    def forget_the_live_region(self) -> None:
+        self.run(fleet.forget_region(self.kube, REGION))
+
+    @rule()
+    def switch_mode(self) -> None:
+        """The region is upgraded into the other mode: both replicas restart and decide every map again."""
+        self.mode = "condition" if self.mode == "report" else "report"
+        self.replicas = self._start_replicas()
+        self._watch()
+        for name, (_, report) in sorted(self.decided.items()):
+            for replica in self.replicas.values():
+                replica.publisher._queue_report(MapKey(NAMESPACE, name), report)
+
+    @rule()
+    def resync(self) -> None:
+        """The leader's resync: every verdict compared with the server, what differs rewritten. Then
+        `status` must say, of every map, what the region decided."""
+        publisher = self.replicas[self.leader].publisher
+        self._watch()
+        publisher.resync_now()
+        for name, (_, report) in sorted(self.decided.items()):  # the applier re-decides every map
+            publisher._queue_report(MapKey(NAMESPACE, name), report)
+        self._flush()
+        view, unread = self.run(fleet.read_fleet(self.kube))
+        assert unread is None
+        said = {item.key.name: item.verdicts.get(REGION) for item in view}
+        for name in NAMES:
+            uid = self._uid(name)
+            if uid is None:
+                continue
+            decided = self.decided.get(name)
+            expected = None
+            if decided is not None and decided[0] == uid:
+                report = decided[1]
+                expected = ("True" if report.published else "False", str(report.reason), report.message, report.generation)
+            verdict = said.get(name)
+            seen = None if verdict is None else (verdict.status, verdict.reason, verdict.message, verdict.observed_generation)
+            assert seen == expected, f"{name}: status says {seen} ({verdict.mode if verdict else '-'}), the region decided {expected}"
+
+
+StatusSimulation.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+test_status_simulation = StatusSimulation.TestCase
