@@ -22,7 +22,7 @@ from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from adapters import ADAPTERS
 from adapters.json_file import JsonOptions
@@ -85,9 +85,19 @@ class StatusSimulation(RuleBasedStateMachine):
         self.tmp.cleanup()
 
     def _start_replicas(self) -> dict[str, Replica]:
-        replicas = {name: Replica(self.kube, self.mode, Path(self.tmp.name) / f"{name}.json", self.clock) for name in REPLICAS}
+        replicas = {name: self._replica(name) for name in REPLICAS}
         replicas[self.leader].publisher.lead()
         return replicas
+
+    def _replica(self, name: str) -> Replica:
+        return Replica(self.kube, self.mode, Path(self.tmp.name) / f"{name}.json", self.clock)
+
+    def _redecide(self, replicas: list[Replica]) -> None:
+        """Replicas that just started decide every map the region decided."""
+        self._watch()
+        for name, (_, report) in sorted(self.decided.items()):
+            for replica in replicas:
+                replica.publisher._queue_report(MapKey(NAMESPACE, name), report)
 
     # --- the world ---------------------------------------------------------------------------------
 
@@ -113,24 +123,15 @@ class StatusSimulation(RuleBasedStateMachine):
                 return
             self.run(publisher.write_reports(keys))
 
-    @rule(name=st.sampled_from(NAMES))
-    def create_map(self, name: str) -> None:
-        if self._uid(name) is None:
+    @initialize()
+    def published_everywhere(self) -> None:
+        for name in NAMES:
             self.api.create(make_map(name, namespace=NAMESPACE, generation=1))
+            self.decide(name, VERDICTS[0], write=True)
 
-    @rule(name=st.sampled_from(NAMES))
-    def delete_map(self, name: str) -> None:
-        if self._uid(name) is None:
-            return
-        self.api.delete(TM, NAMESPACE, name)
-        # Every replica sees it go and forgets the map (the leader's sink is told to drop its verdict).
-        self.decided.pop(name, None)
-        for replica in self.replicas.values():
-            replica.publisher._forget(MapKey(NAMESPACE, name))
-
-    @rule(name=st.sampled_from(NAMES), verdict=st.sampled_from(VERDICTS))
-    def decide(self, name: str, verdict: tuple[bool, Reason, str]) -> None:
-        """Every replica decides the map (only the leader writes, at the next flush)."""
+    @rule(name=st.sampled_from(NAMES), verdict=st.sampled_from(VERDICTS), write=st.booleans())
+    def decide(self, name: str, verdict: tuple[bool, Reason, str], write: bool) -> None:
+        """Every replica decides the map; the leader writes it now, or later (or dies first)."""
         raw = self.api.get(TM, NAMESPACE, name)
         if raw is None:
             return
@@ -139,10 +140,21 @@ class StatusSimulation(RuleBasedStateMachine):
         self.decided[name] = (raw["metadata"]["uid"], report)
         for replica in self.replicas.values():
             replica.publisher._queue_report(MapKey(NAMESPACE, name), report)
+        if write:
+            self._flush()
 
-    @rule()
-    def flush(self) -> None:
-        self._flush()
+    @rule(name=st.sampled_from(NAMES), recreate=st.booleans())
+    def delete_map(self, name: str, recreate: bool) -> None:
+        """OME deletes the map (and makes it again under the same name: a new uid, generation 1,
+        not decided by the region yet)."""
+        if self._uid(name) is not None:
+            self.api.delete(TM, NAMESPACE, name)
+            # Every replica sees it go and forgets the map (the leader's sink drops its verdict).
+            self.decided.pop(name, None)
+            for replica in self.replicas.values():
+                replica.publisher._forget(MapKey(NAMESPACE, name))
+        if recreate:
+            self.api.create(make_map(name, namespace=NAMESPACE, generation=1))
 
     @rule()
     def change_leader(self) -> None:
@@ -151,11 +163,20 @@ class StatusSimulation(RuleBasedStateMachine):
         self.leader = REPLICAS[1] if self.leader == REPLICAS[0] else REPLICAS[0]
         self.replicas[self.leader].publisher.lead()
 
+    @rule()
+    def restart_the_follower(self) -> None:
+        follower = REPLICAS[1] if self.leader == REPLICAS[0] else REPLICAS[0]
+        self.replicas[follower] = self._replica(follower)
+        self._redecide([self.replicas[follower]])
+
     @precondition(lambda self: bool(self.api.objects(RR)))
     @rule(data=st.data())
     def delete_a_report(self, data: st.DataObject) -> None:
         report = data.draw(st.sampled_from(self.api.objects(RR)))
         self.api.delete(RR, report["metadata"]["namespace"], report["metadata"]["name"])
+
+    def delete_a_report_by_name(self, name: str) -> None:
+        self.api.delete(RR, NAMESPACE, name)
 
     @precondition(lambda self: any(report["maps"] for report in self.api.objects(RR)))
     @rule(data=st.data())
@@ -175,10 +196,7 @@ class StatusSimulation(RuleBasedStateMachine):
         """The region is upgraded into the other mode: both replicas restart and decide every map again."""
         self.mode = "condition" if self.mode == "report" else "report"
         self.replicas = self._start_replicas()
-        self._watch()
-        for name, (_, report) in sorted(self.decided.items()):
-            for replica in self.replicas.values():
-                replica.publisher._queue_report(MapKey(NAMESPACE, name), report)
+        self._redecide(list(self.replicas.values()))
 
     @rule()
     def resync(self) -> None:
@@ -209,3 +227,42 @@ class StatusSimulation(RuleBasedStateMachine):
 
 StatusSimulation.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
 test_status_simulation = StatusSimulation.TestCase
+
+
+def run_steps(*steps: tuple[str, dict[str, Any]]) -> None:
+    """One fixed run of the simulation: the shortest story of a finding, kept as its regression test."""
+    machine = StatusSimulation()
+    try:
+        machine.published_everywhere()
+        for step, arguments in steps:
+            getattr(machine, step)(**arguments)
+    finally:
+        machine.teardown()
+
+
+def test_a_new_leader_corrects_a_verdict_equal_to_what_it_read_at_start() -> None:
+    """Item 10: follower B read V0; leader A wrote V1; the verdict went back to V0 and A died
+    before writing it; B leads and must write V0 over the server's V1."""
+    run_steps(
+        ("restart_the_follower", {}),
+        ("decide", {"name": "chat", "verdict": VERDICTS[1], "write": True}),
+        ("decide", {"name": "chat", "verdict": VERDICTS[0], "write": False}),
+        ("change_leader", {}),
+        ("resync", {}),
+    )
+
+
+def test_a_report_removed_by_hand_or_by_forget_region_is_repaired_by_the_next_resync() -> None:
+    """Item 11."""
+    run_steps(("delete_a_report_by_name", {"name": "eu-0"}), ("resync", {}))
+    run_steps(("forget_the_live_region", {}), ("resync", {}))
+
+
+def test_a_recreated_map_inherits_no_verdict() -> None:
+    """Item 12: the same name, a new uid; the region has decided nothing about it yet."""
+    run_steps(("change_leader", {}), ("delete_map", {"name": "chat", "recreate": True}), ("resync", {}))
+
+
+def test_a_region_back_in_condition_mode_is_read_from_its_condition() -> None:
+    """Item 12: report -> condition; the report left behind must not speak for the region."""
+    run_steps(("switch_mode", {}), ("decide", {"name": "chat", "verdict": VERDICTS[1], "write": False}), ("resync", {}))
