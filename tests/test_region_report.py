@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +24,7 @@ from publisher.region_report import MAX_MESSAGE, SHARD_ENTRIES, ReportSink, forg
 from publisher.source import KubeSource, Stores, WatchOptions
 from publisher.status import Report
 from tests.builders import make_isvc, make_map
-from tests.fakes.kube_api import FakeKubeAPI
+from tests.fakes.kube_api import FakeKubeAPI, write_kubeconfig
 from tests.gateways import eventually
 
 RR = "gateway-publisher.ome.io/v1alpha1/regionreports"
@@ -310,3 +311,102 @@ async def test_of_two_leader_elected_replicas_only_the_leader_writes_reports(kub
         await eventually(lambda: stored(kube_api)[("prod", "chat")]["observedGeneration"] == 2)
         # The leader wrote the first verdict and the new one; the follower nothing.
         assert leader.writes >= 2 and follower.writes == 0
+
+
+# --- what report mode needs is missing at start (issue 27, item 9) ------------------------------
+
+CRD_MISSING = "the CRD regionreports.gateway-publisher.ome.io is not installed"
+
+
+async def _uninstall(api: FakeKubeAPI) -> None:
+    api.uninstall("regionreports")
+
+
+async def _install(api: FakeKubeAPI) -> None:
+    api.install("regionreports")
+
+
+async def _forbid(api: FakeKubeAPI) -> None:
+    api.refuse(403, resource="regionreports")
+
+
+async def _allow(api: FakeKubeAPI) -> None:
+    api.allow()
+
+
+async def _too_many(api: FakeKubeAPI) -> None:
+    api.fail_next(1, 429, verb="list")
+
+
+async def _internal_error(api: FakeKubeAPI) -> None:
+    api.fail_next(1, 500, verb="list")
+
+
+async def _down(api: FakeKubeAPI) -> None:
+    await api.go_down()
+
+
+async def _back(api: FakeKubeAPI) -> None:
+    await api.come_back()
+
+
+# (break it, heal it (None: it heals itself), what /readyz and the log say meanwhile)
+START_FAULTS = {
+    "crd-not-installed": (_uninstall, _install, [CRD_MISSING, "helm show crds"]),
+    "rbac-without-regionreports": (_forbid, _allow, ["not allowed to read regionreports.gateway-publisher.ome.io", "403 Forbidden"]),
+    "one-429": (_too_many, None, ["429 TooManyRequests"]),
+    "one-500": (_internal_error, None, ["500 InternalError"]),
+    "api-server-not-reachable-yet": (_down, _back, ["cannot read this region's RegionReports", "ClientConnectorError"]),
+}
+
+
+@pytest.mark.parametrize("fault", list(START_FAULTS))
+async def test_report_mode_keeps_serving_the_gateway_when_its_reports_cannot_be_read(kube_api, kubeconfig, tmp_path, caplog, fault):
+    """The reports live on a second fake API server here, so a fault hits them and not the source."""
+    caplog.set_level(logging.INFO, logger="publisher.loop")
+    seed_maps(kube_api, ["chat"])
+    brk, heal, said = START_FAULTS[fault]
+    async with FakeKubeAPI() as reports_api:
+        reports_client = await Kube.connect(write_kubeconfig(tmp_path / "reports-kubeconfig", reports_api.url))
+        client = await Kube.connect(kubeconfig)
+        await brk(reports_api)
+        stores = Stores.empty()
+        sink = ReportSink(reports_client, "eu", known=lambda key: stores.maps.get(key) is not None)
+        out = tmp_path / "out.json"
+        publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)),
+                              LoopOptions(instance="eu", resync=3600, backoff_base=0.05, backoff_cap=0.2), status_sink=sink)
+        source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
+        task = asyncio.create_task(loop.run(publisher, source, kube=client))
+        try:
+            # The gateway path does not wait for status.
+            await eventually(lambda: publisher.states.get(MapKey("prod", "chat"), loop.MapState()).state == "published" and out.exists())
+            assert "chat" in out.read_text()
+            if heal is not None:
+                # It says what is missing, in /readyz and once in the log, and retries with backoff.
+                await eventually(lambda: publisher.status_backoff.failures(loop._WHOLE_SINK) >= 3)
+                ready, why = publisher.ready()
+                assert ready and all(part in why for part in said), why
+                assert not task.done()
+                await heal(reports_api)
+            await eventually(lambda: ("prod", "chat") in stored(reports_api))
+            await eventually(lambda: publisher.status_problem is None)
+            assert publisher.ready() == (True, "ready")
+            assert not task.done()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await client.close()
+            await reports_client.close()
+    warnings = [r for r in caplog.records if r.getMessage() == "status not written, retrying"]
+    assert len(warnings) == 1 and all(part in warnings[0].__dict__["error"] for part in said)
+    assert any(r.getMessage() == "status writes resumed" for r in caplog.records)
+
+
+async def test_once_in_report_mode_without_the_crd_publishes_and_says_why_no_status(kube_api, kubeconfig, tmp_path, caplog):
+    kube_api.uninstall("regionreports")
+    seed_maps(kube_api, ["chat"])
+    config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, name="eu", status_mode="report")
+    summary = await app.run(config)
+    assert summary is not None and summary.all_published
+    warnings = [r for r in caplog.records if r.getMessage() == "status not written, retrying"]
+    assert len(warnings) == 1 and CRD_MISSING in warnings[0].__dict__["error"]
