@@ -410,3 +410,42 @@ async def test_once_in_report_mode_without_the_crd_publishes_and_says_why_no_sta
     assert summary is not None and summary.all_published
     warnings = [r for r in caplog.records if r.getMessage() == "status not written, retrying"]
     assert len(warnings) == 1 and CRD_MISSING in warnings[0].__dict__["error"]
+
+
+async def test_a_follower_without_the_crd_keeps_serving_and_reads_nothing(kube_api, kubeconfig, tmp_path):
+    """Item 9, followers: another replica holds the Lease; this one never needs the reports."""
+    kube_api.uninstall("regionreports")
+    seed_maps(kube_api, ["chat"])
+    kube_api.create({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "ome-gateway-publisher-eu", "namespace": "prod"},
+        "spec": {"holderIdentity": "replica-a", "leaseDurationSeconds": 3600, "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                 "acquireTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")},
+    })
+    fast = dict(lease_duration=4, renew_deadline=3, retry_period=1)
+    async with sidecar(kubeconfig, tmp_path / "b.json", leader=LeaderOptions("prod", "replica-b", **fast)) as (b, _):
+        await eventually(lambda: b.states.get(MapKey("prod", "chat"), loop.MapState()).state == "published")
+        await eventually(lambda: kube_api.count("get", path="/apis/coordination.k8s.io/v1/namespaces/prod/leases/ome-gateway-publisher-eu") >= 2)
+        assert not b.leading and b.ready() == (True, "ready") and b.status_problem is None
+
+
+async def test_each_mode_removes_what_its_region_left_in_the_other(kube_api, kubeconfig, tmp_path):
+    """Item 12: condition -> report takes the region's condition off; report -> condition deletes its reports."""
+    seed_maps(kube_api, ["chat"])
+    mine = "gateway-publisher.ome.io/eu"
+
+    async def run_in(mode: str) -> None:
+        config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, name="eu", status_mode=mode)
+        summary = await app.run(config)
+        assert summary is not None and summary.all_published
+
+    def conditions() -> set[str]:
+        return {c["type"] for c in kube_api.get(TM, "prod", "chat")["status"]["conditions"]}
+
+    await run_in("condition")
+    assert mine in conditions() and kube_api.objects(RR) == []
+    await run_in("report")
+    assert mine not in conditions() and "Routable" in conditions()  # OME's own condition stays
+    assert set(stored(kube_api)) == {("prod", "chat")}
+    await run_in("condition")
+    assert mine in conditions() and kube_api.objects(RR) == []
