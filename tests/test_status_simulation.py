@@ -16,6 +16,7 @@ have caught up); time is a counter, so the backoff of a failed write is skipped 
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,9 @@ REPLICAS = ("replica-a", "replica-b")
 VERDICTS = (
     (True, Reason.PUBLISHED, "served"),
     (False, Reason.ROUTABLE_OUTDATED, "waiting for Routable"),
-    (False, Reason.SOURCE_MISSING, "no InferenceService"),
 )
+# Fixed examples in CI (a few seconds); OME_SIMULATION_EXAMPLES=2000 explores at random for longer.
+EXAMPLES = int(os.environ.get("OME_SIMULATION_EXAMPLES", "60"))
 
 
 class Replica:
@@ -74,6 +76,9 @@ class StatusSimulation(RuleBasedStateMachine):
         # What the region decided, by map name: (uid the verdict is about, the verdict); a map it
         # has not decided since it was (re)created has no entry.
         self.decided: dict[str, tuple[str, status.Report]] = {}
+        # Whether a report was removed or edited behind the region since the last resync: until the
+        # next one, only a new leader's first writes are checked, and only when this is False.
+        self.tampered = False
 
     def run(self, coroutine: Any) -> Any:
         return self.loop.run_until_complete(coroutine)
@@ -158,10 +163,14 @@ class StatusSimulation(RuleBasedStateMachine):
 
     @rule()
     def change_leader(self) -> None:
-        """The leader dies or loses its Lease with its queue unwritten; the other replica leads."""
+        """The leader dies or loses its Lease with its queue unwritten; the other replica leads and
+        writes at once what differs from the server, resync or not."""
         self.replicas[self.leader].publisher.leading = False
         self.leader = REPLICAS[1] if self.leader == REPLICAS[0] else REPLICAS[0]
         self.replicas[self.leader].publisher.lead()
+        self._flush()
+        if not self.tampered:
+            self._check()
 
     @rule()
     def restart_the_follower(self) -> None:
@@ -173,10 +182,11 @@ class StatusSimulation(RuleBasedStateMachine):
     @rule(data=st.data())
     def delete_a_report(self, data: st.DataObject) -> None:
         report = data.draw(st.sampled_from(self.api.objects(RR)))
-        self.api.delete(RR, report["metadata"]["namespace"], report["metadata"]["name"])
+        self.delete_a_report_by_name(report["metadata"]["name"])
 
     def delete_a_report_by_name(self, name: str) -> None:
         self.api.delete(RR, NAMESPACE, name)
+        self.tampered = True
 
     @precondition(lambda self: any(report["maps"] for report in self.api.objects(RR)))
     @rule(data=st.data())
@@ -186,10 +196,12 @@ class StatusSimulation(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(sorted(report["maps"])))
         report["maps"][name] = {**report["maps"][name], "status": "True", "reason": "Published", "observedGeneration": 99}
         self.api.update(report)
+        self.tampered = True
 
     @rule()
     def forget_the_live_region(self) -> None:
         self.run(fleet.forget_region(self.kube, REGION))
+        self.tampered = True
 
     @rule()
     def switch_mode(self) -> None:
@@ -208,6 +220,11 @@ class StatusSimulation(RuleBasedStateMachine):
         for name, (_, report) in sorted(self.decided.items()):  # the applier re-decides every map
             publisher._queue_report(MapKey(NAMESPACE, name), report)
         self._flush()
+        self.tampered = False
+        self._check()
+
+    def _check(self) -> None:
+        """What `status` says of each map is what the region decided about the map of that uid."""
         view, unread = self.run(fleet.read_fleet(self.kube))
         assert unread is None
         said = {item.key.name: item.verdicts.get(REGION) for item in view}
@@ -225,7 +242,7 @@ class StatusSimulation(RuleBasedStateMachine):
             assert seen == expected, f"{name}: status says {seen} ({verdict.mode if verdict else '-'}), the region decided {expected}"
 
 
-StatusSimulation.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+StatusSimulation.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=25, deadline=None)
 test_status_simulation = StatusSimulation.TestCase
 
 
@@ -242,13 +259,20 @@ def run_steps(*steps: tuple[str, dict[str, Any]]) -> None:
 
 def test_a_new_leader_corrects_a_verdict_equal_to_what_it_read_at_start() -> None:
     """Item 10: follower B read V0; leader A wrote V1; the verdict went back to V0 and A died
-    before writing it; B leads and must write V0 over the server's V1."""
+    before writing it; B leads and must write V0 over the server's V1 (at once, not at a resync)."""
     run_steps(
         ("restart_the_follower", {}),
         ("decide", {"name": "chat", "verdict": VERDICTS[1], "write": True}),
         ("decide", {"name": "chat", "verdict": VERDICTS[0], "write": False}),
         ("change_leader", {}),
-        ("resync", {}),
+    )
+    # B led before: what it remembers from then is as old as a start-up read.
+    run_steps(
+        ("change_leader", {}),
+        ("change_leader", {}),
+        ("decide", {"name": "chat", "verdict": VERDICTS[1], "write": True}),
+        ("decide", {"name": "chat", "verdict": VERDICTS[0], "write": False}),
+        ("change_leader", {}),
     )
 
 
