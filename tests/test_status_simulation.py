@@ -151,13 +151,14 @@ class StatusSimulation(RuleBasedStateMachine):
     @rule(name=st.sampled_from(NAMES), recreate=st.booleans())
     def delete_map(self, name: str, recreate: bool) -> None:
         """OME deletes the map (and makes it again under the same name: a new uid, generation 1,
-        not decided by the region yet)."""
+        not decided by the region yet; its watch may see only a changed map, as after a relist)."""
         if self._uid(name) is not None:
             self.api.delete(TM, NAMESPACE, name)
-            # Every replica sees it go and forgets the map (the leader's sink drops its verdict).
             self.decided.pop(name, None)
-            for replica in self.replicas.values():
-                replica.publisher._forget(MapKey(NAMESPACE, name))
+            if not recreate:
+                # Every replica sees it go and forgets the map (the leader's sink drops its verdict).
+                for replica in self.replicas.values():
+                    replica.publisher._forget(MapKey(NAMESPACE, name))
         if recreate:
             self.api.create(make_map(name, namespace=NAMESPACE, generation=1))
 
