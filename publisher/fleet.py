@@ -15,7 +15,7 @@ from typing import Any
 
 from publisher import region_report, status
 from publisher.kube import TRAFFIC_MAPS, Kube, KubeError
-from publisher.model import API_VERSION, TRAFFIC_MAP_KIND, MapKey
+from publisher.model import MapKey
 from publisher.region_report import Verdict
 
 # Lists of this many maps a page, as the source reads them.
@@ -135,18 +135,24 @@ async def _list_maps(kube: Kube, namespaces: tuple[str, ...]) -> list[dict[str, 
     return items
 
 
-async def read_reports(kube: Kube, namespaces: tuple[str, ...] = (), label_selector: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+async def read_reports(kube: Kube, namespaces: tuple[str, ...] = ()) -> tuple[list[dict[str, Any]], str | None]:
     """The RegionReports, and what could not be read: a fleet without the CRD (condition mode
     only, a supported setup) has none; one that may not read them (403) is told so in one line.
     Raises KubeError for any other failure."""
     try:
-        return await region_report.list_reports(kube, namespaces, label_selector), None
+        return await region_report.list_reports(kube, namespaces), None
     except KubeError as exc:
-        if exc.not_found:
-            return [], None
-        if exc.code == 403:
-            return [], f"RegionReports not read ({exc}): regions in report mode are not shown"
-        raise
+        return [], _not_read(exc)
+
+
+def _not_read(exc: KubeError) -> str | None:
+    """What a failed read of RegionReports means: none at all without the CRD (None), one line
+    to show when they may not be read (403); any other failure is raised again."""
+    if exc.not_found:
+        return None
+    if exc.code == 403:
+        return f"RegionReports not read ({exc}): regions in report mode are not shown"
+    raise exc
 
 
 async def read_fleet(
@@ -172,17 +178,11 @@ async def forget_region(kube: Kube, region: str, namespaces: tuple[str, ...] = (
     """What a removed region left: its RegionReports are deleted and its condition is taken off
     every map (an apply of no conditions under its field manager removes only what it owned).
     No CRD means no reports. Raises KubeError."""
-    found, unread = await read_reports(kube, namespaces, f"{region_report.REGION_LABEL}={region}")
-    reports = 0
-    for raw in found:
-        metadata = raw["metadata"]
-        try:
-            await kube.delete(region_report.REGION_REPORTS, metadata["namespace"], metadata["name"])
-        except KubeError as exc:
-            if not exc.not_found:
-                raise
-            continue
-        reports += 1
+    unread = None
+    try:
+        reports = await region_report.forget_region(kube, region, namespaces)
+    except KubeError as exc:
+        reports, unread = 0, _not_read(exc)
     condition_type = status.condition_type(region)
     removed = 0
     for raw in await _list_maps(kube, namespaces):
@@ -190,19 +190,8 @@ async def forget_region(kube: Kube, region: str, namespaces: tuple[str, ...] = (
         if not any(isinstance(c, dict) and c.get("type") == condition_type for c in conditions):
             continue
         metadata = raw["metadata"]
-        body = {
-            "apiVersion": API_VERSION,
-            "kind": TRAFFIC_MAP_KIND,
-            "metadata": {"name": metadata["name"], "namespace": metadata.get("namespace", "default")},
-            "status": {"conditions": []},
-        }
-        try:
-            await kube.apply(TRAFFIC_MAPS, body, field_manager=status.field_manager(region), subresource="status")
-        except KubeError as exc:
-            if not exc.not_found:
-                raise
-            continue
-        removed += 1
+        if await status.remove_condition(kube, MapKey(metadata.get("namespace", "default"), metadata["name"]), region):
+            removed += 1
     return Forgotten(reports, removed, unread)
 
 

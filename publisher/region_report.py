@@ -33,8 +33,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from publisher import metrics, status
-from publisher.kube import TRAFFIC_MAPS, Kube, KubeError, Resource
-from publisher.model import API_VERSION, TRAFFIC_MAP_KIND, Condition, MapKey, validate
+from publisher.kube import Kube, KubeError, Resource
+from publisher.model import Condition, MapKey, validate
 
 log = logging.getLogger(__name__)
 
@@ -323,21 +323,14 @@ class ReportSink:
     async def _remove_condition(self, key: MapKey) -> None:
         """Take this region's condition (left from condition mode) off the map: an apply of no
         conditions under the region's field manager removes only what it owned."""
-        body = {
-            "apiVersion": API_VERSION,
-            "kind": TRAFFIC_MAP_KIND,
-            "metadata": {"name": key.name, "namespace": key.namespace},
-            "status": {"conditions": []},
-        }
         try:
-            await self._kube.apply(TRAFFIC_MAPS, body, field_manager=self._field_manager, subresource="status")
+            await status.remove_condition(self._kube, key, self.region)
         except KubeError as exc:
-            if not exc.not_found:
-                problem = f"cannot take this region's condition (left from condition mode) off TrafficMaps: {exc}"
-                if problem != self._cleanup_problem:
-                    log.warning("status leftover kept", extra={"map": str(key), "error": problem})
-                self._cleanup_problem = problem
-                return
+            problem = f"cannot take this region's condition (left from condition mode) off TrafficMaps: {exc}"
+            if problem != self._cleanup_problem:
+                log.warning("status leftover kept", extra={"map": str(key), "error": problem})
+            self._cleanup_problem = problem
+            return
         self._conditions_removed.add(key)
 
     def _draft(self, drafts: dict[ShardId, dict[str, dict[str, Any]]], namespace: str, index: int) -> dict[str, dict[str, Any]]:
@@ -441,7 +434,7 @@ def _entry_for(report: status.Report, region: str, existing: Mapping[str, Any] |
             current = None
     condition = status.condition_for(short, region, current, now)
     if condition is None:
-        if existing is None or existing.get(_UID) == (report.uid or None):
+        if existing is None or not report.uid or existing.get(_UID) == report.uid:
             return None
         condition = dict(existing)  # the same facts, now with the map's uid
     entry = {name: condition[name] for name in _ENTRY_FIELDS if name in condition}

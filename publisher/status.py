@@ -99,6 +99,24 @@ async def write_condition(kube: Kube, key: MapKey, condition: dict[str, Any], in
     return str((applied.get("metadata") or {}).get("resourceVersion", ""))
 
 
+async def remove_condition(kube: Kube, key: MapKey, instance: str) -> bool:
+    """Take `instance`'s condition off a map: an apply of no conditions under its field manager
+    removes only what it owned. False when the map is gone. Raises KubeError."""
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": TRAFFIC_MAP_KIND,
+        "metadata": {"name": key.name, "namespace": key.namespace},
+        "status": {"conditions": []},
+    }
+    try:
+        await kube.apply(TRAFFIC_MAPS, body, field_manager=field_manager(instance), subresource="status")
+    except KubeError as exc:
+        if exc.not_found:
+            return False
+        raise
+    return True
+
+
 class SinkUnavailable(Exception):
     """No verdict can be written: what the sink needs is missing (a CRD, a permission, the API
     server). The message says what, in one line; the caller retries the whole batch with backoff."""
