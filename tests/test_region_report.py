@@ -449,3 +449,27 @@ async def test_each_mode_removes_what_its_region_left_in_the_other(kube_api, kub
     assert set(stored(kube_api)) == {("prod", "chat")}
     await run_in("condition")
     assert mine in conditions() and kube_api.objects(RR) == []
+
+
+async def test_a_running_sidecar_repairs_a_report_deleted_or_edited_by_hand_at_its_next_resync(kube_api, kubeconfig, tmp_path):
+    """Item 11: as it repairs the gateway, the resync repairs the region's reports."""
+    seed_maps(kube_api, ["chat"])
+    client = await Kube.connect(kubeconfig)
+    stores = Stores.empty()
+    sink = ReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
+    publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=tmp_path / "out.json")),
+                          LoopOptions(instance="eu", resync=0.5), status_sink=sink)
+    source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
+    task = asyncio.create_task(loop.run(publisher, source, kube=client))
+    try:
+        await eventually(lambda: stored(kube_api).get(("prod", "chat"), {}).get("status") == "True")
+        (report,) = kube_api.objects(RR)
+        report["maps"]["chat"]["status"] = "False"
+        kube_api.update(report)
+        await eventually(lambda: stored(kube_api)[("prod", "chat")]["status"] == "True")
+        kube_api.delete(RR, "prod", report["metadata"]["name"])
+        await eventually(lambda: stored(kube_api).get(("prod", "chat"), {}).get("status") == "True")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.close()
