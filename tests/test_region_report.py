@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from adapters import ADAPTERS
@@ -25,7 +26,7 @@ from publisher.source import KubeSource, Stores, WatchOptions
 from publisher.status import Report
 from tests.builders import make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI, write_kubeconfig
-from tests.gateways import eventually
+from tests.gateways import eventually, free_port
 
 RR = "gateway-publisher.ome.io/v1alpha1/regionreports"
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -376,7 +377,13 @@ async def test_report_mode_keeps_serving_the_gateway_when_its_reports_cannot_be_
         publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)),
                               LoopOptions(instance="eu", resync=3600, backoff_base=0.05, backoff_cap=0.2), status_sink=sink)
         source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
-        task = asyncio.create_task(loop.run(publisher, source, kube=client))
+        port = free_port()
+        task = asyncio.create_task(loop.run(publisher, source, kube=client, listen=("127.0.0.1", port)))
+
+        async def readyz() -> tuple[int, str]:
+            async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/readyz") as response:
+                return response.status, await response.text()
+
         try:
             # The gateway path does not wait for status.
             await eventually(lambda: publisher.states.get(MapKey("prod", "chat"), loop.MapState()).state == "published" and out.exists())
@@ -384,13 +391,13 @@ async def test_report_mode_keeps_serving_the_gateway_when_its_reports_cannot_be_
             if heal is not None:
                 # It says what is missing, in /readyz and once in the log, and retries with backoff.
                 await eventually(lambda: publisher.status_backoff.failures(loop._WHOLE_SINK) >= 3)
-                ready, why = publisher.ready()
-                assert ready and all(part in why for part in said), why
+                code, why = await readyz()
+                assert code == 200 and why.startswith("ready; status is not written: ") and all(part in why for part in said), why
                 assert not task.done()
                 await heal(reports_api)
             await eventually(lambda: ("prod", "chat") in stored(reports_api))
             await eventually(lambda: publisher.status_problem is None)
-            assert publisher.ready() == (True, "ready")
+            assert await readyz() == (200, "ready\n")
             assert not task.done()
         finally:
             task.cancel()
