@@ -6,7 +6,7 @@ one region's verdicts on at most SHARD_ENTRIES (8) maps of one namespace, in tha
 
     region: eu-west
     maps:                       # map name -> the facts of the condition mode's condition
-      chat: {observedGeneration: 3, status: "True", reason: Published, message: ..., lastTransitionTime: ...}
+      chat: {observedGeneration: 3, status: "True", reason: Published, message: ..., lastTransitionTime: ..., uid: ...}
 
 No sidecar watches RegionReports, so a verdict is one write that reaches no sidecar's watch,
 whatever the number of regions; a TrafficMap stays the size OME makes it. `maps` is atomic
@@ -19,6 +19,9 @@ the region made it first), an apply under the region's field manager with the re
 last saw as a precondition, or, when its last map is gone, a delete with the same precondition.
 So a region writes only its own objects, and within a region a stale writer (a leader that lost
 its Lease) gets 409 Conflict instead of overwriting; it re-reads that shard and the caller retries.
+It reads the region's reports before its first write and again after `stale` (a Lease won, each
+resync), so what was deleted or edited behind it is rewritten; when they cannot be read (no CRD,
+no RBAC, no API server) it raises status.SinkUnavailable and the caller retries with backoff.
 """
 
 from __future__ import annotations
