@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from adapters import ADAPTERS
 from adapters.base import Adapter, ApplyResult, Reconciled, RequestCounter, TransportDefaults, WriteResult, publication_problem
 from adapters.engine import Engine
-from publisher import gate, loop, metrics, status
+from publisher import gate, loop, metrics, region_report, status
 from publisher.config import ConfigError, RunConfig, adapter_options
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
@@ -228,13 +228,7 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
     )
     stores = Stores.empty()
     mode = "off" if config.dry_run or kube is None else config.effective_status_mode
-    sink: status.StatusSink | None = None
-    if mode == "condition":
-        assert kube is not None
-        sink = status.ConditionSink(kube, stores.maps, config.name)
-    elif mode == "report":
-        assert kube is not None
-        sink = ReportSink(kube, config.name, known=lambda key: stores.maps.get(key) is not None, namespaces=config.namespace)
+    sink = status_sink(mode, kube, stores, config.name, config.namespace) if kube is not None else None
     publisher = Publisher(stores, adapter, options, status_sink=sink)
     source: loop.Source
     source_dir = config.source_dir
@@ -249,6 +243,17 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
                              refusals_fatal=one_pass, stale_after=config.source_stale_after, instance=config.name)
         source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
     return publisher, source
+
+
+def status_sink(mode: str, kube: Kube, stores: Stores, name: str, namespaces: tuple[str, ...]) -> status.StatusSink | None:
+    """Where region `name`'s verdicts go in `mode` (None: off). Each mode's sink removes what the
+    region left in the other mode, so `status` reads the region's current mode alone."""
+    if mode == "condition":
+        return status.ConditionSink(kube, stores.maps, name, drop_leftovers=lambda: region_report.drop_leftovers(kube, name, namespaces))
+    if mode == "report":
+        return ReportSink(kube, name, known=lambda key: stores.maps.get(key) is not None, namespaces=namespaces,
+                          has_condition=lambda key: status.own_condition(stores.maps.get(key), name) is not None)
+    return None
 
 
 async def _close(adapter: Adapter, kube: Kube | None) -> None:

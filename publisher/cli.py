@@ -52,6 +52,7 @@ from publisher.verify import compare
 
 if TYPE_CHECKING:
     from publisher import app, fleet
+    from publisher.kube import Kube
 
 __all__ = ["main"]
 
@@ -450,11 +451,11 @@ def _add_status(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait-published", action="store_true",
                         help="read again every second until every region is published for every map (a NAMEd map "
                         "that does not exist yet is waited for); exit 1 at --timeout")
-    parser.add_argument("--timeout", type=_duration, default=300.0, metavar="DURATION",
+    parser.add_argument("--timeout", type=_duration, default=None, metavar="DURATION",
                         help=f"with --wait-published: give up after this ({DURATION_UNITS}; default: 5m)")
     parser.add_argument("--forget-region", metavar="NAME",
                         help="instead: remove what a region that is gone left behind (its RegionReports, its "
-                        "condition on each map) and exit 0")
+                        "condition on each map) and exit 0; exit 2 when it left nothing (a mistyped name)")
     parser.add_argument("names", nargs="*", metavar="NAME", help="a TrafficMap name (default: every map)")
     parser.set_defaults(run=_status)
 
@@ -474,22 +475,54 @@ def _status(args: argparse.Namespace) -> int:
         return EXIT_HELD
 
 
+def _forget_region_problem(args: argparse.Namespace) -> str | None:
+    """Why --forget-region cannot run as given, in one line; None when it can."""
+    from publisher.model import is_dns_label
+
+    region = args.forget_region
+    if not is_dns_label(region):
+        return f"--forget-region: {region!r} is not a region name (a DNS label: lower case letters, digits, '-', at most 63)"
+    given = [flag for flag, value in (("NAME", args.names), ("--region", args.region), ("--wait-published", args.wait_published),
+                                      ("--timeout", args.timeout is not None), ("--output", args.output != "text")) if value]
+    if given:
+        return f"--forget-region removes a region's leftovers and reads no map: it takes no {', '.join(given)}"
+    return None
+
+
+async def _forget_region(kube: Kube, region: str, namespaces: tuple[str, ...]) -> int:
+    from publisher import fleet
+
+    forgotten = await fleet.forget_region(kube, region, namespaces)
+    if forgotten.unread is not None:
+        print(f"ome-publisher status: {forgotten.unread}", file=sys.stderr)
+    if not forgotten.reports and not forgotten.conditions:
+        where = ", ".join(namespaces) if namespaces else "any namespace"
+        seen = await fleet.regions_seen(kube, namespaces)
+        known = f" (regions seen: {', '.join(seen)})" if seen else ""
+        raise _InputError(f"region {region} left nothing to remove in {where}: no RegionReport, no condition{known}")
+    print(f"region {region}: deleted {forgotten.reports} RegionReport(s), removed {forgotten.conditions} condition(s)")
+    return EXIT_OK if forgotten.unread is None else EXIT_INPUT
+
+
 async def _status_async(args: argparse.Namespace) -> int:
     from publisher import config, fleet
     from publisher.kube import Kube
 
     namespaces = tuple(args.namespace)
     names = frozenset(args.names)
+    if args.forget_region is not None:
+        problem = _forget_region_problem(args)
+        if problem is not None:
+            raise _InputError(problem)
+    timeout = 300.0 if args.timeout is None else args.timeout
     kube = await Kube.connect(args.kubeconfig)
     try:
-        if args.forget_region:
-            reports, conditions = await fleet.forget_region(kube, args.forget_region, namespaces)
-            print(f"region {args.forget_region}: deleted {reports} RegionReport(s), removed {conditions} condition(s)")
-            return EXIT_OK
+        if args.forget_region is not None:
+            return await _forget_region(kube, args.forget_region, namespaces)
         event_loop = asyncio.get_running_loop()
-        deadline = event_loop.time() + args.timeout
+        deadline = event_loop.time() + timeout
         while True:
-            view = await fleet.read_fleet(kube, namespaces, names=names, regions=args.region)
+            view, unread = await fleet.read_fleet(kube, namespaces, names=names, regions=args.region)
             missing = sorted(names - {item.key.name for item in view})
             done = not missing and bool(view) and all(item.published for item in view)
             if done or not args.wait_published or event_loop.time() >= deadline:
@@ -505,9 +538,11 @@ async def _status_async(args: argparse.Namespace) -> int:
     if args.output == "text":
         print(_fleet_text(view, missing))
     else:
-        _print_document({"published": done, "missing": missing, "maps": [item.to_json() for item in view]}, args.output)
+        _print_document({"published": done, "missing": missing, "unread": unread, "maps": [item.to_json() for item in view]}, args.output)
+    if unread is not None:
+        print(f"ome-publisher status: {unread}", file=sys.stderr)
     if args.wait_published and not done:
-        print(f"ome-publisher status: not published everywhere within {config.format_duration(args.timeout)}", file=sys.stderr)
+        print(f"ome-publisher status: not published everywhere within {config.format_duration(timeout)}", file=sys.stderr)
     return EXIT_OK if done else EXIT_HELD
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from publisher import region_report, status
 from publisher.kube import TRAFFIC_MAPS, Kube, KubeError
-from publisher.model import API_VERSION, TRAFFIC_MAP_KIND, MapKey
+from publisher.model import MapKey
 from publisher.region_report import Verdict
 
 # Lists of this many maps a page, as the source reads them.
@@ -83,12 +83,14 @@ def fleet_view(
     The regions are `regions` and every region seen on any map or report read."""
     found: dict[MapKey, dict[str, Verdict]] = {}
     generations: dict[MapKey, int] = {}
+    uids: dict[MapKey, str] = {}
     known_regions = set(regions)
     for raw in maps:
         metadata = raw.get("metadata") or {}
         key = MapKey(str(metadata.get("namespace", "default")), str(metadata.get("name", "")))
         generation = metadata.get("generation")
         generations[key] = generation if isinstance(generation, int) else 0
+        uids[key] = str(metadata.get("uid") or "")
         verdicts = found.setdefault(key, {})
         conditions = (raw.get("status") or {}).get("conditions") or []
         for condition in conditions if isinstance(conditions, list) else ():
@@ -109,7 +111,8 @@ def fleet_view(
         namespace = str((raw.get("metadata") or {}).get("namespace", "default"))
         for name, verdict in entries.items():
             key = MapKey(namespace, name)
-            if key in found:  # a report on a map that is gone says nothing
+            # A report on a map that is gone, or on an older map of the same name, says nothing.
+            if key in found and verdict.about(uids[key]):
                 found[key][region] = _newer(found[key].get(region), verdict)
     ordered_regions = sorted(known_regions)
     return [
@@ -132,21 +135,54 @@ async def _list_maps(kube: Kube, namespaces: tuple[str, ...]) -> list[dict[str, 
     return items
 
 
+async def read_reports(kube: Kube, namespaces: tuple[str, ...] = ()) -> tuple[list[dict[str, Any]], str | None]:
+    """The RegionReports, and what could not be read: a fleet without the CRD (condition mode
+    only, a supported setup) has none; one that may not read them (403) is told so in one line.
+    Raises KubeError for any other failure."""
+    try:
+        return await region_report.list_reports(kube, namespaces), None
+    except KubeError as exc:
+        return [], _not_read(exc)
+
+
+def _not_read(exc: KubeError) -> str | None:
+    """What a failed read of RegionReports means: none at all without the CRD (None), one line
+    to show when they may not be read (403); any other failure is raised again."""
+    if exc.not_found:
+        return None
+    if exc.code == 403:
+        return f"RegionReports not read ({exc}): regions in report mode are not shown"
+    raise exc
+
+
 async def read_fleet(
     kube: Kube, namespaces: tuple[str, ...] = (), *, names: frozenset[str] = frozenset(), regions: Iterable[str] = ()
-) -> list[MapStatus]:
+) -> tuple[list[MapStatus], str | None]:
     """The maps and every region's RegionReports in `namespaces` (all when empty), as fleet_view
-    sees them. Raises KubeError."""
+    sees them, and what could not be read (see read_reports). Raises KubeError."""
     maps = await _list_maps(kube, namespaces)
-    reports = await region_report.list_reports(kube, namespaces)
-    return fleet_view(maps, reports, names=names, regions=regions)
+    reports, unread = await read_reports(kube, namespaces)
+    return fleet_view(maps, reports, names=names, regions=regions), unread
 
 
-async def forget_region(kube: Kube, region: str, namespaces: tuple[str, ...] = ()) -> tuple[int, int]:
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """What --forget-region removed, and what it could not read (None: everything was read)."""
+
+    reports: int
+    conditions: int
+    unread: str | None
+
+
+async def forget_region(kube: Kube, region: str, namespaces: tuple[str, ...] = ()) -> Forgotten:
     """What a removed region left: its RegionReports are deleted and its condition is taken off
     every map (an apply of no conditions under its field manager removes only what it owned).
-    Returns (reports deleted, conditions removed). Raises KubeError."""
-    reports = await region_report.forget_region(kube, region, namespaces)
+    No CRD means no reports. Raises KubeError."""
+    unread = None
+    try:
+        reports = await region_report.forget_region(kube, region, namespaces)
+    except KubeError as exc:
+        reports, unread = 0, _not_read(exc)
     condition_type = status.condition_type(region)
     removed = 0
     for raw in await _list_maps(kube, namespaces):
@@ -154,17 +190,13 @@ async def forget_region(kube: Kube, region: str, namespaces: tuple[str, ...] = (
         if not any(isinstance(c, dict) and c.get("type") == condition_type for c in conditions):
             continue
         metadata = raw["metadata"]
-        body = {
-            "apiVersion": API_VERSION,
-            "kind": TRAFFIC_MAP_KIND,
-            "metadata": {"name": metadata["name"], "namespace": metadata.get("namespace", "default")},
-            "status": {"conditions": []},
-        }
-        try:
-            await kube.apply(TRAFFIC_MAPS, body, field_manager=status.field_manager(region), subresource="status")
-        except KubeError as exc:
-            if not exc.not_found:
-                raise
-            continue
-        removed += 1
-    return reports, removed
+        if await status.remove_condition(kube, MapKey(metadata.get("namespace", "default"), metadata["name"]), region):
+            removed += 1
+    return Forgotten(reports, removed, unread)
+
+
+async def regions_seen(kube: Kube, namespaces: tuple[str, ...] = ()) -> list[str]:
+    """Every region that has a condition or a RegionReport in `namespaces`: what a mistyped
+    region name is told to pick from."""
+    view, _ = await read_fleet(kube, namespaces)
+    return sorted({region for item in view for region in item.verdicts})

@@ -132,6 +132,10 @@ class MapState:
     message: str | None = None
 
 
+# The status backoff's key for a sink that cannot write at all (one backoff, not one per map).
+_WHOLE_SINK = MapKey("", "")
+
+
 class Publisher:
     """Decides maps, applies them through the gateway engine, and queues reports.
 
@@ -183,6 +187,9 @@ class Publisher:
         self._resync_backlog: list[MapKey] = []
         # The served-split check, where the gateway counts requests and it is on.
         self.split: SplitVerifier | None = None
+        # Why no verdict can be written (a CRD not installed, a permission missing), for /readyz
+        # and the log; None while status writes work.
+        self.status_problem: str | None = None
 
     @property
     def published(self) -> Mapping[MapKey, Route]:
@@ -341,6 +348,7 @@ class Publisher:
         """Record the map's state, back off what failed, and queue its report."""
         item = self.stores.maps.get(key)
         generation = item.metadata.generation if isinstance(item, TrafficMap) else item.generation if item else 0
+        uid = _uid(item)
         failed: Held | None = None
         if key in failed_keys and isinstance(failure, NotConnected):
             # Nothing was written and nothing lost: not a failure, and the condition stays as it was.
@@ -360,7 +368,7 @@ class Publisher:
             metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="failed").inc()
             self.queue.add_after(key, self.backoff.delay(key))
             self._set_state(key, MapState("failed", str(failed.reason), failed.message))
-            report = status.Report(False, failed.reason, self._keeping(key, failed.message), generation)
+            report = status.Report(False, failed.reason, self._keeping(key, failed.message), generation, uid)
         else:
             self.backoff.forget(key)
             if isinstance(outcome, Publish):
@@ -369,17 +377,17 @@ class Publisher:
                 split_note = self.split.note(key) if self.split is not None else None
                 message = _published_message(self.adapter.name, pub, result.notes.get(key), self._stale_probes(item), split_note)
                 self._set_state(key, MapState("published"))
-                report = status.Report(True, Reason.PUBLISHED, message, pub.generation)
+                report = status.Report(True, Reason.PUBLISHED, message, pub.generation, uid)
             elif isinstance(outcome, Hold):
                 held = outcome.held
                 if held.reason == Reason.VERIFICATION_FAILED and self._state(key).reason != held.reason:
                     metrics.VERIFICATION_FAILURES.inc()
                 self._set_state(key, MapState("held", str(held.reason), held.message))
-                report = status.Report(False, held.reason, self._keeping(key, held.message), generation)
+                report = status.Report(False, held.reason, self._keeping(key, held.message), generation, uid)
             else:
                 self.provenance.pop(key, None)
                 self._set_state(key, MapState("withdrawn", str(Reason.WITHDRAWN), outcome.message))
-                report = status.Report(False, Reason.WITHDRAWN, f"withdrawn from the {self.adapter.name} gateway: {outcome.message}", generation)
+                report = status.Report(False, Reason.WITHDRAWN, f"withdrawn from the {self.adapter.name} gateway: {outcome.message}", generation, uid)
         if item is None:
             if failed is None:
                 self._forget(key)
@@ -484,7 +492,22 @@ class Publisher:
             batch[key] = report
         if not batch:
             return
-        failed = await self.status_sink.write(batch)
+        try:
+            failed = await self.status_sink.write(batch)
+        except status.SinkUnavailable as exc:
+            # Nothing can be written: said once, the whole batch retried with one backoff. The
+            # gateway path never waits for this.
+            if str(exc) != self.status_problem:
+                log.warning("status not written, retrying", extra={"error": str(exc)})
+            self.status_problem = str(exc)
+            delay = self.status_backoff.delay(_WHOLE_SINK)
+            for key in batch:
+                self.status_queue.add_after(key, delay)
+            return
+        if self.status_problem is not None:
+            log.info("status writes resumed", extra={"was": self.status_problem})
+            self.status_problem = None
+        self.status_backoff.forget(_WHOLE_SINK)
         for key in batch:
             reason = failed.get(key)
             if reason is None:
@@ -565,9 +588,24 @@ class Publisher:
             self.queue.add(key)
         self._settle_rejected(done.refused)
 
+    def lead(self) -> None:
+        """This instance now writes status: what the server holds is read again (the last leader
+        may have written after this instance last read), then every verdict is compared with it."""
+        self.leading = True
+        self.recheck_status()
+
+    def recheck_status(self) -> None:
+        """Compare every verdict with what the server holds now, and rewrite what differs (a
+        report removed or edited by hand, a write of another leader)."""
+        if self.status_sink is None:
+            return
+        self.status_sink.stale()
+        for key in self.reports:
+            self.status_queue.add(key)
+
     async def run_status_writer(self) -> None:
-        assert self.status_sink is not None
-        await self.status_sink.start()
+        """Forever: write the verdicts that fell due (the sink reads what it needs first; a sink
+        that cannot be read is retried with backoff, never an end of the process)."""
         while True:
             keys = await self.status_queue.take()
             await self.write_reports(keys)
@@ -576,11 +614,17 @@ class Publisher:
         """Periodically ask the applier to repair drift and re-decide every map."""
         while True:
             await asyncio.sleep(self.options.resync)
-            if not self.is_synced:
-                continue
-            self._reconcile_due = True
-            self._resync_backlog = sorted(self.all_keys(), reverse=True)
-            self._feed_resync_backlog()
+            if self.is_synced:
+                self.resync_now()
+
+    def resync_now(self) -> None:
+        """Ask the applier to repair drift and re-decide every map; the status is repaired as the
+        gateway is (what the server holds is compared with every verdict)."""
+        self._reconcile_due = True
+        self._resync_backlog = sorted(self.all_keys(), reverse=True)
+        self._feed_resync_backlog()
+        if self.leading:
+            self.recheck_status()
 
     # --- health -------------------------------------------------------------------------------
 
@@ -608,8 +652,13 @@ class Publisher:
         age = self.clock() - self.last_success
         if age > 3 * self.options.resync:
             return False, f"last successful sync {age:.0f}s ago"
+        notes = []
         problem = self.source_problem()
-        return True, f"ready; the gateway keeps serving while the source fails: {problem}" if problem else "ready"
+        if problem:
+            notes.append(f"the gateway keeps serving while the source fails: {problem}")
+        if self.status_problem is not None and self.leading:
+            notes.append(f"status is not written: {self.status_problem}")
+        return True, f"ready; {'; '.join(notes)}" if notes else "ready"
 
     def debug_maps(self) -> list[dict[str, Any]]:
         maps = []
@@ -649,6 +698,14 @@ def _published_message(adapter: str, pub: Publication, adapter_note: str | None,
         parts.append("every weight is 0, so the gateway answers 503")
     parts.extend(note for note in (adapter_note, probe_note, split_note) if note)
     return "; ".join(parts)
+
+
+def _uid(item: TrafficMap | InvalidObject | None) -> str:
+    if isinstance(item, TrafficMap):
+        return item.metadata.uid
+    metadata = item.raw.get("metadata") if item is not None else None
+    uid = metadata.get("uid") if isinstance(metadata, dict) else None
+    return uid if isinstance(uid, str) else ""
 
 
 def _probe_ages(item: TrafficMap | InvalidObject | None, now: datetime) -> dict[str, int] | None:
@@ -732,10 +789,8 @@ async def run_leader_election(publisher: Publisher, kube: Kube, options: LeaderO
             now = time.monotonic()
             if held:
                 if last_renew is None:
-                    publisher.leading = True
                     log.info("leading: writing status", extra={"identity": options.identity})
-                    for key in publisher.reports:
-                        publisher.status_queue.add(key)
+                    publisher.lead()
                 last_renew = now
             elif last_renew is not None and (problem is None or now - last_renew >= options.renew_deadline):
                 stop("another replica holds the lease" if problem is None else f"not renewed within {options.renew_deadline}s: {problem}")
@@ -872,5 +927,4 @@ async def _one_pass(publisher: Publisher, source: Source, gateway: asyncio.Task[
         await _gateway_ready(publisher, gateway)
     await publisher.sync_once(publisher.queue.take_ready())
     if publisher.status_sink is not None and publisher.leading:
-        await publisher.status_sink.start()
         await publisher.write_reports(list(publisher.reports), at_once=True)

@@ -6,7 +6,7 @@ one region's verdicts on at most SHARD_ENTRIES (8) maps of one namespace, in tha
 
     region: eu-west
     maps:                       # map name -> the facts of the condition mode's condition
-      chat: {observedGeneration: 3, status: "True", reason: Published, message: ..., lastTransitionTime: ...}
+      chat: {observedGeneration: 3, status: "True", reason: Published, message: ..., lastTransitionTime: ..., uid: ...}
 
 No sidecar watches RegionReports, so a verdict is one write that reaches no sidecar's watch,
 whatever the number of regions; a TrafficMap stays the size OME makes it. `maps` is atomic
@@ -19,11 +19,15 @@ the region made it first), an apply under the region's field manager with the re
 last saw as a precondition, or, when its last map is gone, a delete with the same precondition.
 So a region writes only its own objects, and within a region a stale writer (a leader that lost
 its Lease) gets 409 Conflict instead of overwriting; it re-reads that shard and the caller retries.
+It reads the region's reports before its first write and again after `stale` (a Lease won, each
+resync), so what was deleted or edited behind it is rewritten; when they cannot be read (no CRD,
+no RBAC, no API server) it raises status.SinkUnavailable and the caller retries with backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,6 +38,8 @@ from pydantic import ValidationError
 from publisher import metrics, status
 from publisher.kube import Kube, KubeError, Resource
 from publisher.model import Condition, MapKey, validate
+
+log = logging.getLogger(__name__)
 
 GROUP = "gateway-publisher.ome.io"
 REGION_REPORTS = Resource(GROUP, "v1alpha1", "regionreports", "RegionReport")
@@ -47,6 +53,10 @@ SHARD_ENTRIES = 8
 # names of at most 253 characters, it is what bounds a shard's size.
 MAX_MESSAGE = 1024
 _ENTRY_FIELDS = ("observedGeneration", "status", "reason", "message", "lastTransitionTime")
+# The map's metadata.uid, beside the condition's facts: a verdict is about one map, not one name.
+_UID = "uid"
+CRD = f"{REGION_REPORTS.plural}.{GROUP}"
+_INSTALL_CRD = "install it on the control plane: helm show crds <chart> | kubectl apply -f - (the chart's crds/)"
 # Lists of this many objects a page: a region's reports at 10,000 maps are 1,250 objects.
 _PAGE = 500
 
@@ -76,10 +86,15 @@ class Verdict:
     message: str
     observed_generation: int | None
     last_transition_time: str
+    uid: str = ""  # the map's uid the verdict is about ("": not recorded, a condition or an old entry)
 
     def published(self, generation: int) -> bool:
         """This region serves the map's current generation."""
         return self.status == "True" and self.observed_generation == generation
+
+    def about(self, uid: str) -> bool:
+        """Whether the verdict is about the map of this uid (not one deleted before it was made)."""
+        return not self.uid or not uid or self.uid == uid
 
 
 def parse_entry(region: str, raw: Any, mode: str = "report") -> Verdict | None:
@@ -90,8 +105,9 @@ def parse_entry(region: str, raw: Any, mode: str = "report") -> Verdict | None:
         condition = validate(Condition, {"type": "x", **{k: raw[k] for k in _ENTRY_FIELDS if k in raw}})
     except ValidationError:
         return None
+    uid = raw.get(_UID)
     return Verdict(region, mode, condition.status, condition.reason, condition.message,
-                   condition.observed_generation, condition.last_transition_time)
+                   condition.observed_generation, condition.last_transition_time, uid if isinstance(uid, str) else "")
 
 
 def parse_report(raw: Mapping[str, Any]) -> tuple[str, int, dict[str, Verdict]] | None:
@@ -127,6 +143,16 @@ async def list_reports(kube: Kube, namespaces: tuple[str, ...] = (), label_selec
     return items
 
 
+def unavailable(exc: KubeError) -> str:
+    """One line: why this region's RegionReports cannot be read, and what to do about it."""
+    if exc.not_found:
+        return f"the CRD {CRD} is not installed ({exc}); {_INSTALL_CRD}"
+    if exc.code == 403:
+        return (f"not allowed to read {CRD} ({exc}); the region's RBAC needs get, list, create, patch and "
+                "delete on regionreports (the chart grants them with statusMode: report)")
+    return f"cannot read this region's RegionReports ({exc})"
+
+
 async def forget_region(kube: Kube, region: str, namespaces: tuple[str, ...] = ()) -> int:
     """Delete every RegionReport of `region` in `namespaces` (all when empty): what is left of a
     region that was removed. Returns how many were deleted. Raises KubeError."""
@@ -141,6 +167,17 @@ async def forget_region(kube: Kube, region: str, namespaces: tuple[str, ...] = (
             continue
         deleted += 1
     return deleted
+
+
+async def drop_leftovers(kube: Kube, region: str, namespaces: tuple[str, ...] = ()) -> int:
+    """A region in condition mode deletes the RegionReports it left in report mode; no CRD means
+    none. Returns how many were deleted. Raises KubeError."""
+    try:
+        return await forget_region(kube, region, namespaces)
+    except KubeError as exc:
+        if exc.not_found:
+            return 0
+        raise
 
 
 @dataclass
@@ -158,8 +195,10 @@ ShardId = tuple[str, int]  # (namespace, index)
 class ReportSink:
     """One region's RegionReports: the report mode's status sink (see the module docstring).
 
-    `known` says whether the source still holds a map; the first write (which comes after the
-    source's first full view) drops the entries of maps that went away while no instance ran."""
+    `known` says whether the source still holds a map; the first write after each read (which comes
+    after the source's first full view) drops the entries of maps that went away meanwhile.
+    `has_condition` says whether a map still carries this region's condition, left from condition
+    mode: the sink takes it off, so `status` never weighs a stale condition against a report."""
 
     def __init__(
         self,
@@ -167,6 +206,7 @@ class ReportSink:
         instance: str,
         *,
         known: Callable[[MapKey], bool],
+        has_condition: Callable[[MapKey], bool] = lambda key: False,
         namespaces: tuple[str, ...] = (),
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         concurrency: int = 8,
@@ -174,6 +214,10 @@ class ReportSink:
         self._kube = kube
         self.region = instance
         self._known = known
+        self._has_condition = has_condition
+        # Maps whose leftover condition was taken off (the watch shows it until its event comes).
+        self._conditions_removed: set[MapKey] = set()
+        self._cleanup_problem: str | None = None
         self._namespaces = namespaces
         self._wall_clock = wall_clock
         self._concurrency = concurrency
@@ -187,14 +231,22 @@ class ReportSink:
     # --- reading ------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Read this region's RegionReports, so a restart rewrites only verdicts that changed.
-        Raises KubeError."""
-        found = await list_reports(self._kube, self._namespaces, f"{REGION_LABEL}={self.region}")
+        """Read this region's RegionReports, so a restart rewrites only verdicts that changed, and
+        each write compares with what the server holds. Raises SinkUnavailable."""
+        try:
+            found = await list_reports(self._kube, self._namespaces, f"{REGION_LABEL}={self.region}")
+        except KubeError as exc:
+            raise status.SinkUnavailable(unavailable(exc)) from exc
         self._shards.clear()
         self._where.clear()
         for raw in found:
             self._load(raw)
         self._started = True
+        self._swept = False
+
+    def stale(self) -> None:
+        self._started = False
+        self._conditions_removed.clear()
 
     def _load(self, raw: Mapping[str, Any]) -> None:
         parsed = parse_report(raw)
@@ -220,13 +272,10 @@ class ReportSink:
     async def write(self, reports: Mapping[MapKey, status.Report | None]) -> Mapping[MapKey, str]:
         """Write the shards whose verdicts changed, one request each (None: the map is gone).
         Returns the keys that failed, with a one-line reason; the caller retries them. Reads this
-        region's RegionReports first if `start` has not (an API server down at start-up delays
-        status, never the gateway)."""
+        region's RegionReports first when they may have changed (`stale`, and at start); raises
+        SinkUnavailable when they cannot be read (a missing CRD delays status, never the gateway)."""
         if not self._started:
-            try:
-                await self.start()
-            except KubeError as exc:
-                return {key: f"reading this region's RegionReports: {exc}" for key in reports}
+            await self.start()
         if not self._swept:
             self._swept = True
             gone = {key: None for key in self._where if key not in reports and not self._known(key)}
@@ -243,6 +292,8 @@ class ReportSink:
                     members.setdefault((key.namespace, index), []).append(key)
                 continue
             existing = self._shards[(key.namespace, index)].entries.get(key.name) if index is not None else None
+            if existing is not None and report.uid and existing.get(_UID) not in (None, report.uid):
+                existing = None  # about a map of the same name deleted before this one was made
             entry = _entry_for(report, self.region, existing, now)
             if entry is None:
                 continue
@@ -260,10 +311,30 @@ class ReportSink:
             if problem is not None:
                 failed.update((key, problem) for key in members[shard_id])
 
+        async def remove_condition(key: MapKey) -> None:
+            async with semaphore:
+                await self._remove_condition(key)
+
         async with asyncio.TaskGroup() as group:
             for shard_id in drafts:
                 group.create_task(write_shard(shard_id))
+            for key, report in reports.items():
+                if report is not None and key not in self._conditions_removed and self._has_condition(key):
+                    group.create_task(remove_condition(key))
         return failed
+
+    async def _remove_condition(self, key: MapKey) -> None:
+        """Take this region's condition (left from condition mode) off the map: an apply of no
+        conditions under the region's field manager removes only what it owned."""
+        try:
+            await status.remove_condition(self._kube, key, self.region)
+        except KubeError as exc:
+            problem = f"cannot take this region's condition (left from condition mode) off TrafficMaps: {exc}"
+            if problem != self._cleanup_problem:
+                log.warning("status leftover kept", extra={"map": str(key), "error": problem})
+            self._cleanup_problem = problem
+            return
+        self._conditions_removed.add(key)
 
     def _draft(self, drafts: dict[ShardId, dict[str, dict[str, Any]]], namespace: str, index: int) -> dict[str, dict[str, Any]]:
         """The shard's next entries: what the server holds, less maps whose place is elsewhere."""
@@ -355,16 +426,21 @@ class ReportSink:
 
 
 def _entry_for(report: status.Report, region: str, existing: Mapping[str, Any] | None, now: datetime) -> dict[str, Any] | None:
-    """The entry to store, or None when `existing` already says the same: the condition mode's
-    rules (status.condition_for), with the message cut to MAX_MESSAGE."""
-    short = status.Report(report.published, report.reason, report.message[:MAX_MESSAGE], report.generation)
+    """The entry to store, or None when `existing` already says the same of the same map: the
+    condition mode's rules (status.condition_for), with the message cut to MAX_MESSAGE."""
+    short = status.Report(report.published, report.reason, report.message[:MAX_MESSAGE], report.generation, report.uid)
     current = None
     if existing is not None:
         try:
-            current = validate(Condition, {"type": "x", **existing})
+            current = validate(Condition, {"type": "x", **{k: existing[k] for k in _ENTRY_FIELDS if k in existing}})
         except ValidationError:
             current = None
     condition = status.condition_for(short, region, current, now)
     if condition is None:
-        return None
-    return {name: condition[name] for name in _ENTRY_FIELDS}
+        if existing is None or not report.uid or existing.get(_UID) == report.uid:
+            return None
+        condition = dict(existing)  # the same facts, now with the map's uid
+    entry = {name: condition[name] for name in _ENTRY_FIELDS if name in condition}
+    if report.uid:
+        entry[_UID] = report.uid
+    return entry

@@ -11,8 +11,9 @@ the instance's own field manager, so OME's conditions and fields are never touch
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,6 +26,8 @@ from publisher.model import API_VERSION, TRAFFIC_MAP_KIND, Condition, InvalidObj
 
 if TYPE_CHECKING:
     from publisher.source import Store
+
+log = logging.getLogger(__name__)
 
 CONDITION_PREFIX = "gateway-publisher.ome.io/"
 FIELD_MANAGER_PREFIX = "ome-gateway-publisher-"
@@ -49,6 +52,7 @@ class Report:
     reason: Reason
     message: str
     generation: int
+    uid: str = ""  # the map's metadata.uid: a map deleted and made again is another map
 
 
 def rfc3339(moment: datetime) -> str:
@@ -95,14 +99,41 @@ async def write_condition(kube: Kube, key: MapKey, condition: dict[str, Any], in
     return str((applied.get("metadata") or {}).get("resourceVersion", ""))
 
 
+async def remove_condition(kube: Kube, key: MapKey, instance: str) -> bool:
+    """Take `instance`'s condition off a map: an apply of no conditions under its field manager
+    removes only what it owned. False when the map is gone. Raises KubeError."""
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": TRAFFIC_MAP_KIND,
+        "metadata": {"name": key.name, "namespace": key.namespace},
+        "status": {"conditions": []},
+    }
+    try:
+        await kube.apply(TRAFFIC_MAPS, body, field_manager=field_manager(instance), subresource="status")
+    except KubeError as exc:
+        if exc.not_found:
+            return False
+        raise
+    return True
+
+
+class SinkUnavailable(Exception):
+    """No verdict can be written: what the sink needs is missing (a CRD, a permission, the API
+    server). The message says what, in one line; the caller retries the whole batch with backoff."""
+
+
 class StatusSink(Protocol):
     """Where this instance's verdicts go. Driven only by the Publisher's status-writer task."""
 
-    async def start(self) -> None: ...
+    def stale(self) -> None:
+        """What the server holds may have changed behind this writer (it just won the Lease, or a
+        resync is due): read it again before the next write, and repair what differs."""
+        ...
 
     async def write(self, reports: Mapping[MapKey, Report | None]) -> Mapping[MapKey, str]:
         """Write each verdict that changed (None: the map is gone; forget it). Returns the keys that
-        failed, each with a one-line reason; the caller retries them with backoff."""
+        failed, each with a one-line reason; the caller retries them with backoff. Raises
+        SinkUnavailable when nothing can be written."""
         ...
 
 
@@ -122,7 +153,11 @@ class ConditionSink:
     again on every re-decide until our write's event arrives, with a new lastTransitionTime, which
     is a real change and an event for every other region, whose caches lag too (issue 20). So the
     sink remembers the condition it last wrote per map and the resourceVersion the apply returned,
-    and compares with that until the cache holds that version or a newer one."""
+    and compares with that until the cache holds that version or a newer one.
+
+    `drop_leftovers` removes what this region left in report mode (its RegionReports): run before
+    the first write and again after each `stale`, so `status` never weighs an old report against
+    the condition. Raises KubeError; a failure is logged once and tried again at the next `stale`."""
 
     def __init__(
         self,
@@ -132,8 +167,12 @@ class ConditionSink:
         *,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         concurrency: int = 8,
+        drop_leftovers: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         self._kube = kube
+        self._drop_leftovers = drop_leftovers
+        self._leftovers_due = drop_leftovers is not None
+        self._leftovers_problem: str | None = None
         self._maps = maps
         self._instance = instance
         self._type = condition_type(instance)
@@ -143,10 +182,28 @@ class ConditionSink:
         self._concurrency = concurrency
         self._written: dict[MapKey, tuple[Condition, str]] = {}
 
-    async def start(self) -> None:
-        return None
+    def stale(self) -> None:
+        # The watch cache is live: only what report mode may have left needs another look.
+        self._leftovers_due = self._drop_leftovers is not None
+
+    async def _leftovers(self) -> None:
+        assert self._drop_leftovers is not None
+        self._leftovers_due = False
+        try:
+            dropped = await self._drop_leftovers()
+        except KubeError as exc:
+            problem = str(exc)
+            if problem != self._leftovers_problem:
+                log.warning("cannot remove this region's RegionReports left from report mode", extra={"error": problem})
+            self._leftovers_problem = problem
+            return
+        self._leftovers_problem = None
+        if dropped:
+            log.info("removed this region's RegionReports left from report mode", extra={"reports": dropped})
 
     async def write(self, reports: Mapping[MapKey, Report | None]) -> Mapping[MapKey, str]:
+        if self._leftovers_due:
+            await self._leftovers()
         failed: dict[MapKey, str] = {}
         semaphore = asyncio.Semaphore(self._concurrency)
 
@@ -186,16 +243,22 @@ class ConditionSink:
         return self._seen(self._maps.get(key))
 
     def _seen(self, item: TrafficMap | InvalidObject | None) -> Condition | None:
-        if isinstance(item, TrafficMap):
-            return item.status.condition(self._type)
-        if isinstance(item, InvalidObject):
-            # An invalid map still carries our condition: read it, or it would be written on every pass.
-            status = item.raw.get("status")
-            conditions = status.get("conditions") if isinstance(status, dict) else None
-            for raw in conditions if isinstance(conditions, list) else ():
-                if isinstance(raw, dict) and raw.get("type") == self._type:
-                    try:
-                        return validate(Condition, raw)
-                    except ValidationError:
-                        return None
-        return None
+        return own_condition(item, self._instance)
+
+
+def own_condition(item: TrafficMap | InvalidObject | None, instance: str) -> Condition | None:
+    """The condition `instance` wrote on a map, as the watch cache holds the map."""
+    kind = condition_type(instance)
+    if isinstance(item, TrafficMap):
+        return item.status.condition(kind)
+    if isinstance(item, InvalidObject):
+        # An invalid map still carries our condition: read it, or it would be written on every pass.
+        status = item.raw.get("status")
+        conditions = status.get("conditions") if isinstance(status, dict) else None
+        for raw in conditions if isinstance(conditions, list) else ():
+            if isinstance(raw, dict) and raw.get("type") == kind:
+                try:
+                    return validate(Condition, raw)
+                except ValidationError:
+                    return None
+    return None

@@ -172,10 +172,9 @@ async def test_what_cannot_be_answered_exits_2(kube_api, kubeconfig, capsys, arg
 async def test_an_unusable_cluster_exits_2(kube_api, kubeconfig, tmp_path, capsys):
     code = await asyncio.to_thread(main, ["status", "--kubeconfig", str(tmp_path / "nope")])
     assert code == 2 and "no such file" in capsys.readouterr().err
-    kube_api.refuse(403, verb="list", resource="regionreports")
-    seed(kube_api, "chat")
+    kube_api.refuse(403, verb="list", resource="trafficmaps")
     code, _, err = await status(capsys, kubeconfig)
-    assert code == 2 and "API server: 403" in err and "regionreports" in err
+    assert code == 2 and "API server: 403" in err and "trafficmaps" in err
 
 
 async def test_forget_region_removes_what_a_gone_region_left_in_both_modes(kube_api, kubeconfig, tmp_path, capsys):
@@ -194,3 +193,58 @@ async def test_forget_region_removes_what_a_gone_region_left_in_both_modes(kube_
     assert "gateway-publisher.ome.io/region-1" not in conditions and "gateway-publisher.ome.io/region-0" in conditions
     assert "Routable" in conditions  # OME's own condition stays
     assert sorted(o["region"] for o in kube_api.objects(RR)) == ["region-2", "region-3"]
+
+
+# --- a fleet without the CRD, or without the right to read RegionReports (issue 27, item 13) -------
+
+
+async def test_a_condition_only_fleet_without_the_crd_is_shown_and_forgotten(kube_api, kubeconfig, tmp_path, capsys):
+    kube_api.uninstall("regionreports")  # a supported setup: every region in condition mode
+    seed(kube_api, "chat")
+    for region in ("region-0", "region-1"):
+        await sidecar_pass(kubeconfig, tmp_path, region)
+    code, out, err = await status(capsys, kubeconfig, "chat")
+    assert (code, err) == (0, "") and "published in all 2 regions" in out
+    code, out, err = await status(capsys, kubeconfig, "--forget-region", "region-1")
+    assert (code, err) == (0, "") and "region region-1: deleted 0 RegionReport(s), removed 1 condition(s)" in out
+    code, out, _ = await status(capsys, kubeconfig, "-o", "json")
+    assert code == 0 and set(regions_of(json.loads(out), "chat")) == {"region-0"}
+
+
+async def test_without_the_right_to_read_reports_the_conditions_are_shown_and_one_line_says_so(kube_api, kubeconfig, tmp_path, capsys):
+    seed(kube_api, "chat")
+    await sidecar_pass(kubeconfig, tmp_path, "region-0")
+    kube_api.refuse(403, verb="list", resource="regionreports")
+    code, out, err = await status(capsys, kubeconfig, "chat")
+    assert code == 0 and "published in all 1 regions" in out
+    assert len(err.splitlines()) == 1 and "RegionReports not read (403 Forbidden" in err and "report mode are not shown" in err
+    code, out, _ = await status(capsys, kubeconfig, "-o", "json")
+    assert "403 Forbidden" in json.loads(out)["unread"]
+
+
+async def test_forgetting_a_region_that_left_nothing_is_not_a_success(kube_api, kubeconfig, tmp_path, capsys):
+    seed(kube_api, "chat")
+    await sidecar_pass(kubeconfig, tmp_path, "region-0")
+    await sidecar_pass(kubeconfig, tmp_path, "region-2")
+    code, out, err = await status(capsys, kubeconfig, "--forget-region", "region-9")
+    assert code == 2 and out == ""
+    assert err.splitlines() == ["ome-publisher status: region region-9 left nothing to remove in any namespace: no RegionReport, "
+                                "no condition (regions seen: region-0, region-2)"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        pytest.param(["--forget-region", ""], "--forget-region: '' is not a region name", id="empty"),
+        pytest.param(["--forget-region", "EU_West"], "--forget-region: 'EU_West' is not a region name", id="not-a-dns-label"),
+        pytest.param(["--forget-region", "eu", "chat"], "it takes no NAME", id="with-a-map"),
+        pytest.param(["--forget-region", "eu", "--wait-published", "--timeout", "1s"], "it takes no --wait-published, --timeout", id="with-wait"),
+        pytest.param(["--forget-region", "eu", "--region", "us"], "it takes no --region", id="with-region"),
+        pytest.param(["--forget-region", "eu", "-o", "json"], "it takes no --output", id="with-output"),
+    ],
+)
+async def test_forget_region_refuses_what_it_cannot_mean_with_one_line(kube_api, kubeconfig, capsys, argv, needle):
+    seed(kube_api, "chat")
+    code, out, err = await status(capsys, kubeconfig, *argv)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and needle in err
+    assert kube_api.count("delete") == 0 and kube_api.count("patch") == 0

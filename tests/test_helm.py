@@ -308,23 +308,29 @@ def _source_rules(changes: dict[str, Any]) -> list[dict[str, Any]]:
     return rules
 
 
+# Each mode may also remove what its region left in the other mode (issue 27, item 12): condition
+# mode lists and deletes the region's RegionReports, report mode takes its condition off a map.
+CONDITION_RULE = {"apiGroups": ["ome.io"], "resources": ["trafficmaps/status"], "verbs": ["patch"]}
+REPORT_RULE = {"apiGroups": ["gateway-publisher.ome.io"], "resources": ["regionreports"], "verbs": ["get", "list", "create", "patch", "delete"]}
+LEFTOVER_REPORTS_RULE = {"apiGroups": ["gateway-publisher.ome.io"], "resources": ["regionreports"], "verbs": ["list", "delete"]}
+
+
 @pytest.mark.parametrize(
-    ("changes", "mode", "status_rule"),
+    ("changes", "mode", "status_rules"),
     [
-        ({}, "condition", {"apiGroups": ["ome.io"], "resources": ["trafficmaps/status"], "verbs": ["patch"]}),
-        ({"statusMode": "report"}, "report",
-         {"apiGroups": ["gateway-publisher.ome.io"], "resources": ["regionreports"], "verbs": ["get", "list", "create", "patch", "delete"]}),
-        ({"statusMode": "off"}, "off", None),
-        ({"statusMode": "report", "reportStatus": False}, "off", None),
+        ({}, "condition", [CONDITION_RULE, LEFTOVER_REPORTS_RULE]),
+        ({"statusMode": "report"}, "report", [REPORT_RULE, CONDITION_RULE]),
+        ({"statusMode": "off"}, "off", []),
+        ({"statusMode": "report", "reportStatus": False}, "off", []),
     ],
     ids=["condition", "report", "off", "report-status-false-is-off"],
 )
-def test_the_status_mode_sets_the_flag_and_the_rights(changes: dict[str, Any], mode: str, status_rule: dict[str, Any] | None) -> None:
+def test_the_status_mode_sets_the_flag_and_the_rights(changes: dict[str, Any], mode: str, status_rules: list[dict[str, Any]]) -> None:
     args = _container(_pod(changes), "publisher")["args"]
     assert f"--status-mode={mode}" in args and "--no-report-status" not in args
     rules = _source_rules(_merge(changes, {"controlPlane": {"inCluster": True}, "watch": {"namespaces": ["llm", "team-a"]}}))
     assert rules[0]["resources"] == ["trafficmaps", "inferenceservices"]
-    assert rules[1:] == ([status_rule] if status_rule else [])
+    assert rules[1:] == status_rules
     assert ("regionreports" in _render(changes)["templates/NOTES.txt"]) == (mode == "report")
 
 
@@ -344,7 +350,7 @@ def test_what_the_sink_writes_passes_the_crds_schema() -> None:
     schema = version["schema"]["openAPIV3Schema"]
     assert (version["name"], schema["properties"]["maps"]["x-kubernetes-map-type"]) == (region_report.REGION_REPORTS.version, "atomic")
     entry = {"observedGeneration": 3, "status": "True", "reason": "Published", "message": "m" * region_report.MAX_MESSAGE,
-             "lastTransitionTime": "2026-12-01T12:00:00Z"}
+             "lastTransitionTime": "2026-12-01T12:00:00Z", "uid": "0b6ad5a4-3f0e-4a41-9d8e-6f1c7b2f9e10"}
     written = region_report.report_object("eu-west", "prod", 0, {f"map-{i}": entry for i in range(region_report.SHARD_ENTRIES)})
     checker = jsonschema.Draft7Validator(schema, format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER)
     checker.validate(written)

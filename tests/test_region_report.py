@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from adapters import ADAPTERS
@@ -23,8 +25,8 @@ from publisher.region_report import MAX_MESSAGE, SHARD_ENTRIES, ReportSink, forg
 from publisher.source import KubeSource, Stores, WatchOptions
 from publisher.status import Report
 from tests.builders import make_isvc, make_map
-from tests.fakes.kube_api import FakeKubeAPI
-from tests.gateways import eventually
+from tests.fakes.kube_api import FakeKubeAPI, write_kubeconfig
+from tests.gateways import eventually, free_port
 
 RR = "gateway-publisher.ome.io/v1alpha1/regionreports"
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -310,3 +312,171 @@ async def test_of_two_leader_elected_replicas_only_the_leader_writes_reports(kub
         await eventually(lambda: stored(kube_api)[("prod", "chat")]["observedGeneration"] == 2)
         # The leader wrote the first verdict and the new one; the follower nothing.
         assert leader.writes >= 2 and follower.writes == 0
+
+
+# --- what report mode needs is missing at start (issue 27, item 9) ------------------------------
+
+CRD_MISSING = "the CRD regionreports.gateway-publisher.ome.io is not installed"
+
+
+async def _uninstall(api: FakeKubeAPI) -> None:
+    api.uninstall("regionreports")
+
+
+async def _install(api: FakeKubeAPI) -> None:
+    api.install("regionreports")
+
+
+async def _forbid(api: FakeKubeAPI) -> None:
+    api.refuse(403, resource="regionreports")
+
+
+async def _allow(api: FakeKubeAPI) -> None:
+    api.allow()
+
+
+async def _too_many(api: FakeKubeAPI) -> None:
+    api.fail_next(1, 429, verb="list")
+
+
+async def _internal_error(api: FakeKubeAPI) -> None:
+    api.fail_next(1, 500, verb="list")
+
+
+async def _down(api: FakeKubeAPI) -> None:
+    await api.go_down()
+
+
+async def _back(api: FakeKubeAPI) -> None:
+    await api.come_back()
+
+
+# (break it, heal it (None: it heals itself), what /readyz and the log say meanwhile)
+START_FAULTS = {
+    "crd-not-installed": (_uninstall, _install, [CRD_MISSING, "helm show crds"]),
+    "rbac-without-regionreports": (_forbid, _allow, ["not allowed to read regionreports.gateway-publisher.ome.io", "403 Forbidden"]),
+    "one-429": (_too_many, None, ["429 TooManyRequests"]),
+    "one-500": (_internal_error, None, ["500 InternalError"]),
+    "api-server-not-reachable-yet": (_down, _back, ["cannot read this region's RegionReports", "ClientConnectorError"]),
+}
+
+
+@pytest.mark.parametrize("fault", list(START_FAULTS))
+async def test_report_mode_keeps_serving_the_gateway_when_its_reports_cannot_be_read(kube_api, kubeconfig, tmp_path, caplog, fault):
+    """The reports live on a second fake API server here, so a fault hits them and not the source."""
+    caplog.set_level(logging.INFO, logger="publisher.loop")
+    seed_maps(kube_api, ["chat"])
+    brk, heal, said = START_FAULTS[fault]
+    async with FakeKubeAPI() as reports_api:
+        reports_client = await Kube.connect(write_kubeconfig(tmp_path / "reports-kubeconfig", reports_api.url))
+        client = await Kube.connect(kubeconfig)
+        await brk(reports_api)
+        stores = Stores.empty()
+        sink = ReportSink(reports_client, "eu", known=lambda key: stores.maps.get(key) is not None)
+        out = tmp_path / "out.json"
+        publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)),
+                              LoopOptions(instance="eu", resync=3600, backoff_base=0.05, backoff_cap=0.2), status_sink=sink)
+        source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
+        port = free_port()
+        task = asyncio.create_task(loop.run(publisher, source, kube=client, listen=("127.0.0.1", port)))
+
+        async def readyz() -> tuple[int, str]:
+            async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/readyz") as response:
+                return response.status, await response.text()
+
+        try:
+            # The gateway path does not wait for status.
+            await eventually(lambda: publisher.states.get(MapKey("prod", "chat"), loop.MapState()).state == "published" and out.exists())
+            assert "chat" in out.read_text()
+            if heal is not None:
+                # It says what is missing, in /readyz and once in the log, and retries with backoff.
+                await eventually(lambda: publisher.status_backoff.failures(loop._WHOLE_SINK) >= 3)
+                code, why = await readyz()
+                assert code == 200 and why.startswith("ready; status is not written: ") and all(part in why for part in said), why
+                assert not task.done()
+                await heal(reports_api)
+            await eventually(lambda: ("prod", "chat") in stored(reports_api))
+            await eventually(lambda: publisher.status_problem is None)
+            assert await readyz() == (200, "ready\n")
+            assert not task.done()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await client.close()
+            await reports_client.close()
+    warnings = [r for r in caplog.records if r.getMessage() == "status not written, retrying"]
+    assert len(warnings) == 1 and all(part in warnings[0].__dict__["error"] for part in said)
+    assert any(r.getMessage() == "status writes resumed" for r in caplog.records)
+
+
+async def test_once_in_report_mode_without_the_crd_publishes_and_says_why_no_status(kube_api, kubeconfig, tmp_path, caplog):
+    kube_api.uninstall("regionreports")
+    seed_maps(kube_api, ["chat"])
+    config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, name="eu", status_mode="report")
+    summary = await app.run(config)
+    assert summary is not None and summary.all_published
+    warnings = [r for r in caplog.records if r.getMessage() == "status not written, retrying"]
+    assert len(warnings) == 1 and CRD_MISSING in warnings[0].__dict__["error"]
+
+
+async def test_a_follower_without_the_crd_keeps_serving_and_reads_nothing(kube_api, kubeconfig, tmp_path):
+    """Item 9, followers: another replica holds the Lease; this one never needs the reports."""
+    kube_api.uninstall("regionreports")
+    seed_maps(kube_api, ["chat"])
+    kube_api.create({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "ome-gateway-publisher-eu", "namespace": "prod"},
+        "spec": {"holderIdentity": "replica-a", "leaseDurationSeconds": 3600, "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                 "acquireTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")},
+    })
+    fast = dict(lease_duration=4, renew_deadline=3, retry_period=1)
+    async with sidecar(kubeconfig, tmp_path / "b.json", leader=LeaderOptions("prod", "replica-b", **fast)) as (b, _):
+        await eventually(lambda: b.states.get(MapKey("prod", "chat"), loop.MapState()).state == "published")
+        await eventually(lambda: kube_api.count("get", path="/apis/coordination.k8s.io/v1/namespaces/prod/leases/ome-gateway-publisher-eu") >= 2)
+        assert not b.leading and b.ready() == (True, "ready") and b.status_problem is None
+
+
+async def test_each_mode_removes_what_its_region_left_in_the_other(kube_api, kubeconfig, tmp_path):
+    """Item 12: condition -> report takes the region's condition off; report -> condition deletes its reports."""
+    seed_maps(kube_api, ["chat"])
+    mine = "gateway-publisher.ome.io/eu"
+
+    async def run_in(mode: str) -> None:
+        config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, name="eu", status_mode=mode)
+        summary = await app.run(config)
+        assert summary is not None and summary.all_published
+
+    def conditions() -> set[str]:
+        return {c["type"] for c in kube_api.get(TM, "prod", "chat")["status"]["conditions"]}
+
+    await run_in("condition")
+    assert mine in conditions() and kube_api.objects(RR) == []
+    await run_in("report")
+    assert mine not in conditions() and "Routable" in conditions()  # OME's own condition stays
+    assert set(stored(kube_api)) == {("prod", "chat")}
+    await run_in("condition")
+    assert mine in conditions() and kube_api.objects(RR) == []
+
+
+async def test_a_running_sidecar_repairs_a_report_deleted_or_edited_by_hand_at_its_next_resync(kube_api, kubeconfig, tmp_path):
+    """Item 11: as it repairs the gateway, the resync repairs the region's reports."""
+    seed_maps(kube_api, ["chat"])
+    client = await Kube.connect(kubeconfig)
+    stores = Stores.empty()
+    sink = ReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
+    publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=tmp_path / "out.json")),
+                          LoopOptions(instance="eu", resync=0.5), status_sink=sink)
+    source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
+    task = asyncio.create_task(loop.run(publisher, source, kube=client))
+    try:
+        await eventually(lambda: stored(kube_api).get(("prod", "chat"), {}).get("status") == "True")
+        (report,) = kube_api.objects(RR)
+        report["maps"]["chat"]["status"] = "False"
+        kube_api.update(report)
+        await eventually(lambda: stored(kube_api)[("prod", "chat")]["status"] == "True")
+        kube_api.delete(RR, "prod", report["metadata"]["name"])
+        await eventually(lambda: stored(kube_api).get(("prod", "chat"), {}).get("status") == "True")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.close()

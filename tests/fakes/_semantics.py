@@ -498,7 +498,7 @@ def validate_httproute(obj: Mapping[str, Any]) -> None:
 
 
 _REGION_REPORT_FIELDS = frozenset({"apiVersion", "kind", "metadata", "region", "maps"})
-_VERDICT_FIELDS = frozenset({"observedGeneration", "status", "reason", "message", "lastTransitionTime"})
+_VERDICT_FIELDS = frozenset({"observedGeneration", "status", "reason", "message", "lastTransitionTime", "uid"})
 
 
 def validate_region_report(obj: Mapping[str, Any]) -> None:

@@ -59,6 +59,9 @@ Promises, each tested in tests/fakes/test_kube_api.py:
    an RBAC rule (403 Forbidden naming the user, verb, resource, group and scope) until `allow()`.
    `await go_down()` cuts every connection and refuses new ones (an outage; the store is kept) and
    `await come_back()` answers again on the same URL; `await restart()` is both.
+   `uninstall(plural)` removes a custom resource's CRD as `kubectl delete crd` does: its objects
+   are deleted (DELETED events), discovery no longer lists it, and every request for it answers 404
+   NotFound "the server could not find the requested resource" until `install(plural)`.
 9. Leases with optimistic concurrency, enough for kubernetes_asyncio.leaderelection's LeaseLock
    (read_namespaced_lease, create_namespaced_lease, replace_namespaced_lease) and for
    publisher.kube.LeaseLock (GET; POST answering 409 AlreadyExists to the second creator; PUT
@@ -254,6 +257,7 @@ class FakeKubeAPI:
         self._failures: list[tuple[int, str | None]] = []
         self._raw_answers: list[tuple[bytes, str | None]] = []
         self._refusals: list[tuple[int, str | None, str | None]] = []
+        self._uninstalled: set[str] = set()  # plurals whose CRD is not installed
         self._port = 0
         self._runner: web.AppRunner | None = None
         self.in_flight = 0  # requests being answered (open watches included)
@@ -385,6 +389,19 @@ class FakeKubeAPI:
         """Undo every `refuse()`."""
         self._refusals.clear()
 
+    def uninstall(self, plural: str) -> None:
+        """The CRD of `plural` is deleted: its objects go, and the API answers 404 for it."""
+        resource = next(r for r in RESOURCES if r.plural == plural)
+        if resource.builtin:
+            raise ValueError("only a custom resource's CRD can be uninstalled")
+        for namespace, name in list(self._store[resource.key]):
+            self._delete(resource, namespace, name)
+        self._uninstalled.add(plural)
+
+    def install(self, plural: str) -> None:
+        """The CRD of `plural` is installed (again): the API serves it, with no objects."""
+        self._uninstalled.discard(plural)
+
     def _refusal(self, verb: str, route: tuple[Any, ...]) -> ApiError | None:
         if route[0] == "discovery":
             return None
@@ -495,7 +512,7 @@ class FakeKubeAPI:
         if parts == ["api"]:
             return ("discovery", {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
         if parts == ["apis"]:
-            groups = sorted({r.group for r in RESOURCES if r.group})
+            groups = sorted({r.group for r in RESOURCES if r.group and r.plural not in self._uninstalled})
             versions = {r.group: r.version for r in RESOURCES}
             return (
                 "discovery",
@@ -513,7 +530,7 @@ class FakeKubeAPI:
                 },
             )
         if (parts[:1] == ["api"] and len(parts) == 2) or (parts[:1] == ["apis"] and len(parts) == 3):
-            resource_list = api_resource_list("/".join(parts[1:]))
+            resource_list = api_resource_list("/".join(parts[1:]), frozenset(self._uninstalled))
             if resource_list is not None:
                 return ("discovery", resource_list)
         if parts[:2] == ["api", "v1"]:
@@ -528,7 +545,7 @@ class FakeKubeAPI:
         if not rest or len(rest) > 3 or (namespace is None and len(rest) > 1):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         resource = _BY_KEY.get(f"{api_version}/{rest[0]}")
-        if resource is None:
+        if resource is None or resource.plural in self._uninstalled:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if len(rest) >= 2:
             name = rest[1]
@@ -1018,10 +1035,10 @@ _SHORT_NAMES = {"trafficmaps": ["tm"], "inferenceservices": ["isvc"], "services"
 _VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 
 
-def api_resource_list(group_version: str) -> dict[str, Any] | None:
+def api_resource_list(group_version: str, uninstalled: frozenset[str] = frozenset()) -> dict[str, Any] | None:
     """The discovery document of one group version (`v1`, `ome.io/v1beta1`), or None when the fake
-    serves no resource of it."""
-    served = [r for r in RESOURCES if r.api_version == group_version]
+    serves no resource of it (`uninstalled`: plurals whose CRD is not installed)."""
+    served = [r for r in RESOURCES if r.api_version == group_version and r.plural not in uninstalled]
     if not served:
         return None
     resources: list[dict[str, Any]] = []

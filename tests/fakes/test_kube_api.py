@@ -724,6 +724,40 @@ async def test_go_down_refuses_connections_and_come_back_keeps_the_store(kube_ap
     assert (await call(http, "GET", map_path()))[0] == 200
 
 
+async def test_an_uninstalled_crd_deletes_its_objects_and_answers_404_until_installed(kube_api: FakeKubeAPI, http: aiohttp.ClientSession) -> None:  # noqa: F811
+    reports = "/apis/gateway-publisher.ome.io/v1alpha1"
+    report = {"apiVersion": "gateway-publisher.ome.io/v1alpha1", "kind": "RegionReport",
+              "metadata": {"name": "eu-0", "namespace": "default"}, "region": "eu", "maps": {}}
+    assert (await call(http, "POST", f"{reports}/namespaces/default/regionreports", report))[0] == 201
+    kube_api.uninstall("regionreports")
+    assert kube_api.objects("gateway-publisher.ome.io/v1alpha1/regionreports") == []
+    for method, path, body in (("GET", f"{reports}/regionreports", None), ("GET", f"{reports}/namespaces/default/regionreports", None),
+                               ("GET", f"{reports}/namespaces/default/regionreports/eu-0", None),
+                               ("POST", f"{reports}/namespaces/default/regionreports", report)):
+        code, answer = await call(http, method, path, body)
+        assert code == 404
+        assert_status(answer, 404, "NotFound")
+        assert answer["message"] == "the server could not find the requested resource"
+    code, groups = await call(http, "GET", "/apis")
+    assert "gateway-publisher.ome.io" not in {g["name"] for g in groups["groups"]}
+    assert (await call(http, "GET", reports))[0] == 404
+    assert (await call(http, "GET", f"{TM}/trafficmaps"))[0] == 200  # other resources are served
+    kube_api.install("regionreports")
+    code, listed = await call(http, "GET", f"{reports}/regionreports")
+    assert code == 200 and listed["items"] == []
+    assert (await call(http, "POST", f"{reports}/namespaces/default/regionreports", report))[0] == 201
+    with pytest.raises(ValueError):
+        kube_api.uninstall("leases")
+
+
+async def test_fail_next_answers_429_as_too_many_requests(kube_api: FakeKubeAPI, http: aiohttp.ClientSession) -> None:  # noqa: F811
+    kube_api.fail_next(1, status=429, verb="list")
+    code, body = await call(http, "GET", f"{TM}/trafficmaps")
+    assert code == 429
+    assert_status(body, 429, "TooManyRequests")
+    assert (await call(http, "GET", f"{TM}/trafficmaps"))[0] == 200
+
+
 async def test_latency_delays_replies(kube_api: FakeKubeAPI) -> None:  # noqa: F811
     kube_api.set_latency(1)
     async with aiohttp.ClientSession(base_url=kube_api.url, timeout=aiohttp.ClientTimeout(total=0.1)) as slow:

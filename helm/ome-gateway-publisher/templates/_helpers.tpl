@@ -96,14 +96,21 @@ JSON adapter) on the gateway-config volume; "" when it pushes (xDS, Lua) or writ
 - apiGroups: ["ome.io"]
   resources: ["trafficmaps", "inferenceservices"]
   verbs: ["get", "list", "watch"]
+{{- /* Each mode also removes what the region left in the other: its RegionReports, its condition. */}}
 {{- if eq $status "condition" }}
 - apiGroups: ["ome.io"]
   resources: ["trafficmaps/status"]
   verbs: ["patch"]
+- apiGroups: ["gateway-publisher.ome.io"]
+  resources: ["regionreports"]
+  verbs: ["list", "delete"]
 {{- else if eq $status "report" }}
 - apiGroups: ["gateway-publisher.ome.io"]
   resources: ["regionreports"]
   verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: ["ome.io"]
+  resources: ["trafficmaps/status"]
+  verbs: ["patch"]
 {{- end }}
 {{- end }}
 
