@@ -8,7 +8,7 @@ Envoy's CPU per report interval with reports on against a second Envoy run with 
 
 NGINX (Lua mode): Debian's NGINX with the `nginx-config` snippet, N maps in its table: the time
 one full read of every map's counters takes (pages of `LuaRequestCounts.page_backends` counters) and the
-NGINX workers' CPU it costs; and NGINX's CPU per request with the log-phase counter against
+NGINX workers' CPU it costs; and NGINX's CPU per request with the counter (counted at the pick) against
 `nginx-config --counts-dict-size off`, over the same requests. Everything is stopped at the end.
 
 The judge step (in-process, no gateway): `SplitVerifier.fold` of one read in which every one of the
