@@ -44,8 +44,9 @@ from adapters.base import (
     publication_problem,
     write_atomic,
 )
-from adapters.json_file import from_json as route_from_json
-from adapters.json_file import to_json as route_json
+from adapters.envoy_names import cluster_name
+from adapters.route_json import from_json as route_from_json
+from adapters.route_json import to_json as route_json
 from adapters.timeouts import (
     DEFAULT_ROUTE_IDLE_TIMEOUT,
     DEFAULT_ROUTE_TIMEOUT,
@@ -178,19 +179,6 @@ _DEFAULT_CA: Path = EnvoyOptions.model_fields["envoy_ca_file"].default
 
 
 # --- Pure: validation, rendering, read-back ----------------------------------------------------------
-
-
-def cluster_name(key: MapKey, cluster: str) -> str:
-    """The Envoy cluster for one map entry: stable, and unique because `|` is in no DNS name."""
-    return f"ome|{key.namespace}|{key.name}|{cluster}"
-
-
-def parse_cluster_name(name: str) -> tuple[MapKey, str] | None:
-    """The map and backend cluster a `cluster_name` names; None for any other cluster."""
-    parts = name.split("|")
-    if len(parts) != 4 or parts[0] != "ome":
-        return None
-    return MapKey(parts[1], parts[2]), parts[3]
 
 
 def _virtual_host_name(key: MapKey) -> str:

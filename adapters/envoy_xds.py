@@ -24,10 +24,10 @@ import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from adapters.base import NotConnected, Unavailable, WriteResult
-from adapters.envoy_lrs import SERVER_OPTIONS as _SERVER_OPTIONS
-from adapters.envoy_lrs import LoadReports, add_port, instance_label
+from adapters.envoy_lrs import LoadReports
 from adapters.envoy_resources import ROUTE_TYPE, MapResources, XdsRenderer, map_name
 from adapters.envoy_xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, plan, served_by_most
+from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label
 from publisher.model import MapKey, Route
 
 log = logging.getLogger(__name__)
@@ -334,7 +334,7 @@ class XdsTransport:
     async def serve(self) -> None:
         """Listen on the xDS address and serve Envoys until cancelled. An address another process
         holds raises OSError naming --envoy-xds-listen, as `--listen` is named for the HTTP server."""
-        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        server = grpc.aio.server(options=SERVER_OPTIONS)
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(_Servicer(self), server)
         self.request_counter.add_to(server)
         self.port = add_port(server, self._listen, "--envoy-xds-listen")

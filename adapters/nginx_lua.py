@@ -30,7 +30,8 @@ from typing import Any
 import aiohttp
 
 from adapters.base import CountReport, NotConnected, Rejected, Unavailable, WriteResult, in_words
-from adapters.nginx import NginxOptions
+from adapters.listen import check_nginx_listen
+from adapters.nginx_options import NginxOptions
 from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, MAX_ROUTE_TIMEOUT, unit_duration
 from publisher.model import Backend, MapKey, Route, parse_endpoint
 
@@ -205,10 +206,8 @@ def http_snippet(
     NGINX sees it: `copy_lua_modules`). `idle_timeout` (adapters.timeouts) bounds the wait between
     two reads or writes of a backend; there is no total deadline. Raises ValueError on a value
     NGINX would read as syntax."""
-    from adapters.nginx import _check_listen
-
-    _check_listen(listen)
-    _check_listen(control_listen)
+    check_nginx_listen(listen)
+    check_nginx_listen(control_listen)
     for size in (shared_dict_size, counts_dict_size):
         if size is not None and not _SIZE.fullmatch(size):
             raise ValueError(f"{size!r} is not an NGINX size from 32k to 1024m, such as 32m")

@@ -544,13 +544,13 @@ class XdsTap(Detector):
         from envoy.service.discovery.v3 import discovery_pb2
 
         from adapters.envoy_resources import ROUTE_TYPE
-        from adapters.envoy_xds import _SERVER_OPTIONS
+        from adapters.grpc_server import SERVER_OPTIONS
 
         # Each stream's channel connects at once, as Envoy does when it retries: channels sharing
         # gRPC's global subchannel pool waited out its reconnect backoff (1 s, then 1.6x) after
         # the sidecar was down, so an Envoy reached a just-started sidecar up to 1.8 s late.
         self.grpc, self.upstream = grpc, upstream
-        self.options = [*_SERVER_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+        self.options = [*SERVER_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
         self.route_pb2, self.discovery_pb2, self.route_type = route_pb2, discovery_pb2, ROUTE_TYPE
         self.acked: dict[int, int] = {}  # since the last read()
         self.acked_at: dict[int, float] = {}  # map index -> wall time its latest weight was ACKed
@@ -560,7 +560,7 @@ class XdsTap(Detector):
         # the rest of first sent to last ACKed is the sidecar's).
         self.timeline: dict[str, list[float]] = {}
         self.round_trips: list[float] = []  # one map's route response: forwarded to Envoy -> its ACK here
-        self.server = grpc.aio.server(options=_SERVER_OPTIONS)
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
         handler = grpc.stream_stream_rpc_method_handler(self._relay)  # no (de)serializers: bytes pass as they are
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
             "envoy.service.discovery.v3.AggregatedDiscoveryService", {"DeltaAggregatedResources": handler})])

@@ -17,8 +17,9 @@ import yaml
 from envoy.config.endpoint.v3 import load_report_pb2
 
 from adapters.base import CountReport, RequestCounter
-from adapters.envoy import CDS_FILE, RDS_FILE, EnvoyOptions, bootstrap, build_files, cluster_name, parse_cluster_name, render, run_envoy, xds_bootstrap
+from adapters.envoy import CDS_FILE, RDS_FILE, EnvoyOptions, bootstrap, build_files, cluster_name, render, run_envoy, xds_bootstrap
 from adapters.envoy_lrs import LoadReportServer, LoadReports, fold_clusters
+from adapters.envoy_names import parse_cluster_name
 from adapters.envoy_xds import XdsTransport
 from publisher.model import MapKey
 from publisher.split import MIN_REQUESTS, SplitWindows
