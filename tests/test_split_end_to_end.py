@@ -21,7 +21,7 @@ from prometheus_client import generate_latest
 
 from adapters import ADAPTERS
 from adapters.envoy import CDS_FILE, RDS_FILE, EnvoyOptions, bootstrap, render, run_envoy
-from adapters.nginx_lua import LuaRenderer
+from adapters.nginx.lua import LuaRenderer
 from publisher import demo, loop, metrics
 from publisher.loop import LoopOptions, Publisher
 from publisher.manifests import parse_manifests

@@ -1,4 +1,4 @@
-"""NGINX Lua mode's request counts (adapters/nginx_lua/ome_counts.lua, LuaRequestCounts): real NGINX
+"""NGINX Lua mode's request counts (adapters/nginx/lua_modules/ome_counts.lua, LuaRequestCounts): real NGINX
 counts each request per map backend when it picks the backend; the sidecar reads deltas page by
 page, and a restart (the instance's count) or a counter that went down (its map's count) starts
 over instead of being misjudged."""
@@ -16,7 +16,7 @@ import pytest
 
 from adapters.base import CountReport
 from adapters.nginx import NginxOptions
-from adapters.nginx_lua import LuaRenderer, LuaRequestCounts, LuaTransport
+from adapters.nginx.lua import LuaRenderer, LuaRequestCounts, LuaTransport
 from publisher.model import MapKey
 from publisher.split import MIN_REQUESTS, SplitWindows
 from tests.adapters.test_nginx_lua import HOST, KEY, _scraped_table_series, lua_nginx, route

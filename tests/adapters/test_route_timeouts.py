@@ -33,9 +33,9 @@ from adapters.envoy import build as envoy_build
 from adapters.envoy_resources import XdsRenderer
 from adapters.httproute import HttpRouteOptions, HttpRouteRenderer, render_route
 from adapters.nginx import NginxOptions
-from adapters.nginx import read_back
-from adapters.nginx import render as nginx_render
-from adapters.nginx_lua import http_snippet
+from adapters.nginx.reload import read_back
+from adapters.nginx.reload import render as nginx_render
+from adapters.nginx.lua import http_snippet
 from adapters.timeouts import envoy_duration, unit_duration
 from publisher import config
 from publisher.cli import main

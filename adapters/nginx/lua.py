@@ -1,7 +1,7 @@
 """NGINX in Lua mode: weights pushed into a running NGINX over its control listener, no reloads.
 
 Owns: the pure renderer (a map -> `LuaPart`), the `http {}` snippet that loads the shipped Lua
-modules (adapters/nginx_lua/*.lua), and `LuaTransport`: resolving endpoint names to IPs, pushing
+modules (adapters/nginx/lua_modules/*.lua), and `LuaTransport`: resolving endpoint names to IPs, pushing
 changed maps as one batch, confirming each by the boot id, version and checksum NGINX answers, and
 re-pushing its confirmed table when NGINX restarts (a new boot id). It writes no file, runs no
 `nginx -t` and never reloads. It must not decide anything about maps: the engine does.
@@ -31,13 +31,14 @@ import aiohttp
 
 from adapters.base import CountReport, NotConnected, Rejected, Unavailable, WriteResult, in_words
 from adapters.listen import check_nginx_listen
-from adapters.nginx_options import NginxOptions
+from adapters.nginx.options import NginxOptions
 from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, MAX_ROUTE_TIMEOUT, unit_duration
 from publisher.model import Backend, MapKey, Route, parse_endpoint
 
-log = logging.getLogger(__name__)
+# The name it had before the move into adapters/nginx/: log filters keep working.
+log = logging.getLogger("adapters.nginx_lua")
 
-LUA_DIR = Path(__file__).with_name("nginx_lua")
+LUA_DIR = Path(__file__).with_name("lua_modules")
 # The modules Debian's libnginx-mod-http-lua installs; load_module belongs in the main nginx.conf,
 # outside http {} (Debian's package already adds them under /etc/nginx/modules-enabled/).
 LOAD_MODULES = ("modules/ndk_http_module.so", "modules/ngx_http_lua_module.so")

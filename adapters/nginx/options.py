@@ -1,4 +1,4 @@
-"""The NGINX adapter's options, both modes' (reload: adapters.nginx; Lua: adapters.nginx_lua)."""
+"""The NGINX adapter's options, both modes' (reload: adapters.nginx.reload; Lua: adapters.nginx.lua)."""
 
 from __future__ import annotations
 

@@ -30,19 +30,20 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
 
 from adapters.base import Rejected, Unavailable, WriteResult, duplicate_hostname, in_words, publication_problem, write_atomic
 from adapters.listen import check_nginx_listen
-from adapters.nginx_options import VERSION_PATH, NginxOptions
+from adapters.nginx.options import VERSION_PATH, NginxOptions
 from adapters.route_json import from_json as route_from_json
 from adapters.route_json import to_json as route_json
 from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, unit_duration
 from publisher.model import MapKey, Publication, Route, parse_endpoint
 
-log = logging.getLogger(__name__)
+# The name it had before the move into adapters/nginx/: log filters keep working.
+log = logging.getLogger("adapters.nginx")
 
 ROUTE_PREFIX = "# ome-route "
 # Files written before routes left provenance out carry the whole Publication; still read back.
@@ -620,13 +621,3 @@ def build_reload(options: NginxOptions) -> tuple[NginxRenderer, NginxFileTranspo
     """Reload mode's renderer and transport for the engine."""
     renderer = NginxRenderer(listen=options.nginx_listen, rewrite_host=options.rewrite_host, idle_timeout=options.route_idle_timeout)
     return renderer, NginxFileTransport(options)
-
-
-def build(options: NginxOptions) -> tuple[Any, Any]:
-    """The renderer and transport for options.nginx_mode: Lua mode lives in adapters.nginx_lua,
-    reload mode here."""
-    if options.nginx_mode == "lua":
-        from adapters.nginx_lua import build as build_lua
-
-        return build_lua(options)
-    return build_reload(options)
