@@ -359,7 +359,7 @@ async def run(seed: int) -> Sim:
     gateways: dict[str, ModelGateway] = {"nginx": nginx, "envoy": envoy}
     transport = LuaTransport(NginxOptions(nginx_secret_file=Path("/nonexistent/secret")))
     renderer = LuaRenderer()
-    transport._exchange = nginx.answer  # type: ignore[method-assign]
+    transport.exchange = nginx.answer  # type: ignore[method-assign]
     lua_counts = transport.request_counter
     lua_counts.page_pause = 0.0
     lua_counts.clock = clock
