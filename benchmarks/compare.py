@@ -543,7 +543,7 @@ class XdsTap(Detector):
         from envoy.config.route.v3 import route_pb2
         from envoy.service.discovery.v3 import discovery_pb2
 
-        from adapters.envoy_resources import ROUTE_TYPE
+        from adapters.envoy.resources import ROUTE_TYPE
         from adapters.grpc_server import SERVER_OPTIONS
 
         # Each stream's channel connects at once, as Envoy does when it retries: channels sharing
@@ -935,7 +935,7 @@ async def start_json_dir(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched
 
 async def _envoy(ctx: Ctx, stack: contextlib.AsyncExitStack, bootstrap_args: list[str], sidecar_args: list[str], admin: int,
                  detector: Callable[[str], Detector]) -> Launched:
-    from adapters.envoy import envoy_binary
+    from adapters.envoy.files import envoy_binary
 
     binary = envoy_binary()
     if binary is None:
@@ -962,7 +962,7 @@ async def _envoy(ctx: Ctx, stack: contextlib.AsyncExitStack, bootstrap_args: lis
 
 
 async def start_envoy(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
-    from adapters.envoy import CDS_FILE, RDS_FILE, render
+    from adapters.envoy.files import CDS_FILE, RDS_FILE, render
 
     directory = ctx.work / "envoy"
     directory.mkdir()

@@ -131,7 +131,7 @@ def start(adapter: str, *, source: Literal["kube", "dir"] = "kube", reloads: boo
 
 @runtime_checkable
 class EnvoyFleet(Protocol):
-    """A gateway with Envoys connected to it (adapters.envoy_xds.XdsTransport): its `envoys()`
+    """A gateway with Envoys connected to it (adapters.envoy.xds.XdsTransport): its `envoys()`
     are statuses with name (the `envoy` label), node, peer, nacks (by resource kind), unacked_since
     (monotonic) and sent; `served(key)` says which version of a map each Envoy serves (for /debug/maps)."""
 

@@ -50,8 +50,8 @@ import pytest
 from envoy.config.endpoint.v3 import load_report_pb2
 from envoy.service.load_stats.v3 import lrs_pb2
 
-from adapters.envoy import cluster_name
-from adapters.envoy_lrs import LoadReports
+from adapters.envoy.files import cluster_name
+from adapters.envoy.lrs import LoadReports
 from adapters.nginx import NginxOptions
 from adapters.nginx.lua import LuaRenderer, LuaTransport
 from publisher.model import Backend, MapKey, Route

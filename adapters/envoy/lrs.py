@@ -30,13 +30,14 @@ from envoy.service.load_stats.v3 import lrs_pb2, lrs_pb2_grpc
 from google.protobuf import duration_pb2
 
 from adapters.base import CountReport
-from adapters.envoy_names import parse_cluster_name
+from adapters.envoy.names import parse_cluster_name
 from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label, peer_address
 from publisher.model import MapKey
 
 __all__ = ["LoadReportServer", "LoadReports", "fold_clusters"]
 
-log = logging.getLogger(__name__)
+# The name it had before the move into adapters/envoy/: log filters keep working.
+log = logging.getLogger("adapters.envoy_lrs")
 
 Counts = dict[MapKey, dict[str, int]]
 

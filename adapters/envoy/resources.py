@@ -1,4 +1,4 @@
-"""Pure: one map as typed Envoy xDS resources, for the gRPC transport in adapters.envoy_xds.
+"""Pure: one map as typed Envoy xDS resources, for the gRPC transport in adapters.envoy.xds.
 
 Owns the shape of what the sidecar sends Envoy over delta ADS: per map, its clusters
 `ome|<ns>|<name>|<cluster>`, a ScopedRouteConfiguration keyed on the hostname and a
@@ -23,7 +23,7 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import any_pb2, wrappers_pb2
 
 from adapters.base import envoy_weight_sum_problem, publication_problem
-from adapters.envoy_names import cluster_name
+from adapters.envoy.names import cluster_name
 from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, DEFAULT_ROUTE_TIMEOUT
 from publisher.model import Backend, MapKey, Publication, Route, is_canonical_ipv4, parse_endpoint
 
