@@ -1,12 +1,14 @@
-"""Gateway adapters: one module per gateway, a pure renderer plus a transport, run by the engine.
+"""Gateway adapters: one module or package per gateway, a pure renderer plus a transport, run by the engine.
 
 `ADAPTERS` maps an adapter name to the module holding its options model and its
 `build(options) -> (renderer, transport)`; it is the only list of adapters (the CLI's `--adapter`
 choices, the options the CLI offers and the Helm values schema follow it). A module is imported
 only when its adapter is chosen, so importing `adapters.base` stays cheap.
 
-Adding a gateway: a module with an options model (pydantic, each field prefixed with the
-adapter's name and described), a Renderer, a Transport and `build`; then one line here.
+Adding a gateway: a module (or a package, as adapters/envoy/ and adapters/nginx/) with an options
+model (pydantic, each field prefixed with the adapter's name and described), a Renderer, a
+Transport and `build`; then one line here. What two gateways share is a module of its own (listen, grpc_server,
+route_json), never imported from another gateway (pyproject.toml's import contracts).
 """
 
 from __future__ import annotations

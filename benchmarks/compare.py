@@ -543,14 +543,14 @@ class XdsTap(Detector):
         from envoy.config.route.v3 import route_pb2
         from envoy.service.discovery.v3 import discovery_pb2
 
-        from adapters.envoy_resources import ROUTE_TYPE
-        from adapters.envoy_xds import _SERVER_OPTIONS
+        from adapters.envoy.resources import ROUTE_TYPE
+        from adapters.grpc_server import SERVER_OPTIONS
 
         # Each stream's channel connects at once, as Envoy does when it retries: channels sharing
         # gRPC's global subchannel pool waited out its reconnect backoff (1 s, then 1.6x) after
         # the sidecar was down, so an Envoy reached a just-started sidecar up to 1.8 s late.
         self.grpc, self.upstream = grpc, upstream
-        self.options = [*_SERVER_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+        self.options = [*SERVER_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
         self.route_pb2, self.discovery_pb2, self.route_type = route_pb2, discovery_pb2, ROUTE_TYPE
         self.acked: dict[int, int] = {}  # since the last read()
         self.acked_at: dict[int, float] = {}  # map index -> wall time its latest weight was ACKed
@@ -560,7 +560,7 @@ class XdsTap(Detector):
         # the rest of first sent to last ACKed is the sidecar's).
         self.timeline: dict[str, list[float]] = {}
         self.round_trips: list[float] = []  # one map's route response: forwarded to Envoy -> its ACK here
-        self.server = grpc.aio.server(options=_SERVER_OPTIONS)
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
         handler = grpc.stream_stream_rpc_method_handler(self._relay)  # no (de)serializers: bytes pass as they are
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
             "envoy.service.discovery.v3.AggregatedDiscoveryService", {"DeltaAggregatedResources": handler})])
@@ -935,7 +935,7 @@ async def start_json_dir(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched
 
 async def _envoy(ctx: Ctx, stack: contextlib.AsyncExitStack, bootstrap_args: list[str], sidecar_args: list[str], admin: int,
                  detector: Callable[[str], Detector]) -> Launched:
-    from adapters.envoy import envoy_binary
+    from adapters.envoy.files import envoy_binary
 
     binary = envoy_binary()
     if binary is None:
@@ -962,7 +962,7 @@ async def _envoy(ctx: Ctx, stack: contextlib.AsyncExitStack, bootstrap_args: lis
 
 
 async def start_envoy(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
-    from adapters.envoy import CDS_FILE, RDS_FILE, render
+    from adapters.envoy.files import CDS_FILE, RDS_FILE, render
 
     directory = ctx.work / "envoy"
     directory.mkdir()
@@ -1023,7 +1023,8 @@ async def _nginx(ctx: Ctx, stack: contextlib.AsyncExitStack, conf: Path, extra: 
 
 
 async def start_nginx(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
-    from adapters.nginx import VERSION_PATH, render
+    from adapters.nginx import VERSION_PATH
+    from adapters.nginx.reload import render
 
     conf = ctx.work / "nginx" / "ome-gateway-publisher.conf"
     conf.parent.mkdir(parents=True)
@@ -1048,7 +1049,7 @@ async def start_nginx_lua(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launche
     conf = ctx.work / "nginx" / "ome-gateway-publisher.conf"
     conf.parent.mkdir(parents=True)
     conf.write_text(result.stdout)
-    from adapters.nginx_lua import LOAD_MODULES
+    from adapters.nginx.lua import LOAD_MODULES
 
     # Debian's module paths, absolute: `-p` would make the relative ones the snippet names ours.
     modules = "".join(f"load_module {NGINX_LIB}/{module};\n" for module in LOAD_MODULES)

@@ -707,7 +707,7 @@ def _add_envoy_bootstrap(parser: argparse.ArgumentParser) -> None:
 
 
 def _envoy_bootstrap(args: argparse.Namespace) -> int:
-    from adapters.envoy import bootstrap, xds_bootstrap
+    from adapters.envoy.files import bootstrap, xds_bootstrap
 
     try:
         listen_host, listen_port = split_host_port(args.listen)
@@ -794,7 +794,7 @@ def _route_idle_timeout(value: str) -> float:
 
 
 def _nginx_config(args: argparse.Namespace) -> int:
-    from adapters.nginx_lua import LOAD_MODULES, LUA_DIR, copy_lua_modules, http_snippet, secret_problem
+    from adapters.nginx.lua import LOAD_MODULES, LUA_DIR, copy_lua_modules, http_snippet, secret_problem
 
     if args.load_modules:
         print("".join(f"load_module {module};\n" for module in LOAD_MODULES), end="")
@@ -844,7 +844,7 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from adapters.envoy import EnvoyStartError
+    from adapters.envoy.files import EnvoyStartError
     from publisher.demo import run_demo
 
     if args.requests < 100:

@@ -30,7 +30,8 @@ from aiohttp import web
 
 from adapters.base import RequestCounter, write_atomic
 from adapters import ADAPTERS
-from adapters.envoy import EnvoyOptions, envoy_binary, run_envoy, xds_bootstrap
+from adapters.envoy import EnvoyOptions
+from adapters.envoy.files import envoy_binary, run_envoy, xds_bootstrap
 from publisher import loop, weights
 from publisher.loop import LoopOptions, Publisher
 from publisher.manifests import parse_manifests

@@ -15,7 +15,7 @@ from typing import Any
 
 from publisher import region_report, status
 from publisher.kube import TRAFFIC_MAPS, Kube, KubeError
-from publisher.model import MapKey
+from publisher.model import CONDITION_PREFIX, MapKey, condition_type
 from publisher.region_report import Verdict
 
 # Lists of this many maps a page, as the source reads them.
@@ -95,9 +95,9 @@ def fleet_view(
         conditions = (raw.get("status") or {}).get("conditions") or []
         for condition in conditions if isinstance(conditions, list) else ():
             kind = condition.get("type") if isinstance(condition, dict) else None
-            if not isinstance(kind, str) or not kind.startswith(status.CONDITION_PREFIX):
+            if not isinstance(kind, str) or not kind.startswith(CONDITION_PREFIX):
                 continue
-            region = kind[len(status.CONDITION_PREFIX):]
+            region = kind[len(CONDITION_PREFIX):]
             verdict = region_report.parse_entry(region, condition, mode="condition")
             if verdict is not None:
                 known_regions.add(region)
@@ -183,11 +183,11 @@ async def forget_region(kube: Kube, region: str, namespaces: tuple[str, ...] = (
         reports = await region_report.forget_region(kube, region, namespaces)
     except KubeError as exc:
         reports, unread = 0, _not_read(exc)
-    condition_type = status.condition_type(region)
+    own_type = condition_type(region)
     removed = 0
     for raw in await _list_maps(kube, namespaces):
         conditions = (raw.get("status") or {}).get("conditions") or []
-        if not any(isinstance(c, dict) and c.get("type") == condition_type for c in conditions):
+        if not any(isinstance(c, dict) and c.get("type") == own_type for c in conditions):
             continue
         metadata = raw["metadata"]
         if await status.remove_condition(kube, MapKey(metadata.get("namespace", "default"), metadata["name"]), region):

@@ -131,7 +131,7 @@ def start(adapter: str, *, source: Literal["kube", "dir"] = "kube", reloads: boo
 
 @runtime_checkable
 class EnvoyFleet(Protocol):
-    """A gateway with Envoys connected to it (adapters.envoy_xds.XdsTransport): its `envoys()`
+    """A gateway with Envoys connected to it (adapters.envoy.xds.XdsTransport): its `envoys()`
     are statuses with name (the `envoy` label), node, peer, nacks (by resource kind), unacked_since
     (monotonic) and sent; `served(key)` says which version of a map each Envoy serves (for /debug/maps)."""
 
@@ -180,14 +180,14 @@ def watch_envoys(fleet: EnvoyFleet | None) -> None:
 
 # --- the NGINX Lua table ---------------------------------------------------------------------------
 
-# The reasons adapters.nginx_lua.LuaTransport counts a failure under: each exported from 0, so a
+# The reasons adapters.nginx.lua.LuaTransport counts a failure under: each exported from 0, so a
 # first failure is an increase.
 NGINX_TABLE_FAILURE_REASONS = ("invalid", "table_full", "unreachable", "unauthorized", "unconfirmed", "resolve")
 
 
 @runtime_checkable
 class NginxTableStats(Protocol):
-    """What the Lua transport counts (adapters.nginx_lua.LuaStats); bytes are None until NGINX answered."""
+    """What the Lua transport counts (adapters.nginx.lua.LuaStats); bytes are None until NGINX answered."""
 
     pushes: int
     failures: Mapping[str, int]

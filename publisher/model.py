@@ -405,6 +405,15 @@ class ObjectMeta:
         return MapKey(self.namespace, self.name)
 
 
+# Each region's condition on a TrafficMap has the type CONDITION_PREFIX + region (the status
+# writer sets its own; the source and the fleet view read the other regions').
+CONDITION_PREFIX = "gateway-publisher.ome.io/"
+
+
+def condition_type(instance: str) -> str:
+    return CONDITION_PREFIX + instance
+
+
 @_input
 class Condition:
     """A metav1.Condition as it appears on the map."""

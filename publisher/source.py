@@ -30,19 +30,20 @@ from publisher import metrics
 from publisher.kube import INFERENCE_SERVICES, TRAFFIC_MAPS, Kube, KubeError, Resource, decode_json
 from publisher.manifests import ManifestError, read_manifests
 from publisher.model import (
+    CONDITION_PREFIX,
     INFERENCE_SERVICE_KIND,
     TRAFFIC_MAP_KIND,
     InferenceService,
     InvalidObject,
     MapKey,
     TrafficMap,
+    condition_type,
     describe_validation_error,
     object_key,
     parse_traffic_map,
     validate,
 )
 from publisher.retry import ReconnectBackoff
-from publisher.status import CONDITION_PREFIX, condition_type
 
 log = logging.getLogger(__name__)
 

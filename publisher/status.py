@@ -22,22 +22,17 @@ from pydantic import ValidationError
 
 from publisher import metrics
 from publisher.kube import TRAFFIC_MAPS, Kube, KubeError
-from publisher.model import API_VERSION, TRAFFIC_MAP_KIND, Condition, InvalidObject, MapKey, Reason, TrafficMap, validate
+from publisher.model import API_VERSION, TRAFFIC_MAP_KIND, Condition, InvalidObject, MapKey, Reason, TrafficMap, condition_type, validate
 
 if TYPE_CHECKING:
     from publisher.source import Store
 
 log = logging.getLogger(__name__)
 
-CONDITION_PREFIX = "gateway-publisher.ome.io/"
 FIELD_MANAGER_PREFIX = "ome-gateway-publisher-"
 # metav1.Condition's validation: reason pattern and message length.
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 _MAX_MESSAGE = 32768
-
-
-def condition_type(instance: str) -> str:
-    return CONDITION_PREFIX + instance
 
 
 def field_manager(instance: str) -> str:

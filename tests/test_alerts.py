@@ -24,7 +24,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from adapters.nginx_lua import LuaStats
+from adapters.nginx.lua import LuaStats
 from publisher import metrics
 from publisher.served_split import SplitVerifier
 

@@ -91,8 +91,8 @@ async def test_the_xds_relay_reaches_a_sidecar_at_once_after_it_was_down():
     import grpc
     from envoy.service.discovery.v3 import discovery_pb2
 
-    from adapters.envoy_resources import CLUSTER_TYPE, XdsRenderer
-    from adapters.envoy_xds import XdsTransport
+    from adapters.envoy.resources import CLUSTER_TYPE, XdsRenderer
+    from adapters.envoy.xds import XdsTransport
     from tests.gateways import eventually, free_port
 
     sidecar = f"127.0.0.1:{free_port()}"

@@ -44,7 +44,7 @@ def test_a_port_left_in_time_wait_is_not_taken(tmp_path: Path) -> None:
     TIME_WAIT (a restarted sidecar's Envoys) is free, not "in use"."""
     import socket
 
-    from adapters.envoy_lrs import bind_problem
+    from adapters.listen import bind_problem
 
     with socket.socket() as server:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from adapters import ADAPTERS
-from adapters.envoy import EnvoyOptions, bootstrap, run_envoy
+from adapters.envoy import EnvoyOptions
+from adapters.envoy.files import bootstrap, run_envoy
 from publisher import loop
 from publisher.kube import Kube
 from publisher.loop import LoopOptions, Publisher

@@ -20,8 +20,9 @@ import yaml
 from prometheus_client import generate_latest
 
 from adapters import ADAPTERS
-from adapters.envoy import CDS_FILE, RDS_FILE, EnvoyOptions, bootstrap, render, run_envoy
-from adapters.nginx_lua import LuaRenderer
+from adapters.envoy import EnvoyOptions
+from adapters.envoy.files import CDS_FILE, RDS_FILE, bootstrap, render, run_envoy
+from adapters.nginx.lua import LuaRenderer
 from publisher import demo, loop, metrics
 from publisher.loop import LoopOptions, Publisher
 from publisher.manifests import parse_manifests

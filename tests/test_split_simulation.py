@@ -50,10 +50,10 @@ import pytest
 from envoy.config.endpoint.v3 import load_report_pb2
 from envoy.service.load_stats.v3 import lrs_pb2
 
-from adapters.envoy import cluster_name
-from adapters.envoy_lrs import LoadReports
+from adapters.envoy.files import cluster_name
+from adapters.envoy.lrs import LoadReports
 from adapters.nginx import NginxOptions
-from adapters.nginx_lua import LuaRenderer, LuaTransport
+from adapters.nginx.lua import LuaRenderer, LuaTransport
 from publisher.model import Backend, MapKey, Route
 from publisher.served_split import SplitVerifier
 from publisher.split import ENOUGH_REQUESTS
@@ -359,7 +359,7 @@ async def run(seed: int) -> Sim:
     gateways: dict[str, ModelGateway] = {"nginx": nginx, "envoy": envoy}
     transport = LuaTransport(NginxOptions(nginx_secret_file=Path("/nonexistent/secret")))
     renderer = LuaRenderer()
-    transport._exchange = nginx.answer  # type: ignore[method-assign]
+    transport.exchange = nginx.answer  # type: ignore[method-assign]
     lua_counts = transport.request_counter
     lua_counts.page_pause = 0.0
     lua_counts.clock = clock

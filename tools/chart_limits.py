@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from adapters.envoy import _ROUTE_CONFIG  # noqa: E402
+from adapters.envoy.options import ROUTE_CONFIG_PATTERN  # noqa: E402
 from adapters.httproute import RESERVED_INSTANCE  # noqa: E402
-from adapters.nginx_lua import PATH_PATTERN, SIZE_PATTERN  # noqa: E402
+from adapters.nginx.lua import PATH_PATTERN, SIZE_PATTERN  # noqa: E402
 from publisher import config  # noqa: E402
 from publisher.model import format_duration  # noqa: E402
 from publisher.model import _DNS_LABEL  # noqa: E402
@@ -41,7 +41,7 @@ LIMITS = CHART / "templates" / "_limits.tpl"
 PATTERNS = {
     "nginxSize": SIZE_PATTERN,
     "labelSelector": SELECTOR_PATTERN,
-    "envoyRouteConfig": _ROUTE_CONFIG.pattern,
+    "envoyRouteConfig": ROUTE_CONFIG_PATTERN,
     "nginxPath": PATH_PATTERN,
     # httproute's --gateway, NAMESPACE/NAME (empty: the adapter is not httproute).
     "gatewayRef": f"^({_DNS_LABEL.pattern.strip('^$')}/{BOUNDED_DNS_SUBDOMAIN})?$",

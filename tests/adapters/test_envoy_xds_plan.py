@@ -1,4 +1,4 @@
-"""adapters/envoy_xds_plan.py, purely: the plan from the target and what one Envoy holds to the
+"""adapters/envoy/xds_plan.py, purely: the plan from the target and what one Envoy holds to the
 responses to send, step by step, and a property over random held states and targets: driven to
 the end, the Envoy serves every map written, holds nothing of a withdrawn one, keeps every map the
 engine did not name as it was, and never holds a route naming a cluster it lacks."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.envoy_resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, XdsRenderer, cluster_name, map_name
-from adapters.envoy_xds_plan import AwaitRequest, EnvoyState, Send
-from adapters.envoy_xds_plan import plan as lazy_plan
+from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, XdsRenderer, cluster_name, map_name
+from adapters.envoy.xds_plan import AwaitRequest, EnvoyState, Send
+from adapters.envoy.xds_plan import plan as lazy_plan
 from envoy.service.discovery.v3 import discovery_pb2
 from publisher.model import Backend, MapKey, Route
 from tests.adapters.xds_clients import holding

@@ -1,4 +1,4 @@
-"""adapters/nginx.py: pure render/read-back, the transport under the engine against a fake NGINX,
+"""adapters/nginx/reload.py: pure render/read-back, the transport under the engine against a fake NGINX,
 and real NGINX (slow)."""
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from hypothesis import strategies as st
 
 from adapters import ADAPTERS, Engine
 from adapters.base import ApplyResult, Rejected, Unavailable, WriteResult
-from adapters.nginx import (
+from adapters.nginx import NginxOptions, build
+from adapters.nginx.reload import (
     SPLIT_UNITS,
     NginxFileTransport,
-    NginxOptions,
     NginxRenderer,
-    build,
     read_back,
     render,
     route_problem,

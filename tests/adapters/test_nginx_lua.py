@@ -1,4 +1,4 @@
-"""adapters/nginx_lua.py and its Lua modules: the pure renderer and snippet, and real NGINX (slow)."""
+"""adapters/nginx/lua.py and its Lua modules: the pure renderer and snippet, and real NGINX (slow)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from adapters.base import NotConnected, Rejected, Unavailable
 from adapters.engine import Engine
 from adapters.nginx import NginxOptions
-from adapters.nginx_lua import (
+from adapters.nginx.lua import (
     LUA_DIR,
     LuaPart,
     LuaRenderer,
@@ -999,7 +999,7 @@ async def test_the_batch_lock_never_expires_and_is_taken_over_only_from_a_proces
             assert (await lua.control("POST", "/batch", _one_map_batch(1)))[0] == status, holder
             await lua.nginx.eval('ngx.shared.ome_routes:delete("meta:lock")')
         assert (await lua.control("GET", "/state"))[1]["version"] == 1
-        source = (Path(__file__).parents[2] / "adapters/nginx_lua/ome_control.lua").read_text()
+        source = (Path(__file__).parents[2] / "adapters/nginx/lua_modules/ome_control.lua").read_text()
         assert 'safe_add("meta:lock", mine)' in source, "taken with no expiry"
 
 

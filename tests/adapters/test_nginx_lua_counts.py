@@ -1,4 +1,4 @@
-"""NGINX Lua mode's request counts (adapters/nginx_lua/ome_counts.lua, LuaRequestCounts): real NGINX
+"""NGINX Lua mode's request counts (adapters/nginx/lua_modules/ome_counts.lua, LuaRequestCounts): real NGINX
 counts each request per map backend when it picks the backend; the sidecar reads deltas page by
 page, and a restart (the instance's count) or a counter that went down (its map's count) starts
 over instead of being misjudged."""
@@ -16,7 +16,8 @@ import pytest
 
 from adapters.base import CountReport
 from adapters.nginx import NginxOptions
-from adapters.nginx_lua import LuaRenderer, LuaRequestCounts, LuaTransport
+from adapters.nginx.counts import LuaRequestCounts
+from adapters.nginx.lua import LuaRenderer, LuaTransport
 from publisher.model import MapKey
 from publisher.split import MIN_REQUESTS, SplitWindows
 from tests.adapters.test_nginx_lua import HOST, KEY, _scraped_table_series, lua_nginx, route
@@ -44,7 +45,7 @@ def _counted_transport(tmp_path: Path, maps: int, backends: int) -> tuple[LuaTra
         pages.append(body.splitlines())
         return 200, {"boot": "boot-1", "counts": [0] * len(pages[-1])}, ""
 
-    transport._exchange = exchange  # type: ignore[method-assign]
+    transport.exchange = exchange  # type: ignore[method-assign]
     return transport, pages
 
 
@@ -58,14 +59,14 @@ async def test_a_read_of_the_counters_makes_each_page_only_when_it_asks_for_it(t
     counter = transport.request_counter
     counter.enable(60.0)
     counter.page_pause = 0.0
-    exchange = transport._exchange
+    exchange = transport.exchange
     alive_at_page: list[int] = []
 
     async def noting(method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any], str]:
         alive_at_page.append(gc.get_count()[0])
         return await exchange(method, path, body)
 
-    transport._exchange = noting  # type: ignore[method-assign]
+    transport.exchange = noting  # type: ignore[method-assign]
     gc.collect()
     gc.disable()
     try:
@@ -106,7 +107,7 @@ async def test_an_evicted_counter_restarts_its_map_alone_and_is_counted_and_logg
         assert body is not None
         return 200, {"boot": "boot-1", "counts": [values[name] for name in body.splitlines()]}, ""
 
-    transport._exchange = exchange  # type: ignore[method-assign]
+    transport.exchange = exchange  # type: ignore[method-assign]
     counter = transport.request_counter
     counter.enable(60.0)
     counter.page_pause = 0.0
@@ -146,7 +147,7 @@ async def test_a_counter_evicted_and_grown_back_past_its_old_count_is_told_by_it
         asked = [values[name] for name in body.splitlines()]
         return 200, {"boot": "boot-1", "counts": [n for _, n in asked], "generations": [g for g, _ in asked]}, ""
 
-    transport._exchange = exchange  # type: ignore[method-assign]
+    transport.exchange = exchange  # type: ignore[method-assign]
     counter = transport.request_counter
     counter.enable(60.0)
     counter.page_pause = 0.0
@@ -279,7 +280,7 @@ async def test_a_weight_change_is_never_held_back_by_a_read_of_the_counters(tmp_
         await lua.push({KEY: route(HOST, ("a", backends.endpoint("a"), 1), ("b", backends.endpoint("b"), 1))})
         counter = lua.transport.request_counter
         counter.enable(60.0)
-        exchange = lua.transport._exchange
+        exchange = lua.transport.exchange
         reading, release = asyncio.Event(), asyncio.Event()
 
         async def slow_counts(method: str, path: str, body: str | None = None):  # type: ignore[no-untyped-def]
@@ -288,7 +289,7 @@ async def test_a_weight_change_is_never_held_back_by_a_read_of_the_counters(tmp_
                 await release.wait()
             return await exchange(method, path, body)
 
-        lua.transport._exchange = slow_counts  # type: ignore[method-assign]
+        lua.transport.exchange = slow_counts  # type: ignore[method-assign]
         read = asyncio.create_task(counter.collect())
         await asyncio.wait_for(reading.wait(), 5)
         result = await asyncio.wait_for(lua.push({KEY: route(HOST, ("a", backends.endpoint("a"), 3), ("b", backends.endpoint("b"), 1))}), 5)

@@ -28,14 +28,15 @@ from envoy.config.route.v3 import route_pb2
 
 from adapters import ADAPTERS
 from adapters.engine import Engine
-from adapters.envoy import RDS_FILE, EnvoyFileTransport, EnvoyOptions, bootstrap, read_routes, render, route_timeouts, run_envoy, xds_bootstrap
+from adapters.envoy import EnvoyOptions
+from adapters.envoy.files import RDS_FILE, EnvoyFileTransport, bootstrap, read_routes, render, route_timeouts, run_envoy, xds_bootstrap
 from adapters.envoy import build as envoy_build
-from adapters.envoy_resources import XdsRenderer
+from adapters.envoy.resources import XdsRenderer
 from adapters.httproute import HttpRouteOptions, HttpRouteRenderer, render_route
 from adapters.nginx import NginxOptions
-from adapters.nginx import read_back
-from adapters.nginx import render as nginx_render
-from adapters.nginx_lua import http_snippet
+from adapters.nginx.reload import read_back
+from adapters.nginx.reload import render as nginx_render
+from adapters.nginx.lua import http_snippet
 from adapters.timeouts import envoy_duration, unit_duration
 from publisher import config
 from publisher.cli import main

@@ -15,7 +15,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.rpc import status_pb2
 
-from adapters.envoy_resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, cluster_name, map_name, route_from_version
+from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, cluster_name, map_name, route_from_version
 from publisher.model import MapKey, Route
 
 TYPES = (CLUSTER_TYPE, SCOPE_TYPE, ROUTE_TYPE)

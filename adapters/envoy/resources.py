@@ -1,4 +1,4 @@
-"""Pure: one map as typed Envoy xDS resources, for the gRPC transport in adapters.envoy_xds.
+"""Pure: one map as typed Envoy xDS resources, for the gRPC transport in adapters.envoy.xds.
 
 Owns the shape of what the sidecar sends Envoy over delta ADS: per map, its clusters
 `ome|<ns>|<name>|<cluster>`, a ScopedRouteConfiguration keyed on the hostname and a
@@ -23,6 +23,7 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import any_pb2, wrappers_pb2
 
 from adapters.base import envoy_weight_sum_problem, publication_problem
+from adapters.envoy.names import cluster_name
 from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, DEFAULT_ROUTE_TIMEOUT
 from publisher.model import Backend, MapKey, Publication, Route, is_canonical_ipv4, parse_endpoint
 
@@ -43,11 +44,6 @@ CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 SCOPE_TYPE = "type.googleapis.com/envoy.config.route.v3.ScopedRouteConfiguration"
 _DEFAULT_CA = Path("/etc/ssl/certs/ca-certificates.crt")
-
-
-def cluster_name(key: MapKey, cluster: str) -> str:
-    """Stable, and unique because `|` is in no DNS name."""
-    return f"ome|{key.namespace}|{key.name}|{cluster}"
 
 
 def map_name(key: MapKey) -> str:

@@ -1,7 +1,7 @@
 """NGINX in Lua mode: weights pushed into a running NGINX over its control listener, no reloads.
 
 Owns: the pure renderer (a map -> `LuaPart`), the `http {}` snippet that loads the shipped Lua
-modules (adapters/nginx_lua/*.lua), and `LuaTransport`: resolving endpoint names to IPs, pushing
+modules (adapters/nginx/lua_modules/*.lua), and `LuaTransport`: resolving endpoint names to IPs, pushing
 changed maps as one batch, confirming each by the boot id, version and checksum NGINX answers, and
 re-pushing its confirmed table when NGINX restarts (a new boot id). It writes no file, runs no
 `nginx -t` and never reloads. It must not decide anything about maps: the engine does.
@@ -29,14 +29,17 @@ from typing import Any
 
 import aiohttp
 
-from adapters.base import CountReport, NotConnected, Rejected, Unavailable, WriteResult, in_words
-from adapters.nginx import NginxOptions
+from adapters.base import NotConnected, Rejected, Unavailable, WriteResult, in_words
+from adapters.listen import check_nginx_listen
+from adapters.nginx.counts import LuaRequestCounts
+from adapters.nginx.options import NginxOptions
 from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, MAX_ROUTE_TIMEOUT, unit_duration
 from publisher.model import Backend, MapKey, Route, parse_endpoint
 
-log = logging.getLogger(__name__)
+# The name it had before the move into adapters/nginx/: log filters keep working.
+log = logging.getLogger("adapters.nginx_lua")
 
-LUA_DIR = Path(__file__).with_name("nginx_lua")
+LUA_DIR = Path(__file__).with_name("lua_modules")
 # The modules Debian's libnginx-mod-http-lua installs; load_module belongs in the main nginx.conf,
 # outside http {} (Debian's package already adds them under /etc/nginx/modules-enabled/).
 LOAD_MODULES = ("modules/ndk_http_module.so", "modules/ngx_http_lua_module.so")
@@ -205,10 +208,8 @@ def http_snippet(
     NGINX sees it: `copy_lua_modules`). `idle_timeout` (adapters.timeouts) bounds the wait between
     two reads or writes of a backend; there is no total deadline. Raises ValueError on a value
     NGINX would read as syntax."""
-    from adapters.nginx import _check_listen
-
-    _check_listen(listen)
-    _check_listen(control_listen)
+    check_nginx_listen(listen)
+    check_nginx_listen(control_listen)
     for size in (shared_dict_size, counts_dict_size):
         if size is not None and not _SIZE.fullmatch(size):
             raise ValueError(f"{size!r} is not an NGINX size from 32k to 1024m, such as 32m")
@@ -402,7 +403,7 @@ class LuaTransport:
         self._problem: str | None = None
         self._low_on_room = False
         self.stats = LuaStats()
-        self.request_counter = LuaRequestCounts(self)
+        self.request_counter = LuaRequestCounts(self, instance=urllib.parse.urlsplit(self._url).netloc)
 
     # -- Transport protocol --
 
@@ -486,23 +487,18 @@ class LuaTransport:
             await self._session.close()
             self._session = None
 
-    # -- Internals (called with the lock held) --
+    # -- For the request counter (adapters.nginx.counts), without the lock --
 
-    async def _request(self, method: str, path: str, body: str | None = None) -> tuple[dict[str, Any], str]:
-        """The answer's first line (a JSON object) and the rest of it."""
-        status, answer, rest = await self._exchange(method, path, body)
-        self._note_room(answer)
-        if status == 401:
-            # The secret file may have been rotated: read it again next time.
-            self._secret = None
-            self.stats.failures["unauthorized"] += 1
-            raise Unavailable("nginx control listener refused the shared secret")
-        if status != 200:
-            raise _Refused(status, answer)
-        self._note_problem(None)
-        return answer, rest
+    def confirmed_maps(self) -> list[MapKey]:
+        return list(self._parts)
 
-    async def _exchange(self, method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any], str]:
+    def confirmed_clusters(self, key: MapKey) -> list[str] | None:
+        # The maps as they are now (a restore replaces the dict). A list: a tuple made from a
+        # generator leaves more objects for the collector per page (test_nginx_lua_counts).
+        part = self._parts.get(key)
+        return None if part is None else [backend.cluster for backend in part.backends]
+
+    async def exchange(self, method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any], str]:
         """One control request: its status, the answer's first line (a JSON object) and the rest.
         Changes nothing but the session and the secret it reads once."""
         if self._session is None:
@@ -520,6 +516,22 @@ class LuaTransport:
         if not isinstance(answer, dict):
             raise Unavailable(f"nginx control listener: {method} {path}: answered {answer!r}")
         return status, answer, rest
+
+    # -- Internals (called with the lock held) --
+
+    async def _request(self, method: str, path: str, body: str | None = None) -> tuple[dict[str, Any], str]:
+        """The answer's first line (a JSON object) and the rest of it."""
+        status, answer, rest = await self.exchange(method, path, body)
+        self._note_room(answer)
+        if status == 401:
+            # The secret file may have been rotated: read it again next time.
+            self._secret = None
+            self.stats.failures["unauthorized"] += 1
+            raise Unavailable("nginx control listener refused the shared secret")
+        if status != 200:
+            raise _Refused(status, answer)
+        self._note_problem(None)
+        return answer, rest
 
     async def _sync(self) -> None:
         """Make `_entries` what NGINX holds: restore it after a restart, else adopt what it serves."""
@@ -728,112 +740,6 @@ class LuaTransport:
         elif reason is None and self._problem is not None:
             log.info("nginx control listener answering again")
         self._problem = reason
-
-
-class LuaRequestCounts:
-    """Lua mode's RequestCounter (adapters.base): NGINX's pick-time counters of the confirmed maps'
-    backends, read a page at a time, as deltas since the last read. The counters only grow
-    within one boot: a new boot id starts the instance's count over, and a counter evicted from a
-    full dict (another generation, or a count that went down) its map's, rather than be misread.
-    Evictions are counted (LuaStats.counters_evicted) and logged once: the dict is too small for
-    the maps it counts."""
-
-    # Counters a request (a map's backends stay in one page, so a page may hold a few more), and
-    # the pause between two: a page holds one NGINX worker (8,000 held it 25 ms, 2,000 about 6 ms),
-    # and a weight change that reaches that worker meanwhile waits; a read of 10,000 maps is
-    # spread over about a second instead.
-    page_backends = 500
-    page_pause = 0.01
-
-    def __init__(self, transport: LuaTransport) -> None:
-        self._transport = transport
-        self.instance = urllib.parse.urlsplit(transport._url).netloc
-        self._enabled = False
-        self._boot: str | None = None
-        # Each counter's count and generation at the last read (two dicts of ints: no object per
-        # counter for the collector to walk); generation None from an ome_counts.lua that gives
-        # none (older than generations), 0 for no counter.
-        self._seen: dict[str, int] = {}
-        self._generations: dict[str, int | None] = {}
-        self._evictions_logged = False
-        self.clock: Callable[[], float] = time.monotonic
-
-    def enable(self, interval: float) -> None:
-        self._enabled = True
-
-    def _pages(self, keys: list[MapKey]) -> Iterator[tuple[list[tuple[MapKey, str]], list[str]]]:
-        """Each page's (map, cluster) pairs and counter names, made only when it is asked: made for
-        every map at once, 40,000 pairs held the event loop 15-85 ms at the start of each read
-        (the collector's passes over them included), and every weight change waited."""
-        page: list[tuple[MapKey, str]] = []
-        for key in keys:
-            # The transport's maps as they are now (a restore replaces the dict): a map deleted
-            # since the read began is not asked.
-            part = self._transport._parts.get(key)
-            if part is None:
-                continue
-            page.extend((key, backend.cluster) for backend in part.backends)
-            if len(page) >= self.page_backends:
-                yield page, [f"{k.namespace}/{k.name}|{cluster}" for k, cluster in page]
-                page = []
-        if page:
-            yield page, [f"{k.namespace}/{k.name}|{cluster}" for k, cluster in page]
-
-    async def collect(self) -> list[CountReport]:
-        if not self._enabled:
-            return []
-        transport = self._transport
-        at = self.clock()  # before any page: every counter read is at least this late
-        seen: dict[str, int] = {}
-        seen_generations: dict[str, int | None] = {}
-        deltas: dict[MapKey, dict[str, int]] = {}
-        boots: set[str] = set()
-        went_down: set[MapKey] = set()
-        evicted = 0
-        # Each page is made, asked and folded before the next, yielding between.
-        for page, names in self._pages(list(transport._parts)):
-            # Beside the table's writes, not under their lock: a read of counters changes nothing
-            # the transport keeps, and must never hold a weight change back.
-            status, answer, _ = await transport._exchange("POST", "/counts", "\n".join(names) + "\n")
-            if status != 200:
-                raise Unavailable(f"nginx control listener: POST /counts: {answer.get('error', f'HTTP {status}')}")
-            counts = answer.get("counts")
-            if not isinstance(counts, list) or len(counts) != len(page) or not all(isinstance(n, int) for n in counts):
-                raise Unavailable("nginx control listener: POST /counts: answered counts that do not match the keys asked")
-            generations = answer.get("generations", [None] * len(page))
-            if not isinstance(generations, list) or len(generations) != len(page) or not all(isinstance(g, int | None) for g in generations):
-                raise Unavailable("nginx control listener: POST /counts: answered generations that do not match the keys asked")
-            boots.add(str(answer.get("boot")))
-            for (key, cluster), name, value, generation in zip(page, names, counts, generations, strict=True):
-                seen[name], seen_generations[name] = value, generation
-                last_value = self._seen.get(name)
-                if last_value is None:
-                    continue
-                last_generation = self._generations.get(name)
-                if value < last_value or (last_generation and generation != last_generation):
-                    went_down.add(key)
-                    evicted += 1
-                elif value > last_value:
-                    deltas.setdefault(key, {})[cluster] = value - last_value
-            await asyncio.sleep(self.page_pause)
-        restarted = len(boots) > 1 or (bool(boots) and boots != {self._boot})
-        if boots:
-            self._boot = next(iter(boots)) if len(boots) == 1 else None
-        self._seen, self._generations = seen, seen_generations
-        if restarted:
-            return [CountReport(self.instance, restarted=True, at=at)]
-        if evicted:
-            self._note_evictions(evicted)
-        for key in went_down:
-            deltas.pop(key, None)  # its other counters' deltas are of a count that starts over
-        return [CountReport(self.instance, deltas, recounted=frozenset(went_down), at=at)]
-
-    def _note_evictions(self, evicted: int) -> None:
-        self._transport.stats.counters_evicted += evicted
-        if not self._evictions_logged:
-            self._evictions_logged = True
-            # Once: every later read of a dict this small evicts again.
-            log.warning("nginx request counters evicted: raise nginx-config --counts-dict-size", extra={"evicted": evicted, "dict": "ome_counts"})
 
 
 def build(options: NginxOptions) -> tuple[LuaRenderer, LuaTransport]:

@@ -2,9 +2,9 @@
 
 Owns the streams of every connected Envoy, the target (what the engine wrote, and the maps it
 withdrew), and what a write's confirmation means. Each Envoy's session is three parts: its state
-and the plan from the target to the responses to send are pure (adapters.envoy_xds_plan), and a
+and the plan from the target to the responses to send are pure (adapters.envoy.xds_plan), and a
 small pump here sends them one at a time, a NACKed batch resent map by map to pin the refusal. It
-renders nothing (see adapters.envoy_resources), decides nothing about maps and imports no
+renders nothing (see adapters.envoy.resources), decides nothing about maps and imports no
 metrics: per-Envoy state is data (`envoys()`, read by publisher.metrics at scrape time;
 `served()`, for /debug/maps).
 """
@@ -24,13 +24,14 @@ import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from adapters.base import NotConnected, Unavailable, WriteResult
-from adapters.envoy_lrs import SERVER_OPTIONS as _SERVER_OPTIONS
-from adapters.envoy_lrs import LoadReports, add_port, instance_label
-from adapters.envoy_resources import ROUTE_TYPE, MapResources, XdsRenderer, map_name
-from adapters.envoy_xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, plan, served_by_most
+from adapters.envoy.lrs import LoadReports
+from adapters.envoy.resources import ROUTE_TYPE, MapResources, XdsRenderer, map_name
+from adapters.envoy.xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, plan, served_by_most
+from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label
 from publisher.model import MapKey, Route
 
-log = logging.getLogger(__name__)
+# The name it had before the move into adapters/envoy/: log filters keep working.
+log = logging.getLogger("adapters.envoy_xds")
 
 __all__ = ["EnvoyStatus", "XdsTransport"]
 
@@ -83,7 +84,7 @@ class _Gone(Exception):
 @dataclass(eq=False)
 class _Session:
     """The pump of one Envoy's stream: it sends what `plan` says for the Envoy's `state` (pure,
-    adapters.envoy_xds_plan), one response in flight, and feeds each answer back into the state.
+    adapters.envoy.xds_plan), one response in flight, and feeds each answer back into the state.
 
     The synchronisation it needs, each for one reason: `wake` (a request came or a write marked
     maps), `converging` (one task at a time brings this Envoy to the target: its own, or a write
@@ -334,7 +335,7 @@ class XdsTransport:
     async def serve(self) -> None:
         """Listen on the xDS address and serve Envoys until cancelled. An address another process
         holds raises OSError naming --envoy-xds-listen, as `--listen` is named for the HTTP server."""
-        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        server = grpc.aio.server(options=SERVER_OPTIONS)
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(_Servicer(self), server)
         self.request_counter.add_to(server)
         self.port = add_port(server, self._listen, "--envoy-xds-listen")

@@ -30,20 +30,21 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Protocol
 
 import aiohttp
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from adapters.base import Rejected, Unavailable, WriteResult, duplicate_hostname, in_words, publication_problem, write_atomic
-from adapters.json_file import from_json as route_from_json
-from adapters.json_file import to_json as route_json
-from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, RouteIdleTimeout, route_idle_timeout_field, unit_duration
-from publisher.model import Interval, MapKey, Publication, Route, parse_endpoint
+from adapters.listen import check_nginx_listen
+from adapters.nginx.options import VERSION_PATH, NginxOptions
+from adapters.route_json import from_json as route_from_json
+from adapters.route_json import to_json as route_json
+from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, unit_duration
+from publisher.model import MapKey, Publication, Route, parse_endpoint
 
-log = logging.getLogger(__name__)
+# The name it had before the move into adapters/nginx/: log filters keep working.
+log = logging.getLogger("adapters.nginx")
 
-VERSION_PATH = "/.well-known/ome-gateway-publisher/version"
 ROUTE_PREFIX = "# ome-route "
 # Files written before routes left provenance out carry the whole Publication; still read back.
 LEGACY_PREFIX = "# ome-publication "
@@ -51,102 +52,6 @@ VERSION_PREFIX = "# version "
 
 # split_clients takes percentages with two decimals: the whole is 10,000 hundredths of a percent.
 SPLIT_UNITS = 10_000
-
-_LISTEN = re.compile(r"^((?P<host>\*|[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):)?(?P<port>[0-9]{1,5})$")
-
-
-# --- Options ------------------------------------------------------------------------------------
-
-
-def _check_listen(value: str) -> str:
-    match = _LISTEN.fullmatch(value)
-    if match is None or not 0 < int(match["port"]) < 65536:
-        raise ValueError(f"{value!r} is not an NGINX listen address (PORT or HOST:PORT)")
-    return value
-
-
-_ListenAddress = Annotated[str, AfterValidator(_check_listen)]
-
-
-class NginxOptions(BaseModel):
-    """How the NGINX adapter reaches its NGINX. Lua mode: nginx_secret_file (and nginx_control_url).
-    Reload mode: nginx_conf_file and exactly one of nginx_pid_file, nginx_reload_cmd."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    nginx_mode: Literal["lua", "reload"] | None = Field(
-        default=None,
-        description="lua: weights pushed into the running NGINX, no reloads; reload: rewrite a file and reload. "
-        "Unset, it is reload when --nginx-conf-file is given (the sidecar cannot see NGINX's modules), else lua.",
-    )
-    nginx_control_url: str = Field(
-        default="http://127.0.0.1:8082",
-        pattern=r"^https?://[A-Za-z0-9.:\[\]-]+(:[0-9]{1,5})?/?$",
-        description="Lua mode: the control listener `ome-publisher nginx-config` declares; loopback, inside the pod.",
-    )
-    nginx_secret_file: Path | None = Field(
-        default=None, description="Lua mode: the shared secret the control listener requires, read by both sides."
-    )
-    nginx_conf_file: Path | None = Field(
-        default=None,
-        description="Reload mode: the one file the adapter owns, included inside http {}; no default: it is deployment-specific.",
-    )
-    nginx_listen: _ListenAddress = Field(
-        default="8080", description="Where published hostnames are served; 8080 needs no root, like OME's examples."
-    )
-    nginx_pid_file: Path | None = Field(
-        default=None, description="SIGHUP the master named here; for a sidecar sharing the process namespace."
-    )
-    nginx_reload_cmd: str | None = Field(
-        default=None, description="Run (no shell) to reload when no PID file is shared, e.g. `nginx -s reload`."
-    )
-    nginx_test_cmd: str | None = Field(
-        default=None, description="Run (no shell) to validate before reloading; unset, a bad map is caught only after."
-    )
-    nginx_status_listen: _ListenAddress = Field(
-        default="127.0.0.1:8081", description="Serves the file's version; loopback, as only the sidecar reads it."
-    )
-    nginx_min_reload_interval: Interval = Field(
-        default=2.0,
-        description="Reloads cut streams after worker_shutdown_timeout; 2s bounds that to a few per minute at most.",
-    )
-    rewrite_host: bool = Field(
-        default=False, description="Off: the client's Host passes through, as OME's own publisher does."
-    )
-    route_idle_timeout: RouteIdleTimeout = route_idle_timeout_field()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _mode_from_fields(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("nginx_mode") is None:
-            data = {**data, "nginx_mode": "reload" if data.get("nginx_conf_file") is not None else "lua"}
-        return data
-
-    @model_validator(mode="after")
-    def _one_reload_way(self) -> NginxOptions:
-        if self.nginx_mode == "lua":
-            if self.nginx_secret_file is None:
-                raise ValueError("nginx_mode lua needs nginx_secret_file")
-            if "route_idle_timeout" in self.model_fields_set:
-                # Lua mode pushes weights only: the timeouts are in the snippet NGINX loads.
-                raise ValueError("nginx_mode lua takes its idle timeout from `ome-publisher nginx-config --route-idle-timeout`, "
-                                 "not from route_idle_timeout")
-            return self
-        if self.nginx_conf_file is None:
-            raise ValueError("nginx_mode reload needs nginx_conf_file")
-        if (self.nginx_pid_file is None) == (self.nginx_reload_cmd is None):
-            raise ValueError("set exactly one of nginx_pid_file and nginx_reload_cmd")
-        if self.nginx_listen == self.nginx_status_listen:
-            raise ValueError("nginx_listen and nginx_status_listen must differ")
-        return self
-
-    @property
-    def status_url(self) -> str:
-        match = _LISTEN.fullmatch(self.nginx_status_listen)
-        assert match is not None  # validated above
-        host = match["host"] or "127.0.0.1"
-        host = {"*": "127.0.0.1", "0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)
-        return f"http://{host}:{match['port']}{VERSION_PATH}"
 
 
 # --- Pure rendering ------------------------------------------------------------------------------
@@ -285,8 +190,8 @@ def assemble(parts: Mapping[MapKey, NginxPart], *, listen: str, status_listen: s
     """The whole file from rendered parts in key order, and its version (a digest of the content,
     so an unchanged file keeps its version across restarts). ValueError for two maps with one
     server_name."""
-    _check_listen(listen)
-    _check_listen(status_listen)
+    check_nginx_listen(listen)
+    check_nginx_listen(status_listen)
     duplicate = duplicate_hostname(parts, "server_name")
     if duplicate is not None:
         raise ValueError(duplicate)
@@ -716,13 +621,3 @@ def build_reload(options: NginxOptions) -> tuple[NginxRenderer, NginxFileTranspo
     """Reload mode's renderer and transport for the engine."""
     renderer = NginxRenderer(listen=options.nginx_listen, rewrite_host=options.rewrite_host, idle_timeout=options.route_idle_timeout)
     return renderer, NginxFileTransport(options)
-
-
-def build(options: NginxOptions) -> tuple[Any, Any]:
-    """The renderer and transport for options.nginx_mode: Lua mode lives in adapters.nginx_lua,
-    reload mode here."""
-    if options.nginx_mode == "lua":
-        from adapters.nginx_lua import build as build_lua
-
-        return build_lua(options)
-    return build_reload(options)

@@ -6,10 +6,10 @@ and `DIR/rds.yaml`, xDS DiscoveryResponses in JSON (valid YAML) whose `version_i
 content, joins the parts into them and replaces them by rename; with `--envoy-admin` each write is
 confirmed from Envoy's version readouts (the rejection counters only when a version is late), and
 a rejected one restores the last confirmed files; with `--envoy-lrs-listen` it also serves Envoy's
-load reports for the served-split check (adapters.envoy_lrs). Read-back parses off the event loop.
+load reports for the served-split check (adapters.envoy.lrs). Read-back parses off the event loop.
 Hostname ownership and isolating a rejected map are the engine's. The module also builds the
-bootstrap and runs a real Envoy for tests and the demo. `build` picks this mode or the xDS server
-(adapters.envoy_xds) from `envoy_xds_listen`. It decides nothing about maps and imports no metrics.
+bootstrap and runs a real Envoy for tests and the demo. `build` (adapters.envoy) picks this mode or the xDS server
+(adapters.envoy.xds) from `envoy_xds_listen`. It decides nothing about maps and imports no metrics.
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adapters.base import (
     Rejected,
@@ -44,32 +43,19 @@ from adapters.base import (
     publication_problem,
     write_atomic,
 )
-from adapters.json_file import from_json as route_from_json
-from adapters.json_file import to_json as route_json
-from adapters.timeouts import (
-    DEFAULT_ROUTE_IDLE_TIMEOUT,
-    DEFAULT_ROUTE_TIMEOUT,
-    RouteIdleTimeout,
-    RouteTimeout,
-    envoy_duration,
-    route_idle_timeout_field,
-    route_timeout_field,
-)
+from adapters.envoy.names import cluster_name
+from adapters.envoy.options import EnvoyOptions
+from adapters.route_json import from_json as route_from_json
+from adapters.route_json import to_json as route_json
+from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, envoy_duration
 from publisher.model import MapKey, Publication, Route, parse_endpoint
 
 if TYPE_CHECKING:
-    from adapters.envoy_lrs import LoadReportServer
+    from adapters.envoy.lrs import LoadReportServer
 
 
-def _admin_url(value: str) -> str:
-    if not re.match(r"^https?://[^/\s]+", value):
-        raise ValueError(f"{value!r} is not a URL: give the scheme, e.g. http://127.0.0.1:9901")
-    return value
-
-
-_AdminUrl = Annotated[str, AfterValidator(_admin_url)]
-
-log = logging.getLogger(__name__)
+# The name it had before the move into adapters/envoy/: log filters keep working.
+log = logging.getLogger("adapters.envoy")
 
 __all__ = [
     "EnvoyFileTransport",
@@ -81,7 +67,6 @@ __all__ = [
     "Rendered",
     "assemble",
     "bootstrap",
-    "build",
     "build_files",
     "cluster_name",
     "read_clusters",
@@ -102,95 +87,10 @@ _TLS_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Upstr
 _HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 
-_ROUTE_CONFIG = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
-
-
-class EnvoyOptions(BaseModel):
-    """How the sidecar reaches its Envoys: as their xDS server, or through a watched directory."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    envoy_xds_listen: str | None = Field(
-        default=None,
-        description="HOST:PORT of the delta ADS server Envoys connect to (the bootstrap's --xds); exactly one of it and envoy_dir.",
-    )
-    envoy_dir: Path | None = Field(default=None, description="Directory Envoy watches; it must match Envoy's bootstrap.")
-    envoy_lrs_listen: str | None = Field(
-        default=None,
-        description="file mode: HOST:PORT of a gRPC server with only Envoy's Load Reporting Service, for the served-split "
-        "check (the bootstrap's --lrs); needs grpcio. xDS mode serves it on --envoy-xds-listen.",
-    )
-    envoy_route_config: str = Field(
-        default="ome-global",
-        pattern=_ROUTE_CONFIG.pattern,
-        description="Route configuration name; 'ome-global' echoes OME's own '<isvc>-global' without colliding.",
-    )
-    envoy_admin: _AdminUrl | None = Field(
-        default=None,
-        description="Admin URL to confirm each write; off by default, as the admin port is often not exposed.",
-    )
-    envoy_ca_file: Path = Field(
-        default=Path("/etc/ssl/certs/ca-certificates.crt"),
-        description="CA bundle for https endpoints; Debian's and Alpine's system trust store, as Envoy has none.",
-    )
-    rewrite_host: bool = Field(
-        default=False,
-        description="Send each backend its endpoint's host; off, as OME's own publisher passes the Host through.",
-    )
-    route_timeout: RouteTimeout = route_timeout_field()
-    route_idle_timeout: RouteIdleTimeout = route_idle_timeout_field()
-
-    @field_validator("envoy_xds_listen", "envoy_lrs_listen")
-    @classmethod
-    def _host_port(cls, value: str | None) -> str | None:
-        if value is not None:
-            host, _, port = value.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"{value!r} is not HOST:PORT")
-        return value
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> EnvoyOptions:
-        if (self.envoy_xds_listen is None) == (self.envoy_dir is None):
-            raise ValueError("give exactly one of --envoy-xds-listen (xDS server) and --envoy-dir (watched files)")
-        if self.envoy_lrs_listen is not None and self.envoy_xds_listen is not None:
-            raise ValueError("--envoy-lrs-listen is for file mode (--envoy-dir): in xDS mode Envoys report load on --envoy-xds-listen")
-        return self
-
-
-def build(options: EnvoyOptions) -> tuple[Any, Any]:
-    """The renderer and transport of the mode `options` choose: xDS server, or watched files."""
-    if options.envoy_xds_listen is not None:
-        from adapters.envoy_resources import XdsRenderer
-        from adapters.envoy_xds import XdsTransport
-
-        renderer = XdsRenderer(
-            ca_file=options.envoy_ca_file,
-            rewrite_host=options.rewrite_host,
-            timeout=options.route_timeout,
-            idle_timeout=options.route_idle_timeout,
-        )
-        return renderer, XdsTransport(options.envoy_xds_listen, renderer)
-    return build_files(options)
-
-
 _DEFAULT_CA: Path = EnvoyOptions.model_fields["envoy_ca_file"].default
 
 
 # --- Pure: validation, rendering, read-back ----------------------------------------------------------
-
-
-def cluster_name(key: MapKey, cluster: str) -> str:
-    """The Envoy cluster for one map entry: stable, and unique because `|` is in no DNS name."""
-    return f"ome|{key.namespace}|{key.name}|{cluster}"
-
-
-def parse_cluster_name(name: str) -> tuple[MapKey, str] | None:
-    """The map and backend cluster a `cluster_name` names; None for any other cluster."""
-    parts = name.split("|")
-    if len(parts) != 4 or parts[0] != "ome":
-        return None
-    return MapKey(parts[1], parts[2]), parts[3]
 
 
 def _virtual_host_name(key: MapKey) -> str:
@@ -854,7 +754,7 @@ class EnvoyFileTransport(TransportDefaults):
         assert options.envoy_dir is not None, "the file transport needs envoy_dir"
         self._options = options
         self._io = io or _EnvoyIO(options.envoy_dir, options.envoy_admin, options.envoy_route_config)
-        # File mode's Load Reporting Service (adapters.envoy_lrs.LoadReportServer), when configured:
+        # File mode's Load Reporting Service (adapters.envoy.lrs.LoadReportServer), when configured:
         # only then is there a request_counter, and the served-split check counts.
         self._load_reports = load_reports
         if load_reports is not None:
@@ -1067,7 +967,7 @@ def _load_report_server(options: EnvoyOptions) -> LoadReportServer | None:
     if options.envoy_lrs_listen is None:
         return None
     try:
-        from adapters.envoy_lrs import LoadReportServer
+        from adapters.envoy.lrs import LoadReportServer
     except ImportError as exc:
         log.warning("envoy file mode counts no requests: the load report server needs grpcio", extra={"error": str(exc)})
         return None

@@ -8,7 +8,7 @@ recomputed from that state after every answer, in the order Envoy needs: cluster
 any route names them, scopes of withdrawn maps removed before new scopes take their host, route
 configurations once Envoy subscribed them, clusters no route names any more last. A map the
 engine neither wrote nor withdrew is never touched. No I/O, no asyncio, no logging: the stream
-pump in adapters.envoy_xds sends what the plan says and feeds the answers back.
+pump in adapters.envoy.xds sends what the plan says and feeds the answers back.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from adapters.envoy_resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, Resource, cluster_name, key_of, map_name, route_from_version
+from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, Resource, cluster_name, key_of, map_name, route_from_version
 from publisher.model import MapKey, Route
 
 __all__ = ["KIND", "AwaitRequest", "EnvoyState", "Item", "Send", "plan", "served_by_most"]

@@ -1,0 +1,34 @@
+"""The Envoy adapter: its options and `build`, for the registry (adapters.ADAPTERS).
+
+- options.py: EnvoyOptions, both modes'.
+- files.py: file mode (a pure renderer, read-back, the bootstraps, the transport writing the
+  directory Envoy watches, its admin API client) and a real Envoy for the tests and the demo.
+- xds.py: xDS mode's server; xds_plan.py: each Envoy session's plan (pure); resources.py: the
+  xDS resources (pure); lrs.py: Envoy's load reports; names.py: the cluster names all share.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.envoy.files import build_files
+from adapters.envoy.options import EnvoyOptions
+
+__all__ = ["EnvoyOptions", "build"]
+
+
+def build(options: EnvoyOptions) -> tuple[Any, Any]:
+    """The renderer and transport of the mode `options` choose: xDS server, or watched files."""
+    if options.envoy_xds_listen is not None:
+        # Imported only in xDS mode: file mode runs without grpcio and xds-protos.
+        from adapters.envoy.resources import XdsRenderer
+        from adapters.envoy.xds import XdsTransport
+
+        renderer = XdsRenderer(
+            ca_file=options.envoy_ca_file,
+            rewrite_host=options.rewrite_host,
+            timeout=options.route_timeout,
+            idle_timeout=options.route_idle_timeout,
+        )
+        return renderer, XdsTransport(options.envoy_xds_listen, renderer)
+    return build_files(options)

@@ -1,0 +1,21 @@
+"""Pure: the names the sidecar gives its Envoy clusters, shared by file mode, the xDS resources and
+the load reports that name them back."""
+
+from __future__ import annotations
+
+from publisher.model import MapKey
+
+__all__ = ["cluster_name", "parse_cluster_name"]
+
+
+def cluster_name(key: MapKey, cluster: str) -> str:
+    """The Envoy cluster for one map entry: stable, and unique because `|` is in no DNS name."""
+    return f"ome|{key.namespace}|{key.name}|{cluster}"
+
+
+def parse_cluster_name(name: str) -> tuple[MapKey, str] | None:
+    """The map and backend cluster a `cluster_name` names; None for any other cluster."""
+    parts = name.split("|")
+    if len(parts) != 4 or parts[0] != "ome":
+        return None
+    return MapKey(parts[1], parts[2]), parts[3]

@@ -1,0 +1,25 @@
+"""The NGINX OSS adapter: its options and `build`, for the registry (adapters.ADAPTERS).
+
+- options.py: NginxOptions, both modes'.
+- reload.py: reload mode, a pure renderer and a transport that owns one included file.
+- lua.py: Lua mode, a pure renderer, the snippet `ome-publisher nginx-config` writes, and a
+  transport that pushes weights into the running NGINX; lua_modules/ holds the Lua it loads.
+- counts.py: Lua mode's request counts for the split check, read through that transport.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.nginx.lua import build as build_lua
+from adapters.nginx.options import VERSION_PATH, NginxOptions
+from adapters.nginx.reload import build_reload
+
+__all__ = ["VERSION_PATH", "NginxOptions", "build"]
+
+
+def build(options: NginxOptions) -> tuple[Any, Any]:
+    """The renderer and transport for options.nginx_mode."""
+    if options.nginx_mode == "lua":
+        return build_lua(options)
+    return build_reload(options)
