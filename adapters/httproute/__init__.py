@@ -40,7 +40,7 @@ from publisher.model import (
     parse_endpoint,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("adapters.httproute")
 
 __all__ = [
     "BackendRef",
