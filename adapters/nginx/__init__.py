@@ -3,7 +3,8 @@
 - options.py: NginxOptions, both modes'.
 - reload.py: reload mode, a pure renderer and a transport that owns one included file.
 - lua.py: Lua mode, a pure renderer, the snippet `ome-publisher nginx-config` writes, and a
-  transport that pushes weights into the running NGINX; lua_modules/ holds the Lua it loads.
+  transport that pushes weights into the running NGINX; lua_modules/ holds the Lua it loads,
+  templates/ the snippet's text.
 - counts.py: Lua mode's request counts for the split check, read through that transport.
 """
 

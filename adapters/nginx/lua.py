@@ -1,10 +1,11 @@
 """NGINX in Lua mode: weights pushed into a running NGINX over its control listener, no reloads.
 
 Owns: the pure renderer (a map -> `LuaPart`), the `http {}` snippet that loads the shipped Lua
-modules (adapters/nginx/lua_modules/*.lua), and `LuaTransport`: resolving endpoint names to IPs, pushing
-changed maps as one batch, confirming each by the boot id, version and checksum NGINX answers, and
-re-pushing its confirmed table when NGINX restarts (a new boot id). It writes no file, runs no
-`nginx -t` and never reloads. It must not decide anything about maps: the engine does.
+modules (adapters/nginx/lua_modules/*.lua), filled in from adapters/nginx/templates/ome-lua.conf,
+and `LuaTransport`: resolving endpoint names to IPs, pushing changed maps as one batch, confirming
+each by the boot id, version and checksum NGINX answers, and re-pushing its confirmed table when
+NGINX restarts (a new boot id). It writes no file, runs no `nginx -t` and never reloads. It must
+not decide anything about maps: the engine does.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import re
 import shutil
 import socket
+import string
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -44,6 +46,9 @@ LUA_DIR = Path(__file__).with_name("lua_modules")
 # outside http {} (Debian's package already adds them under /etc/nginx/modules-enabled/).
 LOAD_MODULES = ("modules/ndk_http_module.so", "modules/ngx_http_lua_module.so")
 DEFAULT_CA_FILE = Path("/etc/ssl/certs/ca-certificates.crt")
+# The snippet `http_snippet` fills in, beside the Lua modules (package data). Its placeholders are
+# @{name}: NGINX's own variables are $name, string.Template's default delimiter.
+SNIPPET_TEMPLATE = Path(__file__).with_name("templates") / "ome-lua.conf"
 # Mirrors MAX_ADDRESSES in ome_table.lua: more addresses only lengthen retries.
 MAX_ADDRESSES = 16
 # Mirrors MAX_BACKENDS in ome_table.lua, which refuses a longer entry on every push: checked in
@@ -192,6 +197,15 @@ def copy_lua_modules(directory: Path) -> None:
         shutil.copyfile(module, directory / module.name)
 
 
+class _SnippetTemplate(string.Template):
+    delimiter = "@"
+
+
+@functools.cache
+def _snippet_template() -> _SnippetTemplate:
+    return _SnippetTemplate(SNIPPET_TEMPLATE.read_text(encoding="utf-8"))
+
+
 def http_snippet(
     *,
     listen: str,
@@ -225,77 +239,17 @@ def http_snippet(
     for path in (secret_file, ca_file, lua_dir):
         if not re.fullmatch(PATH_PATTERN, str(path)):
             raise ValueError(f"{str(path)!r}: only letters, digits and _./+- are allowed in a path here")
-    return f"""\
-# Written by `ome-publisher nginx-config`; include inside http {{}}. The main nginx.conf must load,
-# outside http {{}} (Debian's libnginx-mod-http-lua does it in /etc/nginx/modules-enabled/):
-{"".join(f"#   load_module {module};{chr(10)}" for module in LOAD_MODULES)}\
-lua_package_path "{lua_dir}/?.lua;;";
-# Sized for the fleet: about 660 bytes per map of 4 backends, plus up to 0.25 MB for the change
-# log /changes reads (32m: ~45,000 maps).
-lua_shared_dict ome_routes {shared_dict_size};
-{counts_dict}\
-init_by_lua_block {{
-    require("ome_control").init("{secret_file}")
-    -- Every module read here, by the master: workers run as another user (nobody, www-data) that
-    -- may not read lua_package_path, and files changed since the start must not mix in.
-    require("ome_route")
-}}
-
-upstream ome_plain {{
-    server 0.0.0.1:1;  # never used: the balancer sets every peer
-    balancer_by_lua_block {{
-        require("ome_route").balance()
-    }}
-    keepalive 64;
-}}
-
-# https: no keepalive. The pool is keyed by address only, so a request for one name could reuse
-# a connection verified for another.
-upstream ome_tls {{
-    server 0.0.0.1:1;
-    balancer_by_lua_block {{
-        require("ome_route").balance()
-    }}
-}}
-
-server {{
-    listen {listen} default_server;
-    server_name _;
-    location / {{
-        set $ome_upstream "";
-        set $ome_sni "";
-        set $ome_host "";
-        access_by_lua_block {{
-            require("ome_route").access()
-        }}
-        proxy_pass $ome_upstream;
-        proxy_set_header Host $ome_host;
-        proxy_http_version 1.1;
-        proxy_set_header Connection "";
-        # Each byte is passed on as it comes: an LLM stream's tokens are not held in a buffer.
-        proxy_buffering off;
-        proxy_read_timeout {unit_duration(idle_timeout)};
-        proxy_send_timeout {unit_duration(idle_timeout)};
-        proxy_next_upstream error timeout;
-        proxy_ssl_server_name on;
-        proxy_ssl_name $ome_sni;
-        proxy_ssl_verify on;
-        proxy_ssl_verify_depth 4;
-        proxy_ssl_trusted_certificate {ca_file};
-    }}
-}}
-
-server {{
-    listen {control_listen};
-    client_max_body_size 64m;
-    client_body_buffer_size 64m;
-    location / {{
-        content_by_lua_block {{
-            require("ome_control").handle()
-        }}
-    }}
-}}
-"""
+    return _snippet_template().substitute(
+        load_modules="".join(f"#   load_module {module};\n" for module in LOAD_MODULES),
+        lua_dir=lua_dir,
+        shared_dict_size=shared_dict_size,
+        counts_dict=counts_dict,
+        secret_file=secret_file,
+        listen=listen,
+        idle_timeout=unit_duration(idle_timeout),
+        ca_file=ca_file,
+        control_listen=control_listen,
+    )
 
 
 # --- The transport ----------------------------------------------------------------------------------
