@@ -24,7 +24,8 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2, scoped_route_pb2
 
-from adapters.envoy.files import envoy_binary, run_envoy, xds_bootstrap
+from adapters.envoy.bootstrap import xds_bootstrap
+from adapters.envoy.process import envoy_binary, run_envoy
 from adapters.envoy.resources import CLUSTER_TYPE, MapResources, XdsRenderer, route_from_version
 from adapters.envoy.xds import XdsTransport
 from publisher import metrics
@@ -538,7 +539,7 @@ def test_the_stats_matcher_keeps_every_stat_but_our_clusters_own():
     no stat at all, so /stats was empty in xDS mode (the RDS and server readouts included)."""
     import re
 
-    from adapters.envoy.files import _not_prefixed
+    from adapters.envoy.bootstrap import _not_prefixed
 
     pattern = re.compile(_not_prefixed("cluster.ome|", "http.ome.rds.ome|"))
     kept = ["server.uptime", "cluster_manager.cds.version_text", "http.ome.rds.ome-global.version_text", "cluster.xds.upstream_rq_total",
