@@ -18,7 +18,7 @@ import yaml
 from adapters.envoy.files import CDS_FILE, RDS_FILE, ip_literal
 from adapters.envoy.names import STAT_PREFIX
 
-__all__ = ["bootstrap", "xds_bootstrap"]
+__all__ = ["bootstrap", "not_prefixed", "xds_bootstrap"]
 
 _HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
@@ -78,7 +78,7 @@ _LRS_CLUSTER = "ome-lrs"
 _HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
-def _not_prefixed(*prefixes: str) -> str:
+def not_prefixed(*prefixes: str) -> str:
     """An RE2 pattern (RE2 has no lookahead) for whole names that start with none of `prefixes`:
     Envoy's safe_regex must match the whole stat name, hence the trailing `.*`."""
     trie: dict[str, Any] = {}
@@ -110,7 +110,7 @@ def _xds_stats_matcher(backend_stats: bool) -> dict[str, Any]:
     return {
         "inclusion_list": {
             "patterns": [
-                {"safe_regex": {"regex": _not_prefixed("cluster.ome|", per_map_rds)}},
+                {"safe_regex": {"regex": not_prefixed("cluster.ome|", per_map_rds)}},
                 {"safe_regex": {"regex": r"^cluster\.ome\|.*\.upstream_[a-z0-9_]+$"}},
             ]
         }
