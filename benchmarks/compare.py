@@ -962,7 +962,7 @@ async def _envoy(ctx: Ctx, stack: contextlib.AsyncExitStack, bootstrap_args: lis
 
 
 async def start_envoy(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
-    from adapters.envoy.files import CDS_FILE, RDS_FILE, render
+    from adapters.envoy.render import CDS_FILE, RDS_FILE, render
 
     directory = ctx.work / "envoy"
     directory.mkdir()

@@ -3,7 +3,7 @@ watches DIR/cds.yaml and DIR/rds.yaml, optionally reporting its load to the side
 `xds_bootstrap` for xDS mode (delta ADS from the sidecar, one scope per host, a stats matcher).
 
 Owns no state and does no I/O. Imports the standard library, yaml, adapters.envoy.names and file
-mode's file names and `ip_literal` (adapters.envoy.files); nothing imports it but the CLI, the
+mode's file names and `ip_literal` (adapters.envoy.render); nothing imports it but the CLI, the
 demo, tests and benchmarks.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from adapters.envoy.files import CDS_FILE, RDS_FILE, ip_literal
+from adapters.envoy.render import CDS_FILE, RDS_FILE, ip_literal
 from adapters.envoy.names import STAT_PREFIX
 
 __all__ = ["bootstrap", "not_prefixed", "xds_bootstrap"]

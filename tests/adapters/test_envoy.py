@@ -21,13 +21,12 @@ from adapters.base import Rejected, Unavailable, WriteResult
 from adapters.envoy import EnvoyOptions, build
 from adapters.envoy.admin import PerSubscription
 from adapters.envoy.bootstrap import bootstrap
-from adapters.envoy.files import (
+from adapters.envoy.files import EnvoyFileTransport, EnvoyIO
+from adapters.envoy.names import cluster_name
+from adapters.envoy.render import (
     CDS_FILE,
     RDS_FILE,
-    EnvoyFileTransport,
-    EnvoyIO,
     EnvoyRenderer,
-    cluster_name,
     read_clusters,
     read_routes,
     render,
@@ -694,7 +693,7 @@ async def test_envoy_one_rejected_map_among_five_good_ones_is_isolated(gateway, 
 def test_weights_envoy_would_refuse_on_every_push_are_invalid_plan_up_front() -> None:
     """Issue 21, finding 12: Envoy refuses weights that sum past a uint32; both renderers passed
     them, and the map was ApplyFailed and retried forever."""
-    from adapters.envoy.files import EnvoyRenderer
+    from adapters.envoy.render import EnvoyRenderer
     from adapters.envoy.resources import XdsRenderer
 
     key = MapKey("ns", "m")

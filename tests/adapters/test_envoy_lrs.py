@@ -19,7 +19,9 @@ from envoy.config.endpoint.v3 import load_report_pb2
 from adapters.base import CountReport, RequestCounter
 from adapters.envoy import EnvoyOptions
 from adapters.envoy.bootstrap import bootstrap, xds_bootstrap
-from adapters.envoy.files import CDS_FILE, RDS_FILE, build_files, cluster_name, render
+from adapters.envoy.files import build_files
+from adapters.envoy.names import cluster_name
+from adapters.envoy.render import CDS_FILE, RDS_FILE, render
 from adapters.envoy.process import run_envoy
 from adapters.envoy.lrs import LoadReportServer, LoadReports, fold_clusters
 from adapters.envoy.names import parse_cluster_name
