@@ -59,6 +59,6 @@ class AdapterSpec:
 ADAPTERS: dict[str, AdapterSpec] = {
     "envoy": AdapterSpec("adapters.envoy", "EnvoyOptions"),
     "httproute": AdapterSpec("adapters.httproute", "HttpRouteOptions"),
-    "json": AdapterSpec("adapters.json_file", "JsonOptions"),
+    "json": AdapterSpec("adapters.json", "JsonOptions"),
     "nginx": AdapterSpec("adapters.nginx", "NginxOptions"),
 }

@@ -935,7 +935,7 @@ async def start_json_dir(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched
 
 async def _envoy(ctx: Ctx, stack: contextlib.AsyncExitStack, bootstrap_args: list[str], sidecar_args: list[str], admin: int,
                  detector: Callable[[str], Detector]) -> Launched:
-    from adapters.envoy.files import envoy_binary
+    from adapters.envoy.process import envoy_binary
 
     binary = envoy_binary()
     if binary is None:
@@ -962,7 +962,7 @@ async def _envoy(ctx: Ctx, stack: contextlib.AsyncExitStack, bootstrap_args: lis
 
 
 async def start_envoy(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
-    from adapters.envoy.files import CDS_FILE, RDS_FILE, render
+    from adapters.envoy.render import CDS_FILE, RDS_FILE, render
 
     directory = ctx.work / "envoy"
     directory.mkdir()

@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters import ADAPTERS  # noqa: E402
 from adapters.envoy import EnvoyOptions  # noqa: E402
-from adapters.envoy.files import bootstrap, run_envoy  # noqa: E402
+from adapters.envoy.bootstrap import bootstrap  # noqa: E402
+from adapters.envoy.process import run_envoy  # noqa: E402
 from publisher.model import Backend, MapKey, Publication  # noqa: E402
 
 BACKENDS = 4

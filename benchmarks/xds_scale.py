@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.envoy.files import run_envoy, xds_bootstrap  # noqa: E402
+from adapters.envoy.bootstrap import xds_bootstrap  # noqa: E402
+from adapters.envoy.process import run_envoy  # noqa: E402
 from adapters.envoy.resources import XdsRenderer  # noqa: E402
 from adapters.envoy.xds import XdsTransport  # noqa: E402
 from publisher.model import Backend, MapKey, Route  # noqa: E402

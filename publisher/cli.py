@@ -707,7 +707,7 @@ def _add_envoy_bootstrap(parser: argparse.ArgumentParser) -> None:
 
 
 def _envoy_bootstrap(args: argparse.Namespace) -> int:
-    from adapters.envoy.files import bootstrap, xds_bootstrap
+    from adapters.envoy.bootstrap import bootstrap, xds_bootstrap
 
     try:
         listen_host, listen_port = split_host_port(args.listen)
@@ -844,7 +844,7 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from adapters.envoy.files import EnvoyStartError
+    from adapters.envoy.process import EnvoyStartError
     from publisher.demo import run_demo
 
     if args.requests < 100:

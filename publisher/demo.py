@@ -31,7 +31,8 @@ from aiohttp import web
 from adapters.base import RequestCounter, write_atomic
 from adapters import ADAPTERS
 from adapters.envoy import EnvoyOptions
-from adapters.envoy.files import envoy_binary, run_envoy, xds_bootstrap
+from adapters.envoy.bootstrap import xds_bootstrap
+from adapters.envoy.process import envoy_binary, run_envoy
 from publisher import loop, weights
 from publisher.loop import LoopOptions, Publisher
 from publisher.manifests import parse_manifests

@@ -23,7 +23,8 @@ import aiohttp
 import pytest
 import yaml
 
-from adapters.envoy.files import envoy_binary, run_envoy, xds_bootstrap
+from adapters.envoy.bootstrap import xds_bootstrap
+from adapters.envoy.process import envoy_binary, run_envoy
 from tests.adapters.nginx_fixtures import NGINX, running_lua_nginx
 from tests.builders import make_entry, make_isvc, make_map
 from tests.gateways import Backends, eventually, free_port

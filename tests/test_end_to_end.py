@@ -8,7 +8,8 @@ import pytest
 
 from adapters import ADAPTERS
 from adapters.envoy import EnvoyOptions
-from adapters.envoy.files import bootstrap, run_envoy
+from adapters.envoy.bootstrap import bootstrap
+from adapters.envoy.process import run_envoy
 from publisher import loop
 from publisher.kube import Kube
 from publisher.loop import LoopOptions, Publisher

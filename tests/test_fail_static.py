@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from adapters import ADAPTERS
-from adapters.json_file import JsonOptions
+from adapters.json import JsonOptions
 from publisher import loop, metrics, status
 from publisher.cli import main
 from publisher.kube import TRAFFIC_MAPS, Kube

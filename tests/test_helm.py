@@ -33,7 +33,7 @@ import yaml
 from aiohttp import web
 
 from adapters import ADAPTERS
-from adapters.envoy.files import envoy_binary
+from adapters.envoy.process import envoy_binary
 from publisher import config
 from tests.gateways import free_port
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from adapters import ADAPTERS
-from adapters.json_file import JsonOptions
+from adapters.json import JsonOptions
 from publisher import loop, status
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher

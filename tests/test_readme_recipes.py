@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from adapters.envoy.files import envoy_binary
+from adapters.envoy.process import envoy_binary
 from tests.builders import CHAT_HOST, make_entry, make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI, write_kubeconfig
 from tests.gateways import BACKEND_HEADER, Backends, eventually

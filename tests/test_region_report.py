@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from adapters import ADAPTERS
-from adapters.json_file import JsonOptions
+from adapters.json import JsonOptions
 from publisher import app, loop
 from publisher.config import RunConfig
 from publisher.kube import Kube

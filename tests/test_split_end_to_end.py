@@ -21,7 +21,9 @@ from prometheus_client import generate_latest
 
 from adapters import ADAPTERS
 from adapters.envoy import EnvoyOptions
-from adapters.envoy.files import CDS_FILE, RDS_FILE, bootstrap, render, run_envoy
+from adapters.envoy.bootstrap import bootstrap
+from adapters.envoy.render import CDS_FILE, RDS_FILE, render
+from adapters.envoy.process import run_envoy
 from adapters.nginx.lua import LuaRenderer
 from publisher import demo, loop, metrics
 from publisher.loop import LoopOptions, Publisher

@@ -50,7 +50,7 @@ import pytest
 from envoy.config.endpoint.v3 import load_report_pb2
 from envoy.service.load_stats.v3 import lrs_pb2
 
-from adapters.envoy.files import cluster_name
+from adapters.envoy.names import cluster_name
 from adapters.envoy.lrs import LoadReports
 from adapters.nginx import NginxOptions
 from adapters.nginx.lua import LuaRenderer, LuaTransport

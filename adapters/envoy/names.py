@@ -1,11 +1,15 @@
 """Pure: the names the sidecar gives its Envoy clusters, shared by file mode, the xDS resources and
-the load reports that name them back."""
+the load reports that name them back, and the prefix of its HTTP stats (the bootstraps set it, the
+admin client reads stats under it)."""
 
 from __future__ import annotations
 
 from publisher.model import MapKey
 
-__all__ = ["cluster_name", "parse_cluster_name"]
+__all__ = ["STAT_PREFIX", "cluster_name", "parse_cluster_name"]
+
+# The HTTP connection manager's stat_prefix in both bootstraps: Envoy's RDS stats are http.ome.rds.*.
+STAT_PREFIX = "ome"
 
 
 def cluster_name(key: MapKey, cluster: str) -> str:

@@ -17,9 +17,10 @@ import pytest
 from adapters import ADAPTERS, Engine
 from adapters.base import Unavailable
 from adapters.envoy import EnvoyOptions
-from adapters.envoy.files import bootstrap, run_envoy, xds_bootstrap
+from adapters.envoy.bootstrap import bootstrap, xds_bootstrap
+from adapters.envoy.process import run_envoy
 from adapters.envoy.resources import XdsRenderer
-from adapters.json_file import JsonOptions
+from adapters.json import JsonOptions
 from publisher.model import MAX_WEIGHT, Backend, MapKey, Publication, Reason
 from tests.adapters.nginx_fixtures import running_nginx
 from tests.adapters.xds_clients import ScriptedEnvoy, holding, refuse_clusters_of

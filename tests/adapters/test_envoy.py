@@ -19,21 +19,19 @@ import adapters.envoy.files
 from adapters import ADAPTERS, Engine
 from adapters.base import Rejected, Unavailable, WriteResult
 from adapters.envoy import EnvoyOptions, build
-from adapters.envoy.files import (
+from adapters.envoy.admin import PerSubscription
+from adapters.envoy.bootstrap import bootstrap
+from adapters.envoy.files import EnvoyFileTransport, EnvoyIO
+from adapters.envoy.names import cluster_name
+from adapters.envoy.render import (
     CDS_FILE,
     RDS_FILE,
-    EnvoyFileTransport,
     EnvoyRenderer,
-    _EnvoyIO,
-    _PerSubscription,
-    bootstrap,
-    cluster_name,
-    envoy_binary,
     read_clusters,
     read_routes,
     render,
-    run_envoy,
 )
+from adapters.envoy.process import envoy_binary, run_envoy
 from publisher.model import Backend, MapKey, Publication, Reason, Route
 from tests.gateways import Backends, assert_measured_split, free_port, measure
 
@@ -225,11 +223,11 @@ class FakeIO:
                 del self._pending[filename]
             else:
                 self._pending[filename] = (version, late - 1)
-        return _PerSubscription(self._versions.get(CDS_FILE, ""), self._versions.get(RDS_FILE, ""))
+        return PerSubscription(self._versions.get(CDS_FILE, ""), self._versions.get(RDS_FILE, ""))
 
     async def rejections(self, timeout=5.0):
         self.rejection_reads += 1
-        return _PerSubscription(self._rejected.get(CDS_FILE, 0), self._rejected.get(RDS_FILE, 0))
+        return PerSubscription(self._rejected.get(CDS_FILE, 0), self._rejected.get(RDS_FILE, 0))
 
     async def warming_clusters(self, timeout=5.0):
         return self.warming.pop(0) if self.warming else 0
@@ -606,7 +604,7 @@ async def test_envoy_restarted_sidecar_reads_back_and_writes_nothing(gateway, ba
 async def test_envoy_publication_metadata_round_trips_through_config_dump(gateway, backends):
     pub = local_pub(backends, {"a": 3, "b": 0})
     await publish(gateway, pub)
-    io = _EnvoyIO(gateway.directory, gateway.options.envoy_admin, "ome-global")
+    io = EnvoyIO(gateway.directory, gateway.options.envoy_admin, "ome-global")
     try:
         assert read_routes(await io.served_rds())[1] == routes(pub)
     finally:
@@ -695,7 +693,7 @@ async def test_envoy_one_rejected_map_among_five_good_ones_is_isolated(gateway, 
 def test_weights_envoy_would_refuse_on_every_push_are_invalid_plan_up_front() -> None:
     """Issue 21, finding 12: Envoy refuses weights that sum past a uint32; both renderers passed
     them, and the map was ApplyFailed and retried forever."""
-    from adapters.envoy.files import EnvoyRenderer
+    from adapters.envoy.render import EnvoyRenderer
     from adapters.envoy.resources import XdsRenderer
 
     key = MapKey("ns", "m")

@@ -18,7 +18,11 @@ from envoy.config.endpoint.v3 import load_report_pb2
 
 from adapters.base import CountReport, RequestCounter
 from adapters.envoy import EnvoyOptions
-from adapters.envoy.files import CDS_FILE, RDS_FILE, bootstrap, build_files, cluster_name, render, run_envoy, xds_bootstrap
+from adapters.envoy.bootstrap import bootstrap, xds_bootstrap
+from adapters.envoy.files import build_files
+from adapters.envoy.names import cluster_name
+from adapters.envoy.render import CDS_FILE, RDS_FILE, render
+from adapters.envoy.process import run_envoy
 from adapters.envoy.lrs import LoadReportServer, LoadReports, fold_clusters
 from adapters.envoy.names import parse_cluster_name
 from adapters.envoy.xds import XdsTransport

@@ -24,7 +24,8 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2, scoped_route_pb2
 
-from adapters.envoy.files import envoy_binary, run_envoy, xds_bootstrap
+from adapters.envoy.bootstrap import xds_bootstrap
+from adapters.envoy.process import envoy_binary, run_envoy
 from adapters.envoy.resources import CLUSTER_TYPE, MapResources, XdsRenderer, route_from_version
 from adapters.envoy.xds import XdsTransport
 from publisher import metrics
@@ -538,15 +539,15 @@ def test_the_stats_matcher_keeps_every_stat_but_our_clusters_own():
     no stat at all, so /stats was empty in xDS mode (the RDS and server readouts included)."""
     import re
 
-    from adapters.envoy.files import _not_prefixed
+    from adapters.envoy.bootstrap import not_prefixed
 
-    pattern = re.compile(_not_prefixed("cluster.ome|", "http.ome.rds.ome|"))
+    pattern = re.compile(not_prefixed("cluster.ome|", "http.ome.rds.ome|"))
     kept = ["server.uptime", "cluster_manager.cds.version_text", "http.ome.rds.ome-global.version_text", "cluster.xds.upstream_rq_total",
             "http.ome.scoped_rds.ome.config_reload", "c", "http.ome.rds.om"]
     assert all(pattern.fullmatch(name) for name in kept)
     assert not pattern.fullmatch("cluster.ome|prod|chat|worker-a.lb_healthy_panic")
     assert not pattern.fullmatch("http.ome.rds.ome|prod|chat.config_reload")
-    assert re.compile(_not_prefixed("cluster.ome|")).fullmatch("http.ome.rds.ome|prod|chat.config_reload")
+    assert re.compile(not_prefixed("cluster.ome|")).fullmatch("http.ome.rds.ome|prod|chat.config_reload")
 
 
 async def test_a_stream_cancelled_twice_while_it_ends_leaves_its_envoy_uncounted():

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from adapters import ADAPTERS
-from adapters.json_file import INDEX_FILE, JsonOptions, map_file
+from adapters.json import INDEX_FILE, JsonOptions, map_file
 from publisher.model import Backend, MapKey, Publication, Reason
 
 

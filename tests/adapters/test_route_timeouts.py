@@ -29,7 +29,10 @@ from envoy.config.route.v3 import route_pb2
 from adapters import ADAPTERS
 from adapters.engine import Engine
 from adapters.envoy import EnvoyOptions
-from adapters.envoy.files import RDS_FILE, EnvoyFileTransport, bootstrap, read_routes, render, route_timeouts, run_envoy, xds_bootstrap
+from adapters.envoy.bootstrap import bootstrap, xds_bootstrap
+from adapters.envoy.files import EnvoyFileTransport
+from adapters.envoy.render import RDS_FILE, read_routes, render, route_timeouts
+from adapters.envoy.process import run_envoy
 from adapters.envoy import build as envoy_build
 from adapters.envoy.resources import XdsRenderer
 from adapters.httproute import HttpRouteOptions, HttpRouteRenderer, render_route

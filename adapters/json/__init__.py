@@ -7,6 +7,9 @@ written atomically and removed on withdrawal, plus `index.json` with a write cou
 of maps: O(1) per change. A read-back (start, resync) rewrites an index that is missing, does not
 parse or miscounts the maps, and its counter never goes backwards. Either way a write is confirmed by reading the files back, and what is
 read back at start or resync is what the files hold; a file that does not parse serves nothing.
+
+Owns the one file (--json-path) or the directory (--json-dir) it writes. Imports the standard
+library, pydantic, adapters.base, adapters.route_json and publisher.model only.
 """
 
 from __future__ import annotations
