@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from publisher.model import (
+from publisher.core.model import (
     MAX_WEIGHT,
     Held,
     MapKey,

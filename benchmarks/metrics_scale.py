@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from publisher import loop, metrics  # noqa: E402
 from publisher.loop import LoopOptions, Publisher  # noqa: E402
-from publisher.model import parse_traffic_map  # noqa: E402
+from publisher.core.model import parse_traffic_map  # noqa: E402
 from publisher.source import Stores, parse_isvc  # noqa: E402
 from tests.builders import make_entry, make_isvc, make_map  # noqa: E402
 from tests.fakes.memory_adapter import memory_engine  # noqa: E402

@@ -404,7 +404,7 @@ def per_event_costs(raw: dict[str, Any], rounds: int = 2000, repeats: int = 5) -
     events: on a shared machine the least disturbed pass is the cost."""
     from publisher.kube import TRAFFIC_MAPS
     from publisher.loop import LoopOptions, Publisher
-    from publisher.model import MapKey, parse_traffic_map
+    from publisher.core.model import MapKey, parse_traffic_map
     from publisher.source import Informer, Stores, WatchOptions, WatchState, parse_isvc, relevant_digest
     from tests.fakes.memory_adapter import memory_engine
 

@@ -20,7 +20,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from publisher import __version__
-from publisher.model import MapKey
+from publisher.core.model import MapKey
 
 PREFIX = "ome_gateway_publisher_"
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -247,7 +247,7 @@ SPLIT_STATES = ("verified", "off", "few_requests", "unsupported")
 
 
 class SplitView(Protocol):
-    """What publisher.served_split.SplitVerifier knows, read at scrape time."""
+    """What publisher.split.check.SplitVerifier knows, read at scrape time."""
 
     reports: Mapping[str, int]
     fold_seconds: float

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tenacity
 
-from publisher.model import MapKey
+from publisher.core.model import MapKey
 
 __all__ = ["Backoff", "ReconnectBackoff"]
 

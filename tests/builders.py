@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from publisher.model import Entry, InferenceService, TrafficMap, parse_traffic_map, validate
+from publisher.core.model import Entry, InferenceService, TrafficMap, parse_traffic_map, validate
 
 CHAT_UID = "5d3c6f2e-8a41-4b7e-9c2d-1f0e6a7b8c90"
 CHAT_HOST = "chat.example.com"

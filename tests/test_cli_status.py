@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from publisher import app
+from publisher.cli import app
 from publisher.cli import main
-from publisher.config import RunConfig
+from publisher.cli.config import RunConfig
 from tests.builders import make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI
 

@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-from publisher import config
-from publisher.config import ConfigError, RunConfig, load, parse_duration
+from publisher.cli import config
+from publisher.cli.config import ConfigError, RunConfig, load, parse_duration
 
 
 def parse_flags(*argv: str) -> dict:

@@ -1,4 +1,4 @@
-"""publisher.demo: the maps it writes pass every gate, its built-in example matches the shipped one,
+"""publisher.cli.demo: the maps it writes pass every gate, its built-in example matches the shipped one,
 its judgement of a split, and the whole demo against a real Envoy, leaving nothing running."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from publisher import demo
-from publisher.gate import GateOptions, decide
-from publisher.manifests import read_manifests
-from publisher.model import INFERENCE_SERVICE_KIND, Backend, Publication, TrafficMap, parse_traffic_map
+from publisher.cli import demo
+from publisher.core.gate import GateOptions, decide
+from publisher.source.manifests import read_manifests
+from publisher.core.model import INFERENCE_SERVICE_KIND, Backend, Publication, TrafficMap, parse_traffic_map
 from publisher.source import parse_isvc
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trafficmaps" / "chat.yaml"

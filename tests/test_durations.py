@@ -22,9 +22,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from publisher import config
+from publisher.cli import config
 from publisher.cli import main
-from publisher.model import DURATION_EXAMPLES, DURATION_PATTERN, parse_duration
+from publisher.core.model import DURATION_EXAMPLES, DURATION_PATTERN, parse_duration
 from tests.builders import make_entry, make_isvc, make_map
 from tests.gateways import free_port
 

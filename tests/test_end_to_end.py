@@ -13,7 +13,7 @@ from adapters.envoy.process import run_envoy
 from publisher import loop
 from publisher.kube import Kube
 from publisher.loop import LoopOptions, Publisher
-from publisher.model import MapKey
+from publisher.core.model import MapKey
 from publisher.status import ConditionSink
 from publisher.source import KubeSource, Stores, WatchOptions
 from tests.builders import make_condition, make_entry, make_isvc, make_map

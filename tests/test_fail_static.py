@@ -28,7 +28,7 @@ from publisher import loop, metrics, status
 from publisher.cli import main
 from publisher.kube import TRAFFIC_MAPS, Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
-from publisher.model import MapKey, parse_traffic_map
+from publisher.core.model import MapKey, parse_traffic_map
 from publisher.source import DirectorySource, Informer, KubeSource, Store, Stores, WatchOptions
 from tests.builders import make_entry, make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI
@@ -412,7 +412,7 @@ def test_an_xds_listen_address_in_use_is_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_the_default_listen_port_is_not_a_gateway_port():
-    from publisher.config import RunConfig
+    from publisher.cli.config import RunConfig
 
     default = RunConfig().listen_address
     assert default == ("0.0.0.0", 9180)

@@ -1,4 +1,4 @@
-"""publisher.gate: each SPEC §4 gate, its order, and the three Published-gate modes."""
+"""publisher.core.gate: each SPEC §4 gate, its order, and the three Published-gate modes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from publisher.gate import GateOptions, PublishedGate, decide
-from publisher.model import Held, InvalidObject, Reason, parse_traffic_map
+from publisher.core.gate import GateOptions, PublishedGate, decide
+from publisher.core.model import Held, InvalidObject, Reason, parse_traffic_map
 from tests.builders import make_condition, make_entry, make_map, valid_isvc
 
 AUTO, REQUIRE, IGNORE = PublishedGate.AUTO, PublishedGate.REQUIRE, PublishedGate.IGNORE
@@ -234,7 +234,7 @@ def test_gate_order(raw: dict[str, Any], isvc: Any, reason: Reason) -> None:
 def test_stalled_prober_is_reported_without_a_ticking_age() -> None:
     from datetime import UTC, datetime
 
-    from publisher.gate import stalled_probes
+    from publisher.core.gate import stalled_probes
 
     entries = [
         make_entry("worker-a", weight=1, probe={"result": "Passing", "gated": False, "lastProbeTime": "2026-11-30T11:58:00Z"}),

@@ -34,7 +34,7 @@ from aiohttp import web
 
 from adapters import ADAPTERS
 from adapters.envoy.process import envoy_binary
-from publisher import config
+from publisher.cli import config
 from tests.gateways import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -344,7 +344,7 @@ def test_the_region_report_crd_validates_against_kubernetes(kube_version: str) -
 
 
 def test_what_the_sink_writes_passes_the_crds_schema() -> None:
-    from publisher import region_report
+    from publisher.status import region_report
 
     (version,) = yaml.safe_load(CRD.read_text())["spec"]["versions"]
     schema = version["schema"]["openAPIV3Schema"]

@@ -15,7 +15,7 @@ from adapters.json import JsonOptions
 from publisher import loop, status
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
-from publisher.model import MapKey
+from publisher.core.model import MapKey
 from publisher.source import KubeSource, Stores, WatchOptions
 from tests.builders import make_condition, make_entry, make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI

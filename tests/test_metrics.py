@@ -63,7 +63,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from publisher.loop import LoopOptions, Publisher  # noqa: E402
-from publisher.model import Backend, MapKey, Publication, parse_traffic_map  # noqa: E402
+from publisher.core.model import Backend, MapKey, Publication, parse_traffic_map  # noqa: E402
 from publisher.source import Stores, parse_isvc  # noqa: E402
 from tests.builders import make_entry, make_isvc, make_map  # noqa: E402
 from tests.fakes.memory_adapter import memory_engine  # noqa: E402

@@ -1,4 +1,4 @@
-"""publisher.model as the gates see it: the malformed-map corpus is InvalidMap with the field named;
+"""publisher.core.model as the gates see it: the malformed-map corpus is InvalidMap with the field named;
 unknown and missing optional fields are tolerated."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from publisher.gate import GateOptions, decide
-from publisher.model import Reason, TrafficMap, is_canonical_ipv4, is_hostname, parse_endpoint, parse_traffic_map
+from publisher.core.gate import GateOptions, decide
+from publisher.core.model import Reason, TrafficMap, is_canonical_ipv4, is_hostname, parse_endpoint, parse_traffic_map
 from tests.builders import make_entry, make_map
 
 A = "worker-a"
@@ -156,7 +156,7 @@ def test_an_endpoint_is_parsed_once_however_often_it_is_checked(monkeypatch):
     """A merge moved parse_endpoint's cache onto its neighbour: every map's endpoints were parsed
     again at each check and render (104,000 parses instead of 40,000 in a json-dir run of 10,000
     maps, 0.7 s more of the sidecar's CPU)."""
-    from publisher import model
+    from publisher.core import model
 
     checked = []
     real = model._endpoint_host_problem

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from publisher import plan
-from publisher.model import Backend, Held, Publication, Reason, parse_traffic_map
+from publisher.core import plan
+from publisher.core.model import Backend, Held, Publication, Reason, parse_traffic_map
 from publisher.source import parse_isvc
 from tests.builders import make_entry, make_isvc, make_map
 

@@ -1,4 +1,4 @@
-"""publisher.quantity: the Kubernetes quantity grammar, exact values and the canonical form."""
+"""publisher.core.quantity: the Kubernetes quantity grammar, exact values and the canonical form."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from publisher.quantity import QuantityError, QuantityFormat, canonical, milli_ceil, parse_quantity
+from publisher.core.quantity import QuantityError, QuantityFormat, canonical, milli_ceil, parse_quantity
 
 
 @pytest.mark.parametrize(

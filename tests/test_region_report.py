@@ -16,12 +16,13 @@ import pytest
 
 from adapters import ADAPTERS
 from adapters.json import JsonOptions
-from publisher import app, loop
-from publisher.config import RunConfig
+from publisher.cli import app
+from publisher import loop
+from publisher.cli.config import RunConfig
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
-from publisher.model import MapKey, Reason
-from publisher.region_report import MAX_MESSAGE, SHARD_ENTRIES, ReportSink, forget_region
+from publisher.core.model import MapKey, Reason
+from publisher.status.region_report import MAX_MESSAGE, SHARD_ENTRIES, ReportSink, forget_region
 from publisher.source import KubeSource, Stores, WatchOptions
 from publisher.status import Report
 from tests.builders import make_isvc, make_map

@@ -1,4 +1,4 @@
-"""publisher/served_split.py: the served-split check in the loop: windows follow confirmed routes,
+"""publisher/split/check.py: the served-split check in the loop: windows follow confirmed routes,
 an off split is named in the map's condition message, /debug/maps and metrics, and never holds it."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from prometheus_client import generate_latest
 
 from adapters.base import CountReport
 from publisher import metrics
-from publisher.model import Backend, MapKey, Route
-from publisher.served_split import SplitVerifier
+from publisher.core.model import Backend, MapKey, Route
+from publisher.split.check import SplitVerifier
 from tests.builders import make_map
 from tests.test_loop import CHAT, make_publisher, put_map
 
@@ -37,7 +37,7 @@ async def published_chat():
     changed: list[MapKey] = []
     verifier = SplitVerifier(ScriptedCounter(), 60.0, "memory", lambda key: (changed.append(key), publisher.split_changed(key)))
     verifier.clock = lambda: 0.0  # routes confirmed at 0 s: intervals that begin from 1 s count
-    publisher.split = verifier
+    publisher.split.stats = verifier
     publisher.status_sink = object()  # reports are kept (no status writer runs here)
     put_map(stores, make_map())
     await publisher.sync_once({CHAT: None})

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from publisher.model import InvalidObject, MapKey, TrafficMap
+from publisher.core.model import InvalidObject, MapKey, TrafficMap
 from publisher.source import Bookmark, DirectorySource, Event, Relist, Store, Stores, WatchError, WatchState, relevant_digest
 from tests.builders import make_condition, make_isvc, make_map
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from publisher.model import Backend, MapKey, Route
-from publisher.split import (
+from publisher.core.model import Backend, MapKey, Route
+from publisher.split.stats import (
     ENOUGH_REQUESTS,
     MAX_WINDOW_SECONDS,
     MIN_REQUESTS,

@@ -54,9 +54,9 @@ from adapters.envoy.names import cluster_name
 from adapters.envoy.lrs import LoadReports
 from adapters.nginx import NginxOptions
 from adapters.nginx.lua import LuaRenderer, LuaTransport
-from publisher.model import Backend, MapKey, Route
-from publisher.served_split import SplitVerifier
-from publisher.split import ENOUGH_REQUESTS
+from publisher.core.model import Backend, MapKey, Route
+from publisher.split.check import SplitVerifier
+from publisher.split.stats import ENOUGH_REQUESTS
 
 SEEDS = [1, 2, 3]
 # More seeds, opt-in: OME_SPLIT_SIMULATION_SEEDS=N, or 20 with the suite's OME_SIMULATION_EXAMPLES.
@@ -68,7 +68,7 @@ ENVOY_PHASE = 13.0  # an Envoy reports on its own clock, not the sidecar's
 CLUSTERS = ("a", "b", "c")
 BUSY, QUIET = 10.0, 2.5  # requests a second on each gateway (QUIET: 150 a minute)
 SKEW = 0.10
-LATE = 1.0  # publisher.split.REPORT_LAG: an interval that began this soon after a change is not counted
+LATE = 1.0  # publisher.split.stats.REPORT_LAG: an interval that began this soon after a change is not counted
 
 
 def llm_duration(rng: random.Random) -> float:

@@ -11,7 +11,7 @@ import pytest
 from publisher.kube import Kube
 from publisher import loop
 from publisher.loop import LoopOptions, Publisher
-from publisher.model import Condition, MapKey, Reason, parse_traffic_map, validate
+from publisher.core.model import Condition, MapKey, Reason, parse_traffic_map, validate
 from publisher.source import KubeSource, Stores, WatchOptions, parse_isvc
 from publisher.status import ConditionSink, Report, caught_up, condition_for, condition_type, field_manager
 from tests.builders import make_condition, make_entry

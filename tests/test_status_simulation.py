@@ -27,10 +27,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from adapters import ADAPTERS
 from adapters.json import JsonOptions
-from publisher import app, fleet, status
+from publisher.cli import app
+from publisher.status import fleet
+from publisher import status
 from publisher.kube import Kube
 from publisher.loop import LoopOptions, Publisher
-from publisher.model import MapKey, Reason, parse_traffic_map
+from publisher.core.model import MapKey, Reason, parse_traffic_map
 from publisher.source import Stores
 from tests.builders import make_map
 from tests.fakes.kube_api import FakeKubeAPI, write_kubeconfig

@@ -1,11 +1,11 @@
-"""publisher.verify: the map against its recomputed weights and healthy flags."""
+"""publisher.core.verify: the map against its recomputed weights and healthy flags."""
 
 from __future__ import annotations
 
 import pytest
 
-from publisher.model import Held, Reason
-from publisher.verify import EntryCheck, compare, verify
+from publisher.core.model import Held, Reason
+from publisher.core.verify import EntryCheck, compare, verify
 from tests.builders import make_entry, valid_map
 
 

@@ -1,4 +1,4 @@
-"""publisher.weights: SPEC section 3, every worked example and its properties."""
+"""publisher.core.weights: SPEC section 3, every worked example and its properties."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from publisher.model import Entry
-from publisher.weights import expected_healthy, factor_milli, preserves_traffic, recompute, recompute_map, routable
+from publisher.core.model import Entry
+from publisher.core.weights import expected_healthy, factor_milli, preserves_traffic, recompute, recompute_map, routable
 from tests.builders import make_condition, make_entry, valid_entry, valid_map
 
 

@@ -4,7 +4,7 @@ from the sidecar's own code so that the two cannot drift (issue 27, item 17):
 - values.schema.json's definitions whose pattern is the binary's: `nginxSize` (a lua_shared_dict
   size), `labelSelector`, `envoyRouteConfig`, `nginxPath` (each on one line of the schema, which
   this tool rewrites);
-- templates/_limits.tpl: each duration value's range (publisher.model.DurationRange of the option
+- templates/_limits.tpl: each duration value's range (publisher.core.model.DurationRange of the option
   it feeds), which _validate.tpl checks at render. A JSON schema cannot compare a duration such as
   `1m30s` with `10s`, and no regular expression can bound every spelling of one (`9s1000ms`).
 
@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT))
 from adapters.envoy.options import ROUTE_CONFIG_PATTERN  # noqa: E402
 from adapters.httproute import RESERVED_INSTANCE  # noqa: E402
 from adapters.nginx.lua import PATH_PATTERN, SIZE_PATTERN  # noqa: E402
-from publisher import config  # noqa: E402
-from publisher.model import format_duration  # noqa: E402
-from publisher.model import _DNS_LABEL  # noqa: E402
-from publisher.selector import BOUNDED_DNS_SUBDOMAIN, SELECTOR_PATTERN  # noqa: E402
+from publisher.cli import config  # noqa: E402
+from publisher.core.model import format_duration  # noqa: E402
+from publisher.core.model import _DNS_LABEL  # noqa: E402
+from publisher.source.selector import BOUNDED_DNS_SUBDOMAIN, SELECTOR_PATTERN  # noqa: E402
 
 CHART = ROOT / "helm" / "ome-gateway-publisher"
 SCHEMA = CHART / "values.schema.json"

@@ -9,7 +9,7 @@ parse or miscounts the maps, and its counter never goes backwards. Either way a 
 read back at start or resync is what the files hold; a file that does not parse serves nothing.
 
 Owns the one file (--json-path) or the directory (--json-dir) it writes. Imports the standard
-library, pydantic, adapters.base, adapters.route_json and publisher.model only.
+library, pydantic, adapters.base, adapters.route_json and publisher.core.model only.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adapters.base import TransportDefaults, Unavailable, WriteResult, write_atomic
 from adapters.route_json import from_json, to_json
-from publisher.model import MapKey, Route
+from publisher.core.model import MapKey, Route
 
 INDEX_FILE = "index.json"
 # Writes of at most this many map files run on the event loop; larger ones in a thread.

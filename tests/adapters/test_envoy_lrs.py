@@ -1,6 +1,6 @@
 """adapters/envoy/lrs.py: Envoy's own request counts per map backend (Load Reporting Service),
 folded purely, each Envoy labelled as the xDS server labels it, and (marked slow) reported by a
-real Envoy on the xDS bootstrap and judged by publisher.split, or in file mode to the LRS-only
+real Envoy on the xDS bootstrap and judged by publisher.split.stats, or in file mode to the LRS-only
 server (`--envoy-lrs-listen`, the bootstrap's `--lrs`)."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from adapters.envoy.process import run_envoy
 from adapters.envoy.lrs import LoadReportServer, LoadReports, fold_clusters
 from adapters.envoy.names import parse_cluster_name
 from adapters.envoy.xds import XdsTransport
-from publisher.model import MapKey
-from publisher.split import MIN_REQUESTS, SplitWindows
+from publisher.core.model import MapKey
+from publisher.split.stats import MIN_REQUESTS, SplitWindows
 from tests.adapters.test_envoy_xds import HOST, KEY, RENDERER, envoy, parts, route, write
 from tests.adapters.test_nginx_lua_counts import slow_backends
 from tests.gateways import BACKEND_HEADER, Backends, eventually, free_port, measure, taken_port
@@ -320,8 +320,8 @@ def test_file_mode_counts_requests_only_with_an_lrs_address_and_grpcio(tmp_path,
 
 
 def test_run_gives_file_mode_a_request_counter_from_its_lrs_option(tmp_path) -> None:
-    from publisher.app import build_adapter
-    from publisher.config import load
+    from publisher.cli.app import build_adapter
+    from publisher.cli.config import load
 
     environ = {"OME_PUBLISHER_ADAPTER": "envoy", "OME_PUBLISHER_ENVOY_DIR": str(tmp_path)}
     counting = load({}, environ={**environ, "OME_PUBLISHER_ENVOY_LRS_LISTEN": "127.0.0.1:18001"})

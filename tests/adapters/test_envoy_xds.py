@@ -29,8 +29,8 @@ from adapters.envoy.process import envoy_binary, run_envoy
 from adapters.envoy.resources import CLUSTER_TYPE, MapResources, XdsRenderer, route_from_version
 from adapters.envoy.xds import XdsTransport
 from publisher import metrics
-from publisher.config import RunConfig
-from publisher.model import Backend, MapKey, Route
+from publisher.cli.config import RunConfig
+from publisher.core.model import Backend, MapKey, Route
 from tests.builders import make_entry, make_isvc, make_map
 from tests.gateways import Backends, assert_measured_split, eventually, free_port, measure
 

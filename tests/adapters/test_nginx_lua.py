@@ -35,10 +35,11 @@ from adapters.nginx.lua import (
     entry_text,
     http_snippet,
 )
-from publisher import app, metrics
+from publisher.cli import app
+from publisher import metrics
 from publisher.cli import main
-from publisher.config import RunConfig
-from publisher.model import Backend, MapKey, Publication, Reason, Route
+from publisher.cli.config import RunConfig
+from publisher.core.model import Backend, MapKey, Publication, Reason, Route
 from tests.adapters.nginx_fixtures import RunningLuaNginx, running_lua_nginx
 from tests.gateways import Backends, assert_measured_split, eventually, free_port, measure
 

@@ -41,9 +41,9 @@ from adapters.nginx.reload import read_back
 from adapters.nginx.reload import render as nginx_render
 from adapters.nginx.lua import http_snippet
 from adapters.timeouts import envoy_duration, unit_duration
-from publisher import config
+from publisher.cli import config
 from publisher.cli import main
-from publisher.model import Backend, MapKey, Publication, Route
+from publisher.core.model import Backend, MapKey, Publication, Route
 from tests.adapters.nginx_fixtures import running_lua_nginx, running_nginx
 from tests.gateways import eventually, free_port
 

@@ -19,16 +19,18 @@ from typing import Any, Protocol
 from adapters import ADAPTERS
 from adapters.base import Adapter, ApplyResult, Reconciled, RequestCounter, TransportDefaults, WriteResult, publication_problem
 from adapters.engine import Engine
-from publisher import gate, loop, metrics, region_report, status
-from publisher.config import ConfigError, RunConfig, adapter_options
+from publisher.core import gate
+from publisher import loop, metrics, status
+from publisher.status import region_report
+from publisher.cli.config import ConfigError, RunConfig, adapter_options
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
-from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
-from publisher.region_report import ReportSink
-from publisher.served_split import SplitVerifier
+from publisher.core.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
+from publisher.status.region_report import ReportSink
+from publisher.split.check import SplitVerifier
 from publisher.source import DirectorySource, KubeSource, Stores, WatchOptions
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("publisher.app")
 
 
 def build_adapter(config: RunConfig) -> Adapter:
@@ -169,8 +171,8 @@ async def run(config: RunConfig) -> Summary | None:
         publisher, source = _assemble(config, adapter, kube)
         counter = getattr(transport, "request_counter", None)
         if config.split_verify == "on" and isinstance(counter, RequestCounter) and not (config.once or config.dry_run):
-            publisher.split = SplitVerifier(counter, config.split_interval, config.adapter, publisher.split_changed)
-        metrics.watch_split(publisher.split)
+            publisher.split.stats = SplitVerifier(counter, config.split_interval, config.adapter, publisher.split_changed)
+        metrics.watch_split(publisher.split.stats)
         if config.once or config.dry_run:
             await loop.once(publisher, source, read_gateway=not config.dry_run, timeout=config.timeout)
             return _summary(publisher, adapter)

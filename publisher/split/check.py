@@ -1,14 +1,14 @@
 """Live split verification: does each gateway instance split requests as the weights say?
 
 The gateway counts (adapters.base.RequestCounter: Envoy's Load Reporting Service, NGINX's pick-time
-counters); this module owns the windows those counts fill (publisher.split), judges them every
+counters); this module owns the windows those counts fill (publisher.split.stats), judges them every
 interval, and says what it found: per map and instance in /debug/maps, as the map's condition
 message while it is off, and as metrics. It never holds, unpublishes or changes a map.
 
 One task (`run`) drives it. The applier tells it, through `route_confirmed`, each route the
 gateway confirmed, so the windows of a map restart when its weights change. Each report's interval
 runs from the instance's previous report to this one, so a window counts only the picks made after
-its route was confirmed (publisher.split).
+its route was confirmed (publisher.split.stats).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 from adapters.base import AdapterError, RequestCounter
-from publisher.model import MapKey, Route
-from publisher.split import Judgment, SplitWindows, describe
+from publisher.core.model import MapKey, Route
+from publisher.split.stats import Judgment, SplitWindows, describe
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("publisher.served_split")
 
 # Maps (or windows) a fold handles between two yields to the event loop: about 7 ms of judging.
 SLICE = 500

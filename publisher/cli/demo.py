@@ -33,13 +33,14 @@ from adapters import ADAPTERS
 from adapters.envoy import EnvoyOptions
 from adapters.envoy.bootstrap import xds_bootstrap
 from adapters.envoy.process import envoy_binary, run_envoy
-from publisher import loop, weights
+from publisher import loop
+from publisher.core import weights
 from publisher.loop import LoopOptions, Publisher
-from publisher.manifests import parse_manifests
-from publisher.model import TRAFFIC_MAP_KIND, MapKey, Publication, TrafficMap, object_key, parse_traffic_map
+from publisher.source.manifests import parse_manifests
+from publisher.core.model import TRAFFIC_MAP_KIND, MapKey, Publication, TrafficMap, object_key, parse_traffic_map
 from publisher.source import DirectorySource, Stores
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("publisher.demo")
 
 __all__ = ["change_ready", "point_at", "run_demo"]
 
@@ -62,7 +63,7 @@ BACKEND_HEADER = "x-ome-backend"
 
 # The seed's chat example ships inside the package (examples/trafficmaps/chat.yaml links to it),
 # so an installed package runs the same demo as a checkout.
-EXAMPLE = Path(__file__).resolve().parent / "examples" / "chat.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "chat.yaml"
 
 
 # --- Pure: the maps the demo writes, and how it judges a measurement ------------------------------

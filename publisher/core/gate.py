@@ -14,8 +14,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from publisher.model import INFERENCE_SERVICE_KIND, Held, InferenceService, InvalidObject, Reason, TrafficMap
-from publisher.verify import verify
+from publisher.core.model import INFERENCE_SERVICE_KIND, Held, InferenceService, InvalidObject, Reason, TrafficMap
+from publisher.core.verify import verify
 
 __all__ = ["GateOptions", "PublishedGate", "decide", "describe_invalid"]
 

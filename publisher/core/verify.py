@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from publisher.model import Held, Reason, TrafficMap
-from publisher.quantity import canonical, parse_quantity
-from publisher.weights import expected_healthy, recompute_map
+from publisher.core.model import Held, Reason, TrafficMap
+from publisher.core.quantity import canonical, parse_quantity
+from publisher.core.weights import expected_healthy, recompute_map
 
 __all__ = ["EntryCheck", "compare", "verify"]
 

@@ -21,10 +21,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 from pydantic.fields import FieldInfo
 
 from adapters import ADAPTERS
-from publisher.gate import PublishedGate
+from publisher.core.gate import PublishedGate
 from publisher.metrics import PerMap
-from publisher.selector import selector_problem
-from publisher.model import (
+from publisher.source.selector import selector_problem
+from publisher.core.model import (
     DAY,
     DURATION_UNITS,
     HOUR,

@@ -28,9 +28,9 @@ from pydantic import ValidationError
 
 from adapters.base import publication_problem
 from publisher import __version__, logs
-from publisher.gate import GateOptions, PublishedGate, decide
-from publisher.manifests import ManifestError, parse_manifests, read_manifests
-from publisher.model import (
+from publisher.core.gate import GateOptions, PublishedGate, decide
+from publisher.source.manifests import ManifestError, parse_manifests, read_manifests
+from publisher.core.model import (
     DURATION_UNITS,
     INFERENCE_SERVICE_KIND,
     TRAFFIC_MAP_KIND,
@@ -47,11 +47,12 @@ from publisher.model import (
     split_host_port,
     validate,
 )
-from publisher.plan import DEFAULT_HOST_TEMPLATE, publication_for
-from publisher.verify import compare
+from publisher.core.plan import DEFAULT_HOST_TEMPLATE, publication_for
+from publisher.core.verify import compare
 
 if TYPE_CHECKING:
-    from publisher import app, fleet
+    from publisher.cli import app
+    from publisher.status import fleet
     from publisher.kube import Kube
 
 __all__ = ["main"]
@@ -276,7 +277,7 @@ def _file_reports(args: argparse.Namespace) -> list[_Report]:
 
 def _cluster_reports(args: argparse.Namespace) -> list[_Report]:
     """The sidecar's own decision for each map on the cluster (app.verify_cluster)."""
-    from publisher import app, config
+    from publisher.cli import app, config
     from publisher.kube import KubeError
     from publisher.source import SourceRefused
 
@@ -477,7 +478,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _forget_region_problem(args: argparse.Namespace) -> str | None:
     """Why --forget-region cannot run as given, in one line; None when it can."""
-    from publisher.model import is_dns_label
+    from publisher.core.model import is_dns_label
 
     region = args.forget_region
     if not is_dns_label(region):
@@ -490,7 +491,7 @@ def _forget_region_problem(args: argparse.Namespace) -> str | None:
 
 
 async def _forget_region(kube: Kube, region: str, namespaces: tuple[str, ...]) -> int:
-    from publisher import fleet
+    from publisher.status import fleet
 
     forgotten = await fleet.forget_region(kube, region, namespaces)
     if forgotten.unread is not None:
@@ -505,7 +506,8 @@ async def _forget_region(kube: Kube, region: str, namespaces: tuple[str, ...]) -
 
 
 async def _status_async(args: argparse.Namespace) -> int:
-    from publisher import config, fleet
+    from publisher.cli import config
+    from publisher.status import fleet
     from publisher.kube import Kube
 
     namespaces = tuple(args.namespace)
@@ -578,7 +580,7 @@ def _fleet_text(view: Sequence[fleet.MapStatus], missing: Sequence[str]) -> str:
 
 
 def _add_run(parser: argparse.ArgumentParser) -> None:
-    from publisher import config
+    from publisher.cli import config
 
     # Its options are many: the usage line points at --help instead of listing them all.
     parser.usage = "%(prog)s [OPTION ...]  (--help lists every option)"
@@ -594,7 +596,7 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from publisher import app, config
+    from publisher.cli import app, config
 
     flags = {k: v for k, v in vars(args).items() if k not in ("run", "parser")}
     try:
@@ -640,7 +642,7 @@ def _unwrap(exc: BaseException) -> BaseException:
 def _start_up_error(exc: BaseException) -> str | None:
     """The one line for a failure that stops `run` before it can serve (exit 2), or None for a bug."""
     from adapters.base import AdapterError, in_words
-    from publisher import config
+    from publisher.cli import config
     from publisher.kube import KubeError
     from publisher.loop import ListenError, SyncTimeout
     from publisher.source import SourceRefused
@@ -845,7 +847,7 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from adapters.envoy.process import EnvoyStartError
-    from publisher.demo import run_demo
+    from publisher.cli.demo import run_demo
 
     if args.requests < 100:
         print("ome-publisher demo: --requests must be at least 100", file=sys.stderr)
@@ -868,7 +870,3 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     "nginx-config": ("print the NGINX http {} snippet that serves what the nginx adapter pushes in Lua mode", _add_nginx_config),
     "demo": ("see it work: local backends, a real Envoy, the publisher, and a measured split", _add_demo),
 }
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -37,9 +37,9 @@ from pydantic import ValidationError
 
 from publisher import metrics, status
 from publisher.kube import Kube, KubeError, Resource
-from publisher.model import Condition, MapKey, validate
+from publisher.core.model import Condition, MapKey, validate
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("publisher.region_report")
 
 GROUP = "gateway-publisher.ome.io"
 REGION_REPORTS = Resource(GROUP, "v1alpha1", "regionreports", "RegionReport")

@@ -29,7 +29,7 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from publisher.quantity import QuantityError, parse_quantity
+from publisher.core.quantity import QuantityError, parse_quantity
 
 MAX_WEIGHT = 1_000_000
 T = TypeVar("T")

@@ -27,12 +27,14 @@ import aiohttp
 from aiohttp import web
 
 from adapters.base import Adapter, AdapterError, ApplyResult, NotConnected
-from publisher import gate, metrics, plan, served_split, status
+from publisher.core import gate, plan
+from publisher import metrics, status
+from publisher.split import check as split_check
 from publisher.kube import Kube, KubeError, LeaseLock
-from publisher.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
-from publisher.plan import Hold, Outcome, Publish, Withdraw
+from publisher.core.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
+from publisher.core.plan import Hold, Outcome, Publish, Withdraw
 from publisher.retry import Backoff
-from publisher.served_split import SplitVerifier
+from publisher.split.check import SplitVerifier
 from publisher.source import Stores
 
 log = logging.getLogger(__name__)
@@ -683,7 +685,7 @@ class Publisher:
             )
             if served_by is not None:
                 maps[-1]["envoys"] = served_by(key)  # which version each connected Envoy serves
-            maps[-1]["split"] = self.split.debug(key) if self.split is not None else served_split.unsupported(self.adapter.name)
+            maps[-1]["split"] = self.split.debug(key) if self.split is not None else split_check.unsupported(self.adapter.name)
         return maps
 
     def split_changed(self, key: MapKey) -> None:
@@ -850,8 +852,8 @@ async def run(
             await publisher.start()
             group.create_task(publisher.run_applier())
             group.create_task(publisher.run_resync())
-            if publisher.split is not None:
-                group.create_task(publisher.split.run())
+            if publisher.split.stats is not None:
+                group.create_task(publisher.split.stats.run())
             if publisher.status_sink is not None:
                 group.create_task(publisher.run_status_writer())
                 if leader is not None:

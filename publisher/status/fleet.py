@@ -13,10 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from publisher import region_report, status
+from publisher.status import region_report
+
+from publisher import status
 from publisher.kube import TRAFFIC_MAPS, Kube, KubeError
-from publisher.model import CONDITION_PREFIX, MapKey, condition_type
-from publisher.region_report import Verdict
+from publisher.core.model import CONDITION_PREFIX, MapKey, condition_type
+from publisher.status.region_report import Verdict
 
 # Lists of this many maps a page, as the source reads them.
 _PAGE = 500

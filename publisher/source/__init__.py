@@ -28,8 +28,8 @@ from pydantic import ValidationError
 
 from publisher import metrics
 from publisher.kube import INFERENCE_SERVICES, TRAFFIC_MAPS, Kube, KubeError, Resource, decode_json
-from publisher.manifests import ManifestError, read_manifests
-from publisher.model import (
+from publisher.source.manifests import ManifestError, read_manifests
+from publisher.core.model import (
     CONDITION_PREFIX,
     INFERENCE_SERVICE_KIND,
     TRAFFIC_MAP_KIND,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from publisher.model import (
+from publisher.core.model import (
     GLOBAL_HOST_ANNOTATION,
     Backend,
     Held,

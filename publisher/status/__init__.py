@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from publisher import metrics
 from publisher.kube import TRAFFIC_MAPS, Kube, KubeError
-from publisher.model import API_VERSION, TRAFFIC_MAP_KIND, Condition, InvalidObject, MapKey, Reason, TrafficMap, condition_type, validate
+from publisher.core.model import API_VERSION, TRAFFIC_MAP_KIND, Condition, InvalidObject, MapKey, Reason, TrafficMap, condition_type, validate
 
 if TYPE_CHECKING:
     from publisher.source import Store

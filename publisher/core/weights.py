@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from publisher.model import MAX_WEIGHT, Entry, TrafficMap
-from publisher.quantity import milli_ceil, parse_quantity
+from publisher.core.model import MAX_WEIGHT, Entry, TrafficMap
+from publisher.core.quantity import milli_ceil, parse_quantity
 
 __all__ = ["expected_healthy", "factor_milli", "gated", "preserves_traffic", "recompute", "recompute_map", "routable"]
 
