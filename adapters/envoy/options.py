@@ -96,6 +96,8 @@ class EnvoyOptions(BaseModel):
         tls = (self.envoy_xds_tls_cert, self.envoy_xds_tls_key, self.envoy_xds_client_ca)
         if any(path is not None for path in tls) and any(path is None for path in tls):
             raise ValueError("give all three of --envoy-xds-tls-cert, --envoy-xds-tls-key and --envoy-xds-client-ca, or none")
+        if self.envoy_xds_tls_cert is not None and self.envoy_xds_listen is None and self.envoy_lrs_listen is None:
+            raise ValueError("--envoy-xds-tls-cert, --envoy-xds-tls-key and --envoy-xds-client-ca are for --envoy-xds-listen or --envoy-lrs-listen")
         if self.envoy_xds_tls_cert is None and not self.envoy_xds_allow_plaintext:
             for flag, listen in (("--envoy-xds-listen", self.envoy_xds_listen), ("--envoy-lrs-listen", self.envoy_lrs_listen)):
                 if listen is not None and not is_loopback(listen.rpartition(":")[0]):

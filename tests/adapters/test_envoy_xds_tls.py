@@ -69,6 +69,9 @@ def test_plaintext_off_loopback_is_refused_unless_allowed(tmp_path, field, liste
 def test_the_tls_files_go_together(tmp_path):
     with pytest.raises(ValueError, match="give all three of --envoy-xds-tls-cert, --envoy-xds-tls-key and --envoy-xds-client-ca, or none"):
         EnvoyOptions(envoy_xds_listen="127.0.0.1:18000", envoy_xds_tls_cert=tmp_path / "c", envoy_xds_tls_key=tmp_path / "k")
+    files = {"envoy_xds_tls_cert": tmp_path / "c", "envoy_xds_tls_key": tmp_path / "k", "envoy_xds_client_ca": tmp_path / "ca"}
+    with pytest.raises(ValueError, match="are for --envoy-xds-listen or --envoy-lrs-listen"):
+        EnvoyOptions(envoy_dir=tmp_path, **files)  # file mode without its LRS server: nothing would use them
 
 
 def test_run_refuses_plaintext_off_loopback_in_one_line_before_binding(tmp_path, capsys):
