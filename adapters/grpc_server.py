@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import grpc
 
 from adapters.listen import bind_problem
+
+if TYPE_CHECKING:
+    from adapters.grpc_tls import ServerTls
 
 __all__ = ["MAX_RECEIVE_BYTES", "SERVER_OPTIONS", "add_port", "instance_label", "peer_address", "peer_host"]
 
@@ -31,14 +35,15 @@ SERVER_OPTIONS = [
 ]
 
 
-def add_port(server: grpc.aio.Server, listen: str, flag: str) -> int:
-    """Bind `server` to `listen`; the port. An address that cannot be bound raises OSError naming
-    `flag`, and gRPC is not asked to bind it (its own lines on stderr would come first)."""
+def add_port(server: grpc.aio.Server, listen: str, flag: str, tls: ServerTls | None = None) -> int:
+    """Bind `server` to `listen`, with mutual TLS when `tls` is given; the port. An address that
+    cannot be bound raises OSError naming `flag`, and gRPC is not asked to bind it (its own lines
+    on stderr would come first)."""
     problem = bind_problem(listen)
     port = 0
     if problem is None:
         try:
-            port = server.add_insecure_port(listen)
+            port = server.add_insecure_port(listen) if tls is None else server.add_secure_port(listen, tls.credentials())
         except RuntimeError:  # taken between the check and gRPC's bind; gRPC says only "Failed to bind"
             port = 0
         problem = None if port else "gRPC could not bind it"

@@ -3,10 +3,11 @@ whether an address can be bound now (the sidecar's gRPC servers ask before bindi
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 
-__all__ = ["bind_problem", "check_nginx_listen", "nginx_listen_parts"]
+__all__ = ["bind_problem", "check_nginx_listen", "is_loopback", "nginx_listen_parts"]
 
 _NGINX_LISTEN = re.compile(r"^((?P<host>\*|[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):)?(?P<port>[0-9]{1,5})$")
 
@@ -42,3 +43,19 @@ def bind_problem(listen: str) -> str | None:
     except ValueError:
         return "not HOST:PORT"
     return None
+
+
+def is_loopback(host: str) -> bool:
+    """Pure: whether a listen host stays inside the machine (the pod): `localhost`, or an IP
+    literal in 127.0.0.0/8 or ::1. Any other name counts as leaving it, as its address is not
+    known without resolving it; an empty host or `0.0.0.0` binds every interface."""
+    host = host.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback

@@ -31,5 +31,5 @@ def build(options: EnvoyOptions) -> tuple[Any, Any]:
             timeout=options.route_timeout,
             idle_timeout=options.route_idle_timeout,
         )
-        return renderer, XdsTransport(options.envoy_xds_listen, renderer)
+        return renderer, XdsTransport(options.envoy_xds_listen, renderer, options.load_server_tls())
     return build_files(options)

@@ -10,6 +10,7 @@ demo, tests and benchmarks.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import yaml
 from adapters.envoy.render import CDS_FILE, RDS_FILE, ip_literal
 from adapters.envoy.names import STAT_PREFIX
 
-__all__ = ["bootstrap", "not_prefixed", "xds_bootstrap"]
+__all__ = ["ClientTls", "bootstrap", "not_prefixed", "xds_bootstrap"]
 
 _HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
@@ -41,11 +42,13 @@ def bootstrap(
     admin_port: int | None = None,
     route_config: str = "ome-global",
     lrs: tuple[str, int] | None = None,
+    tls: ClientTls | None = None,
 ) -> str:
     """Pure: an Envoy bootstrap (YAML) serving route configuration `route_config` from
     `envoy_dir/rds.yaml` and the clusters from `envoy_dir/cds.yaml` on one HTTP listener. With
     `lrs` (host, port), Envoy reports its requests per cluster to the sidecar's Load Reporting
-    Service there (`run --envoy-lrs-listen`), which is how the sidecar checks the split it serves."""
+    Service there (`run --envoy-lrs-listen`), which is how the sidecar checks the split it serves;
+    with `tls`, over mutual TLS (`run --envoy-xds-tls-*`)."""
     envoy_dir = Path(envoy_dir).absolute()
     hcm = {
         "@type": _HCM_TYPE,
@@ -67,7 +70,7 @@ def bootstrap(
         },
     }
     if lrs is not None:
-        config["static_resources"]["clusters"] = [_grpc_cluster(_LRS_CLUSTER, *lrs)]
+        config["static_resources"]["clusters"] = [_grpc_cluster(_LRS_CLUSTER, *lrs, tls)]
         config["cluster_manager"] = _load_stats_config(_LRS_CLUSTER)
     return _with_admin(config, admin_host, admin_port)
 
@@ -136,10 +139,51 @@ def _listener(host: str, port: int, hcm: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _grpc_cluster(name: str, host: str, port: int) -> dict[str, Any]:
-    """A static HTTP/2 cluster for one of the sidecar's gRPC servers (xDS, or file mode's LRS)."""
+_TLS_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """Envoy's side of the xDS (and LRS) server's mutual TLS: its client certificate and key, the
+    CA that signed the server's certificate, and the name that certificate must carry."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    server_name: str
+
+
+def _transport_socket(tls: ClientTls) -> dict[str, Any]:
+    """Envoy's TLS to the publisher: it presents its client certificate, trusts only `tls.ca`, and
+    requires the server certificate to name `tls.server_name` in its subject alternative names (a
+    DNS name, sent as SNI too; an IP address as an IP SAN, as SNI carries no addresses). Files are
+    read when Envoy starts: a rotated client certificate takes a restart of Envoy."""
+    address = ip_literal(tls.server_name)
+    san = {"san_type": "IP_ADDRESS", "matcher": {"exact": address}} if address else {"san_type": "DNS", "matcher": {"exact": tls.server_name}}
+    context: dict[str, Any] = {
+        "@type": _TLS_TYPE,
+        "common_tls_context": {
+            "tls_params": {"tls_minimum_protocol_version": "TLSv1_2", "tls_maximum_protocol_version": "TLSv1_3"},
+            "alpn_protocols": ["h2"],
+            "tls_certificates": [
+                {"certificate_chain": {"filename": str(Path(tls.cert).absolute())}, "private_key": {"filename": str(Path(tls.key).absolute())}}
+            ],
+            "validation_context": {
+                "trusted_ca": {"filename": str(Path(tls.ca).absolute())},
+                "match_typed_subject_alt_names": [san],
+            },
+        },
+    }
+    if address is None:
+        context["sni"] = tls.server_name
+    return {"name": "envoy.transport_sockets.tls", "typed_config": context}
+
+
+def _grpc_cluster(name: str, host: str, port: int, tls: ClientTls | None = None) -> dict[str, Any]:
+    """A static HTTP/2 cluster for one of the sidecar's gRPC servers (xDS, or file mode's LRS),
+    over mutual TLS with `tls`."""
     address = ip_literal(host)
-    return {
+    cluster: dict[str, Any] = {
         "name": name,
         "type": "STATIC" if address else "STRICT_DNS",
         "connect_timeout": "1s",
@@ -154,6 +198,9 @@ def _grpc_cluster(name: str, host: str, port: int) -> dict[str, Any]:
             "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(address or host, port)}}]}],
         },
     }
+    if tls is not None:
+        cluster["transport_socket"] = _transport_socket(tls)
+    return cluster
 
 
 def _load_stats_config(cluster: str) -> dict[str, Any]:
@@ -183,12 +230,14 @@ def xds_bootstrap(
     admin_port: int | None = None,
     backend_stats: bool = False,
     load_stats: bool = True,
+    tls: ClientTls | None = None,
 ) -> str:
     """Pure: an Envoy bootstrap (YAML) taking clusters, scopes and routes from the sidecar's delta
     ADS server at xds_host:xds_port, serving them on one HTTP listener; each host is one scope.
     `backend_stats` keeps each map backend's upstream_* stats, at a cost (see _xds_stats_matcher).
     `load_stats` has Envoy report its requests per cluster to the same server (Load Reporting
-    Service), which is how the sidecar checks the split it serves."""
+    Service), which is how the sidecar checks the split it serves. With `tls`, both over mutual
+    TLS (the publisher's `run --envoy-xds-tls-*`)."""
     hcm = {
         "@type": _HCM_TYPE,
         "stat_prefix": STAT_PREFIX,
@@ -232,7 +281,7 @@ def xds_bootstrap(
             "cds_config": _ads(),
         },
         "static_resources": {
-            "clusters": [_grpc_cluster(_XDS_CLUSTER, xds_host, xds_port)],
+            "clusters": [_grpc_cluster(_XDS_CLUSTER, xds_host, xds_port, tls)],
             "listeners": [_listener(listen_host, listen_port, hcm)],
         },
     }

@@ -356,4 +356,4 @@ def _load_report_server(options: EnvoyOptions) -> LoadReportServer | None:
     except ImportError as exc:
         log.warning("envoy file mode counts no requests: the load report server needs grpcio", extra={"error": str(exc)})
         return None
-    return LoadReportServer(options.envoy_lrs_listen)
+    return LoadReportServer(options.envoy_lrs_listen, options.load_server_tls())

@@ -32,6 +32,7 @@ from google.protobuf import duration_pb2
 from adapters.base import CountReport
 from adapters.envoy.names import parse_cluster_name
 from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label, peer_address
+from adapters.grpc_tls import ServerTls
 from publisher.core.model import MapKey
 
 __all__ = ["LoadReportServer", "LoadReports", "fold_clusters"]
@@ -175,8 +176,9 @@ class LoadReportServer:
     """File mode's gRPC server: only the Load Reporting Service, on `listen` (`--envoy-lrs-listen`).
     Its `request_counter` is the file transport's RequestCounter."""
 
-    def __init__(self, listen: str) -> None:
+    def __init__(self, listen: str, tls: ServerTls | None = None) -> None:
         self.listen = listen
+        self._tls = tls
         self.request_counter = LoadReports()
         self.port: int | None = None
         self._serving = asyncio.Event()
@@ -186,7 +188,7 @@ class LoadReportServer:
         raises OSError naming --envoy-lrs-listen."""
         server = grpc.aio.server(options=SERVER_OPTIONS)
         self.request_counter.add_to(server)
-        self.port = add_port(server, self.listen, "--envoy-lrs-listen")
+        self.port = add_port(server, self.listen, "--envoy-lrs-listen", self._tls)
         await server.start()
         self._serving.set()
         log.info("load report server listening", extra={"listen": self.listen, "port": self.port})

@@ -28,6 +28,7 @@ from adapters.envoy.lrs import LoadReports
 from adapters.envoy.resources import ROUTE_TYPE, MapResources, XdsRenderer, map_name
 from adapters.envoy.xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, plan, served_by_most
 from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label
+from adapters.grpc_tls import ServerTls
 from publisher.core.model import MapKey, Route
 
 # The name it had before the move into adapters/envoy/: log filters keep working.
@@ -309,8 +310,10 @@ class XdsTransport:
     # How long a read at start waits for a first Envoy to connect and list what it holds.
     read_wait = 3.0
 
-    def __init__(self, listen: str, renderer: XdsRenderer) -> None:
+    def __init__(self, listen: str, renderer: XdsRenderer, tls: ServerTls | None = None) -> None:
         self._listen = listen
+        # Mutual TLS for Envoys outside the pod (--envoy-xds-tls-*); None: plaintext.
+        self._tls = tls
         self._renderer = renderer
         # Envoys report their requests per cluster on the same server, for the served-split check.
         self.request_counter = LoadReports()
@@ -338,7 +341,7 @@ class XdsTransport:
         server = grpc.aio.server(options=SERVER_OPTIONS)
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(_Servicer(self), server)
         self.request_counter.add_to(server)
-        self.port = add_port(server, self._listen, "--envoy-xds-listen")
+        self.port = add_port(server, self._listen, "--envoy-xds-listen", self._tls)
         self._server = server
         await server.start()
         self._serving.set()

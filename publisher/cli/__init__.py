@@ -698,6 +698,18 @@ def _add_envoy_bootstrap(parser: argparse.ArgumentParser) -> None:
         help="xDS mode: keep each map backend's upstream_* stats (Envoy keeps no per-map cluster stats by default: "
         "at 10,000 maps they make its first load about 2.5 s slower)",
     )
+    tls = parser.add_argument_group(
+        "mutual TLS to the publisher (all three or none; `run --envoy-xds-tls-cert/--envoy-xds-tls-key/--envoy-xds-client-ca`)"
+    )
+    tls.add_argument("--tls-cert", metavar="FILE", help="Envoy's client certificate (PEM), signed by the publisher's --envoy-xds-client-ca")
+    tls.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
+    tls.add_argument("--tls-ca", metavar="FILE", help="the CA that signed the publisher's certificate (PEM)")
+    tls.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        help="the name the publisher's certificate must carry as a subject alternative name, sent as SNI "
+        "(an IP address: an IP SAN; default: the host of --xds, or of --lrs)",
+    )
     parser.add_argument(
         "--no-load-stats",
         dest="load_stats",
@@ -709,7 +721,7 @@ def _add_envoy_bootstrap(parser: argparse.ArgumentParser) -> None:
 
 
 def _envoy_bootstrap(args: argparse.Namespace) -> int:
-    from adapters.envoy.bootstrap import bootstrap, xds_bootstrap
+    from adapters.envoy.bootstrap import ClientTls, bootstrap, xds_bootstrap
 
     try:
         listen_host, listen_port = split_host_port(args.listen)
@@ -726,6 +738,18 @@ def _envoy_bootstrap(args: argparse.Namespace) -> int:
     if lrs is not None and xds is not None:
         print("ome-publisher envoy-bootstrap: --lrs is for --envoy-dir (with --xds Envoy reports load to the xDS server)", file=sys.stderr)
         return EXIT_INPUT
+    tls_files = (args.tls_cert, args.tls_key, args.tls_ca)
+    if any(tls_files) and not all(tls_files):
+        print("ome-publisher envoy-bootstrap: give all three of --tls-cert, --tls-key and --tls-ca, or none", file=sys.stderr)
+        return EXIT_INPUT
+    server = xds or lrs
+    if (all(tls_files) or args.tls_server_name) and server is None:
+        print("ome-publisher envoy-bootstrap: --tls-* are for --xds or --lrs", file=sys.stderr)
+        return EXIT_INPUT
+    if args.tls_server_name and not all(tls_files):
+        print("ome-publisher envoy-bootstrap: --tls-server-name needs --tls-cert, --tls-key and --tls-ca", file=sys.stderr)
+        return EXIT_INPUT
+    tls = ClientTls(Path(args.tls_cert), Path(args.tls_key), Path(args.tls_ca), args.tls_server_name or server[0]) if server and all(tls_files) else None
     if xds is not None:
         text = xds_bootstrap(
             xds_host=xds[0],
@@ -736,6 +760,7 @@ def _envoy_bootstrap(args: argparse.Namespace) -> int:
             admin_port=admin[1],
             backend_stats=args.backend_stats,
             load_stats=args.load_stats,
+            tls=tls,
         )
     else:
         text = bootstrap(
@@ -746,6 +771,7 @@ def _envoy_bootstrap(args: argparse.Namespace) -> int:
             admin_port=admin[1],
             route_config=args.envoy_route_config,
             lrs=lrs if args.load_stats else None,
+            tls=tls,
         )
     print(text, end="")
     return EXIT_OK

@@ -148,6 +148,8 @@ class RecordedRequest:
     path: str
     content_type: str
     field_manager: str | None
+    # The bearer token the client sent (write_kubeconfig's `token`): which client asked, when several share the server.
+    token: str | None = None
 
 
 class _Signal:
@@ -458,7 +460,8 @@ class FakeKubeAPI:
         try:
             route = self._route(parts)
             verb = self._verb(request.method, route, query)
-            self.requests.append(RecordedRequest(verb, request.path, content_type, query.get("fieldManager")))
+            token = request.headers.get("Authorization", "").removeprefix("Bearer ") or None
+            self.requests.append(RecordedRequest(verb, request.path, content_type, query.get("fieldManager"), token))
             await self._delay()
             refusal = self._refusal(verb, route)
             if refusal is not None:
