@@ -12,8 +12,9 @@ from hypothesis import settings
 # By default every property test and simulation runs the same fixed examples (derandomized, nothing
 # read from or written to .hypothesis/), so a run passes or fails on the code alone. Random
 # exploration is opt-in and longer: OME_SIMULATION_EXAMPLES=2000 (say) also turns randomness on.
-settings.register_profile("fixed", derandomize=True, database=None, print_blob=True)
-settings.register_profile("explore", derandomize=False, print_blob=True)
+# No deadline: a busy machine makes one example slow, and a test never depends on the machine's speed.
+settings.register_profile("fixed", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, deadline=None, print_blob=True)
 settings.load_profile("explore" if os.environ.get("OME_SIMULATION_EXAMPLES") else "fixed")
 
 
