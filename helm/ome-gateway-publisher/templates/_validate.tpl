@@ -94,5 +94,8 @@ xds mode only, and mTLS from somewhere (Secrets or cert-manager) unless plaintex
 {{- if and $autoscaling.enabled (gt (int $autoscaling.minReplicas) (int $autoscaling.maxReplicas)) }}
 {{- fail (printf "controlPlaneTopology.envoy.autoscaling: minReplicas (%d) is more than maxReplicas (%d)" (int $autoscaling.minReplicas) (int $autoscaling.maxReplicas)) }}
 {{- end }}
+{{- if and $autoscaling.enabled (not (dig "requests" "cpu" "" (.Values.gateway.envoy.resources | default dict))) }}
+{{- fail "controlPlaneTopology.envoy.autoscaling scales on CPU use in percent of the request: set gateway.envoy.resources.requests.cpu" }}
+{{- end }}
 {{- end }}
 {{- end }}
