@@ -425,3 +425,11 @@ def test_a_publisher_replica_is_ready_after_its_first_sync_with_no_envoy_connect
             process.wait()
         log.close()
     assert answer[0] == 200, f"/readyz: {answer}"
+
+
+def test_the_notes_name_both_deployments_and_the_xds_service() -> None:
+    notes = _render(SECRETS)["templates/NOTES.txt"]
+    assert f"Deployment {FULLNAME}-publisher" in notes and f"Deployment {FULLNAME}-envoy" in notes
+    assert f"{FULLNAME}-xds:18000" in notes and "over mTLS" in notes
+    assert "in plaintext (tls.allowPlaintext)" in _render({"topology": "controlPlane", "tls": {"allowPlaintext": True}})["templates/NOTES.txt"]
+    assert "Topology controlPlane" not in _render({})["templates/NOTES.txt"]
