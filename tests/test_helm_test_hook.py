@@ -46,6 +46,24 @@ def test_the_hook_is_a_test_pod_asking_the_metrics_service() -> None:
     assert _hook({"metrics": {"port": 9300}})["spec"]["containers"][0]["command"][-1].endswith(":9300")
 
 
+def test_the_hook_asks_the_publishers_in_either_topology() -> None:
+    """In the controlPlane topology (issue 30) the hook is the same Pod, and the metrics Service it
+    asks selects the publisher pods only, not the Envoys'."""
+    control_plane = {"topology": "controlPlane", "tls": {"allowPlaintext": True}}
+    assert _hook(control_plane) == _hook()
+    rendered = helm.Chart.load(str(CHART)).render(control_plane, name="eu-west", namespace="ome-gateway", is_install=True)
+    objects = [doc for path, text in rendered.items() if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc]
+    (service,) = [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "eu-west-ome-gateway-publisher-metrics"]
+    url = _hook(control_plane)["spec"]["containers"][0]["command"][-1]
+    assert url.startswith(f"http://{service['metadata']['name']}.ome-gateway.svc:{service['spec']['ports'][0]['port']}")
+    pods = {o["metadata"]["name"]: o["spec"]["template"] for o in objects if o["kind"] == "Deployment"}
+    selector = service["spec"]["selector"].items()
+    selected = sorted(name for name, pod in pods.items() if selector <= pod["metadata"]["labels"].items())
+    assert selected == ["eu-west-ome-gateway-publisher-publisher"]
+    (container,) = pods[selected[0]]["spec"]["containers"]
+    assert container["name"] == "publisher" and {"name": "metrics", "containerPort": 9180, "protocol": "TCP"} in container["ports"]
+
+
 def _check(url: str) -> subprocess.CompletedProcess[str]:
     command = _hook()["spec"]["containers"][0]["command"]
     assert command[:2] == ["python", "-c"]

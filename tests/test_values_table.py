@@ -38,7 +38,7 @@ def test_every_value_has_a_row_with_its_default_and_a_description() -> None:
 def test_the_check_sees_a_changed_default_and_a_changed_description() -> None:
     assert values_table.with_table(README, VALUES) == README
     changed_default = VALUES.replace("resync: 60s", "resync: 2m")
-    changed_text = VALUES.replace("# -- Pod replicas.", "# -- How many pods.")
+    changed_text = VALUES.replace("# -- sidecar topology: pod replicas.", "# -- sidecar topology: how many pods.")
     for values in (changed_default, changed_text):
         assert values != VALUES
         assert values_table.with_table(README, values) != README

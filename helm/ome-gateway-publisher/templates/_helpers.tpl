@@ -133,3 +133,106 @@ then only for people), else by tag. The context is (list <image> <default tag>).
 {{- define "ome-gateway-publisher.image" -}}
 {{- include "ome-gateway-publisher.imageRef" (list .Values.image .Chart.AppVersion) }}
 {{- end }}
+
+{{/* "true" in the controlPlane topology (publishers and Envoys in two Deployments), "" in the
+sidecar one. */}}
+{{- define "ome-gateway-publisher.controlPlaneTopology" -}}
+{{- if eq .Values.topology "controlPlane" }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the publisher runs `--leader-elect`: asked for, or the controlPlane topology,
+whose replicas all serve xDS while only the Lease holder writes status. */}}
+{{- define "ome-gateway-publisher.leaderElect" -}}
+{{- if or .Values.leaderElection.enabled (include "ome-gateway-publisher.controlPlaneTopology" .) }}true{{ end }}
+{{- end }}
+
+{{/* The publisher pods' selector: in the controlPlane topology the Envoy pods share the
+release's labels, so each side adds its component. */}}
+{{- define "ome-gateway-publisher.publisherSelectorLabels" -}}
+{{ include "ome-gateway-publisher.selectorLabels" . }}
+{{- if include "ome-gateway-publisher.controlPlaneTopology" . }}
+app.kubernetes.io/component: publisher
+{{- end }}
+{{- end }}
+
+{{/* The gateway pods' selector (the pod itself in the sidecar topology). */}}
+{{- define "ome-gateway-publisher.gatewaySelectorLabels" -}}
+{{ include "ome-gateway-publisher.selectorLabels" . }}
+{{- if include "ome-gateway-publisher.controlPlaneTopology" . }}
+app.kubernetes.io/component: envoy
+{{- end }}
+{{- end }}
+
+{{/* controlPlane topology: the Service the Envoys reach the publishers' xDS server through. */}}
+{{- define "ome-gateway-publisher.xdsServiceName" -}}
+{{- printf "%s-xds" (include "ome-gateway-publisher.fullname" .) }}
+{{- end }}
+
+{{- define "ome-gateway-publisher.xdsServiceHost" -}}
+{{- printf "%s.%s.svc" (include "ome-gateway-publisher.xdsServiceName" .) .Release.Namespace }}
+{{- end }}
+
+{{/* "true" when xDS leaves the pod over mTLS: the controlPlane topology, unless tls.allowPlaintext. */}}
+{{- define "ome-gateway-publisher.xdsTls" -}}
+{{- if and (include "ome-gateway-publisher.controlPlaneTopology" .) (not .Values.tls.allowPlaintext) }}true{{ end }}
+{{- end }}
+
+{{/* The Secrets of each side's certificate: the user's, or the one cert-manager writes. */}}
+{{- define "ome-gateway-publisher.xdsServerSecret" -}}
+{{- default (printf "%s-xds-server-tls" (include "ome-gateway-publisher.fullname" .)) .Values.tls.server.secretName }}
+{{- end }}
+
+{{- define "ome-gateway-publisher.xdsClientSecret" -}}
+{{- default (printf "%s-xds-client-tls" (include "ome-gateway-publisher.fullname" .)) .Values.tls.client.secretName }}
+{{- end }}
+
+{{/* Where each side mounts its Secret (cert-manager's layout: tls.crt, tls.key, ca.crt). */}}
+{{- define "ome-gateway-publisher.xdsServerTlsDir" -}}
+/etc/ome-publisher/xds-tls
+{{- end }}
+
+{{- define "ome-gateway-publisher.xdsClientTlsDir" -}}
+/etc/ome-gateway/xds-tls
+{{- end }}
+
+{{/* The pod-level settings both controlPlane Deployments share with the sidecar topology's pod;
+the context is (list <root> <selector labels of this pod>). The anti-affinity spreads each
+Deployment's pods over nodes unless `affinity` replaces it. */}}
+{{- define "ome-gateway-publisher.controlPlaneScheduling" -}}
+{{- $root := index . 0 -}}
+affinity:
+  {{- if $root.Values.affinity }}
+  {{- toYaml $root.Values.affinity | nindent 2 }}
+  {{- else }}
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- index . 1 | nindent 14 }}
+  {{- end }}
+{{- with $root.Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml $root.Values.podSecurityContext | nindent 2 }}
+terminationGracePeriodSeconds: {{ $root.Values.terminationGracePeriodSeconds }}
+{{- end }}

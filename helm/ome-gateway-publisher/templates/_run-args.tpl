@@ -26,7 +26,7 @@ against `ome-publisher run --help`.
 - {{ printf "--split-verify=%s" (ternary "on" "off" .Values.splitVerify.enabled) | quote }}
 - {{ printf "--split-interval=%s" .Values.splitVerify.interval | quote }}
 - {{ printf "--status-mode=%s" (include "ome-gateway-publisher.statusMode" .) | quote }}
-{{- if .Values.leaderElection.enabled }}
+{{- if include "ome-gateway-publisher.leaderElect" . }}
 - --leader-elect
 - {{ printf "--lease-namespace=%s" (include "ome-gateway-publisher.leaseNamespace" .) | quote }}
 {{- end }}
@@ -39,7 +39,18 @@ against `ome-publisher run --help`.
 - {{ printf "--log-level=%s" .Values.log.level | quote }}
 - {{ printf "--adapter=%s" .Values.adapter.name | quote }}
 {{- if eq .Values.adapter.name "envoy" }}
-{{- if eq $mode "envoy-xds" }}
+{{- if and (eq $mode "envoy-xds") (include "ome-gateway-publisher.controlPlaneTopology" .) }}
+{{- /* The Envoys are in other pods: every address, over mTLS unless plaintext is asked for. */}}
+- {{ printf "--envoy-xds-listen=0.0.0.0:%d" (int .Values.adapter.envoy.xdsPort) | quote }}
+{{- if include "ome-gateway-publisher.xdsTls" . }}
+{{- $dir := include "ome-gateway-publisher.xdsServerTlsDir" . }}
+- {{ printf "--envoy-xds-tls-cert=%s/tls.crt" $dir | quote }}
+- {{ printf "--envoy-xds-tls-key=%s/tls.key" $dir | quote }}
+- {{ printf "--envoy-xds-client-ca=%s/ca.crt" $dir | quote }}
+{{- else }}
+- --envoy-xds-allow-plaintext
+{{- end }}
+{{- else if eq $mode "envoy-xds" }}
 - {{ printf "--envoy-xds-listen=127.0.0.1:%d" (int .Values.adapter.envoy.xdsPort) | quote }}
 {{- else }}
 - --envoy-dir=/run/ome-gateway

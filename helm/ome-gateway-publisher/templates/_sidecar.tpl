@@ -2,7 +2,8 @@
 The publisher container. With a gateway beside it (envoy, nginx) deployment.yaml makes it a native
 sidecar (an initContainer with restartPolicy: Always), so the gateway starts after its startupProbe
 passes and the sidecar stops only after the gateway has drained; otherwise (httproute, json) it is
-the pod's only container.
+the pod's only container, as it is in the controlPlane topology's publisher Deployment, where it
+also serves xDS to the Envoys' pods (the xds port).
 */}}
 {{- define "ome-gateway-publisher.sidecar" -}}
 {{- $mode := include "ome-gateway-publisher.gatewayMode" . -}}
@@ -19,6 +20,11 @@ ports:
   - name: metrics
     containerPort: {{ .Values.metrics.port }}
     protocol: TCP
+{{- if include "ome-gateway-publisher.controlPlaneTopology" . }}
+  - name: xds
+    containerPort: {{ .Values.adapter.envoy.xdsPort }}
+    protocol: TCP
+{{- end }}
 {{- with .Values.probes.startup }}
 startupProbe:
   {{- toYaml . | nindent 2 }}
@@ -50,6 +56,9 @@ volumeMounts:
   - {name: nginx-run, mountPath: /run/nginx, readOnly: true}
 {{- else if eq $mode "nginx-lua" }}
   - {name: nginx-control-secret, mountPath: /etc/ome-publisher/nginx-control, readOnly: true}
+{{- end }}
+{{- if include "ome-gateway-publisher.xdsTls" . }}
+  - {name: xds-tls, mountPath: {{ include "ome-gateway-publisher.xdsServerTlsDir" . }}, readOnly: true}
 {{- end }}
 {{- with .Values.extraVolumeMounts }}
   {{- toYaml . | nindent 2 }}

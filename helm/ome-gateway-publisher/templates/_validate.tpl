@@ -6,6 +6,7 @@ the sidecar's code). Included by deployment.yaml, so install, template and lint 
 */}}
 {{- define "ome-gateway-publisher.validate" -}}
 {{- include "ome-gateway-publisher.validateDurations" . }}
+{{- include "ome-gateway-publisher.validateControlPlaneTopology" . }}
 {{- $reserved := include "ome-gateway-publisher.httprouteReservedInstance" . }}
 {{- if and (eq .Values.adapter.name "httproute") (eq (include "ome-gateway-publisher.instanceName" .) $reserved) }}
 {{- fail (printf "instanceName: %q would name the routes like OME's own `<isvc>-%s` ones, which the httproute adapter refuses; set another instanceName" $reserved $reserved) }}
@@ -64,6 +65,37 @@ grammar, `1h30m`, `1.5s`, `500ms`) summed in seconds part by part, as the sideca
 {{- else if gt $seconds .most }}
 {{- fail (printf "%s: %s is longer than %s, the most %s takes" .path (toString $value) .mostText .flag) }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The controlPlane topology serves Envoys in other pods over xDS, so it takes the envoy adapter in
+xds mode only, and mTLS from somewhere (Secrets or cert-manager) unless plaintext is asked for.
+*/}}
+{{- define "ome-gateway-publisher.validateControlPlaneTopology" -}}
+{{- if include "ome-gateway-publisher.controlPlaneTopology" . }}
+{{- if ne .Values.adapter.name "envoy" }}
+{{- fail (printf "topology: controlPlane serves Envoys in their own pods over xDS, so it needs adapter.name envoy (adapter.envoy.mode xds), not %q; use topology: sidecar for the %s adapter" .Values.adapter.name .Values.adapter.name) }}
+{{- end }}
+{{- if ne .Values.adapter.envoy.mode "xds" }}
+{{- fail (printf "topology: controlPlane needs adapter.envoy.mode xds, not %q: in files mode Envoy reads files the publisher writes in its own pod; use topology: sidecar for files mode" .Values.adapter.envoy.mode) }}
+{{- end }}
+{{- if include "ome-gateway-publisher.xdsTls" . }}
+{{- if .Values.tls.certManager.enabled }}
+{{- if not .Values.tls.certManager.issuerRef.name }}
+{{- fail "tls.certManager.enabled: set tls.certManager.issuerRef.name, the Issuer or ClusterIssuer that signs the xDS certificates" }}
+{{- end }}
+{{- else if not (and .Values.tls.server.secretName .Values.tls.client.secretName) }}
+{{- fail "topology: controlPlane serves xDS off the pod over mTLS: set tls.server.secretName and tls.client.secretName (each with tls.crt, tls.key and ca.crt), or tls.certManager.enabled with tls.certManager.issuerRef.name; tls.allowPlaintext serves it without TLS, for a trusted network only" }}
+{{- end }}
+{{- end }}
+{{- $autoscaling := .Values.controlPlaneTopology.envoy.autoscaling }}
+{{- if and $autoscaling.enabled (gt (int $autoscaling.minReplicas) (int $autoscaling.maxReplicas)) }}
+{{- fail (printf "controlPlaneTopology.envoy.autoscaling: minReplicas (%d) is more than maxReplicas (%d)" (int $autoscaling.minReplicas) (int $autoscaling.maxReplicas)) }}
+{{- end }}
+{{- if and $autoscaling.enabled (not (dig "requests" "cpu" "" (.Values.gateway.envoy.resources | default dict))) }}
+{{- fail "controlPlaneTopology.envoy.autoscaling scales on CPU use in percent of the request: set gateway.envoy.resources.requests.cpu" }}
 {{- end }}
 {{- end }}
 {{- end }}
