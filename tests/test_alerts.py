@@ -333,7 +333,7 @@ class _OneEnvoy:
     """An xDS transport with one Envoy connected, for the per-Envoy series."""
 
     def envoys(self) -> list[Any]:
-        return [SimpleNamespace(name="ome-gateway-envoy", node="ome-gateway-envoy", peer="ipv4:127.0.0.1", nacks={}, unacked_since=None, sent=0)]
+        return [SimpleNamespace(name="ome-gateway-envoy", node="ome-gateway-envoy", peer="ipv4:127.0.0.1", nacks={}, unacked_since=None, sent=0, refused=0)]
 
     def served(self, key: Any) -> dict[str, str | None]:
         return {}
