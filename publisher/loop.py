@@ -329,15 +329,17 @@ class Publisher:
         now = self.clock()
         confirmed = self.adapter.confirmed
         for key, old in before.items():
-            if key in result.rejected:
-                continue
             new = confirmed.get(key)
             if new == old:
                 continue
+            # What the gateway serves now, even for a map some client refused (held back on it
+            # alone while the others serve it): the split check and the weights follow it.
             if self.split is not None:
                 self.split.route_confirmed(key, new)
-            metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="withdrawn" if new is None else "published").inc()
             metrics.map_weights(key, new)
+            if key in result.rejected:
+                continue
+            metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="withdrawn" if new is None else "published").inc()
             seen_at = pending.get(key)
             if seen_at is not None:
                 metrics.EVENT_TO_APPLY.labels(adapter=self.adapter.name).observe(now - seen_at)

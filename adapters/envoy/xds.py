@@ -95,10 +95,11 @@ class _Session:
     The synchronisation it needs, each for one reason: `wake` (a request came or a write marked
     maps), `converging` (one task at a time brings this Envoy to the target: its own, or a write
     that found it the only Envoy, idle, and converges it itself, without the task switch a wake-up
-    costs, about 1 ms at p50 and 10 ms at p99 on a busy loop), the transport's `progress` (a write
-    waits for `synced` to reach its generation, or for the Envoy to refuse, or to leave), `outbox` (at most one response queued: everything else an Envoy is owed is
-    the difference between the target and what it holds, recomputed, so a slow Envoy costs one
-    response's worth of memory) and the `pending` answer."""
+    costs, about 1 ms at p50 and 10 ms at p99 on a busy loop), the transport's `_progress` (a
+    write waits for `synced` to reach its generation, for the Envoy to refuse, or to leave),
+    `outbox` (at most one response queued: everything else an Envoy is owed is the difference
+    between the target and what it holds, recomputed, so a slow Envoy costs one response's worth
+    of memory) and the `pending` answer."""
 
     transport: XdsTransport
     peer: str
@@ -285,7 +286,7 @@ class _Session:
         self.transport._progressed()
 
     def status(self) -> EnvoyStatus:
-        refused = self.state.refusing(self.transport._target, self.transport._withdrawn)
+        refused = self.state.refusing(self.transport._target)
         return EnvoyStatus(self.name, self.node, self.peer, self.connected_at, dict(self.nack_counts), self.unacked_since, self.sent, refused)
 
 
@@ -488,7 +489,7 @@ class XdsTransport:
                 raise Unavailable("envoy: a connected Envoy has not listed what it holds")
             await asyncio.sleep(0.01)
         ordered = (s.state for s in sorted(self._sessions, key=lambda s: s.name))
-        served = served_by_most(ordered, self._target, self._withdrawn) if self._seeded else served_by_most(ordered)
+        served = served_by_most(ordered, self._target if self._seeded else None)
         if not self._seeded:
             self._target = {key: self._renderer.render(key, r) for key, r in served.items()}
             self._seeded = True
@@ -629,6 +630,6 @@ class XdsTransport:
         served: dict[str, str | None] = {}
         for session in list(self._sessions):
             version = session.state.held[ROUTE_TYPE].get(map_name(key), "").split(" ")[0] or None
-            refusal = session.state.refusal(key, part) if key in self._target or key in self._withdrawn else None
+            refusal = session.state.refusal(key, part)
             served[session.name] = version if refusal is None else f"{version or 'nothing'}, holding back the current weights: {refusal}"
         return served

@@ -178,9 +178,10 @@ class EnvoyState:
             return None
         return refused[1]
 
-    def refusing(self, target: Mapping[MapKey, MapResources], withdrawn: Set[MapKey]) -> int:
-        """How many maps it refuses as the target has them now (it serves their older weights)."""
-        return sum(1 for key in list(self.refused) if self.refusal(key, target.get(key)) is not None and (key in target or key in withdrawn))
+    def refusing(self, target: Mapping[MapKey, MapResources]) -> int:
+        """How many maps it refuses as `target` has them now (it serves their older weights; a
+        refused withdrawal is a refused None)."""
+        return sum(1 for key in list(self.refused) if self.refusal(key, target.get(key)) is not None)
 
     def serves(self, key: MapKey) -> Route | None:
         """The route this Envoy serves for `key`: its scope, its route configuration and every
@@ -203,16 +204,14 @@ class EnvoyState:
         return types <= self.subscribed
 
 
-def served_by_most(
-    states: Iterable[EnvoyState], target: Mapping[MapKey, MapResources] | None = None, withdrawn: Set[MapKey] = frozenset()
-) -> dict[MapKey, Route]:
+def served_by_most(states: Iterable[EnvoyState], target: Mapping[MapKey, MapResources] | None = None) -> dict[MapKey, Route]:
     """Every map one of `states` serves, with the route most of them serve (a tie: the first's).
     An Envoy that refused a map's part in `target` (it holds older weights back) has no vote on it."""
     votes: dict[MapKey, Counter[Route]] = {}
     for state in states:
         for name in state.held[SCOPE_TYPE]:
             key = key_of(name)
-            if key is None or (target is not None and (key in target or key in withdrawn) and state.refusal(key, target.get(key)) is not None):
+            if key is None or (target is not None and state.refusal(key, target.get(key)) is not None):
                 continue
             if (route := state.serves(key)) is not None:
                 votes.setdefault(key, Counter())[route] += 1
