@@ -415,9 +415,11 @@ class Publisher:
         if key not in self.adapter.confirmed:
             return f"{message}; nothing is published for this map"
         last = self.provenance.get(key)
+        # Confirmed past the last publication: held back on the clients that refused it alone.
+        where = "where refused, " if last is not None and self.adapter.confirmed[key] != last.route else ""
         if last is None:
             return f"{message}; the gateway keeps the weights it served before this sidecar started"
-        return f"{message}; the gateway keeps generation {last.generation}"
+        return f"{message}; {where}the gateway keeps generation {last.generation}"
 
     def _forget(self, key: MapKey) -> None:
         """A map that is gone from the source and from the gateway leaves every record."""

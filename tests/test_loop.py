@@ -790,7 +790,8 @@ async def test_a_map_held_back_on_some_clients_is_apply_failed_yet_its_served_we
     clock = FakeClock()
     gateway = MemoryGateway()
     stores = Stores.empty()
-    publisher = Publisher(stores, memory_engine(gateway)[0], LoopOptions(adapter_name="memory", backoff_base=1.0), clock=clock)
+    publisher = Publisher(stores, memory_engine(gateway)[0], LoopOptions(adapter_name="memory", backoff_base=1.0),
+                          status_sink=object(), clock=clock)  # type: ignore[arg-type]
     split = RecordedSplit()
     publisher.split = split  # type: ignore[assignment]
     put_map(stores, make_map())
@@ -802,7 +803,10 @@ async def test_a_map_held_back_on_some_clients_is_apply_failed_yet_its_served_we
     put_map(stores, make_map(resource_version="2", entries=[make_entry("worker-a", allocated=3, ready=3, weight=1)]))
     publisher.changed([CHAT], at=clock.now)
     await publisher.sync_once(publisher.queue.take_ready())
-    assert publisher.states[CHAT].reason == Reason.APPLY_FAILED and "envoy rogue refused the route" in publisher.states[CHAT].message
+    assert publisher.states[CHAT].reason == Reason.APPLY_FAILED
+    # The condition says where the older weights stay: on the refusers alone.
+    assert publisher.reports[CHAT].message.endswith("envoy rogue refused the route: no; held back on those; 1 other Envoy serves it; "
+                                                    "where refused, the gateway keeps generation 3")
     new = gateway.held[CHAT]
     assert split.routes[-1] == new  # the others serve it: the check follows them
     gateway.held_back = {}
