@@ -340,7 +340,7 @@ async def test_xds_a_real_envoy_gets_a_changed_split_promptly_while_a_rogue_clie
         try:
             await connected(transport, 2)
             for weights in ({"a": 1, "b": 1}, {"a": 0, "b": 1}, {"a": 1, "b": 0}):
-                result = await asyncio.wait_for(write(transport, state, parts((KEY, route(weights, backends)))), 5)
+                result = await asyncio.wait_for(write(transport, state, parts((KEY, route(weights, backends)))), 10)
                 assert result.rejected == {} and "envoy rogue refused" in result.held_back[KEY]
                 # Served at once, as the write returned: no wait for the rogue to leave.
                 expected = {name: 20 for name, weight in weights.items() if weight} if len([w for w in weights.values() if w]) == 1 else None
