@@ -185,11 +185,16 @@ class WriteResult:
         gateway keeps whatever it served for them before.
     notes: maps the gateway took, with something worth a line in their condition message.
     reloads: gateway reloads the write caused.
+    held_back: maps some of the gateway's clients took and others refused (a gateway of several
+        clients, such as Envoys), with the refusers' words: the write is confirmed for them (the
+        clients that took them serve them), yet they are not published, and are written again
+        like a refused map until every client takes them.
     """
 
     rejected: Mapping[MapKey, str | Held] = field(default_factory=dict)
     notes: Mapping[MapKey, str] = field(default_factory=dict)
     reloads: int = 0
+    held_back: Mapping[MapKey, str] = field(default_factory=dict)
 
 
 class Renderer(Protocol[PartT]):

@@ -178,6 +178,7 @@ class Engine(Generic[PartT]):
             self._in_doubt -= repair.keys() - result.rejected.keys()
             drift -= result.rejected.keys()
             refused.update((key, self._refusal(key, why)) for key, why in result.rejected.items() if key in self._routes)
+            refused.update((key, self._refusal(key, why)) for key, why in result.held_back.items() if key in self._routes)
             refused.update(self._take_refusals())
         repaired = frozenset(drift - refused.keys())
         for key in repaired:
@@ -363,6 +364,10 @@ class Engine(Generic[PartT]):
             if key in result.rejected:
                 continue
             self._commit(key, routes.get(key), part)
+        # Served by the clients that took them: confirmed, and refused until every client takes them.
+        held_back = {key: self._refusal(key, why) for key, why in result.held_back.items()}
+        self._refused.update(held_back)
+        written.rejected.update(held_back)
         late = self._take_refusals()
         self._refused.update(late)
         written.rejected.update(late)

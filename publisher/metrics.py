@@ -133,7 +133,7 @@ def start(adapter: str, *, source: Literal["kube", "dir"] = "kube", reloads: boo
 class EnvoyFleet(Protocol):
     """A gateway with Envoys connected to it (adapters.envoy.xds.XdsTransport): its `envoys()`
     are statuses with name (the `envoy` label), node, peer, nacks (by resource kind), unacked_since
-    (monotonic) and sent; `served(key)` says which version of a map each Envoy serves (for /debug/maps)."""
+    (monotonic), sent and refused (maps held back on it); `served(key)` says which version of a map each Envoy serves (for /debug/maps)."""
 
     def envoys(self) -> list[Any]: ...
 
@@ -160,13 +160,17 @@ class _EnvoyCollector:
             PREFIX + "xds_oldest_unacked_seconds", "Age of the oldest change an Envoy has not ACKed (0: in sync).", labels=["envoy"]
         )
         sent = CounterMetricFamily(PREFIX + "xds_resources_sent", "Resources added or removed on an Envoy's stream.", labels=["envoy"])
+        refused = GaugeMetricFamily(
+            PREFIX + "xds_maps_refused", "Maps whose current weights an Envoy refused: it serves their older ones.", labels=["envoy"]
+        )
         for envoy in envoys:
             name = envoy.name
             for kind in ("cluster", "scope", "route"):
                 nacks.add_metric([name, kind], envoy.nacks.get(kind, 0))
             unacked.add_metric([name], 0.0 if envoy.unacked_since is None else now - envoy.unacked_since)
             sent.add_metric([name], envoy.sent)
-        return [connected, nacks, unacked, sent]
+            refused.add_metric([name], envoy.refused)
+        return [connected, nacks, unacked, sent, refused]
 
 
 _ENVOYS = _EnvoyCollector()

@@ -275,6 +275,19 @@ CASES: dict[str, Case] = {
         [_series("ome_gateway_publisher_split_off", TARGET, "1x4 _x15", namespace="prod", name="chat", gateway="gw-1")],
         {"3m": [], "10m": []},
     ),
+    "envoy-refuses-maps": Case(
+        "OmeGatewayPublisherEnvoyRefusesMaps",
+        # From 2m the rogue Envoy refuses two maps; the good one never does.
+        [_series("ome_gateway_publisher_xds_maps_refused", TARGET, "0 0 2x15", envoy="rogue"),
+         _series("ome_gateway_publisher_xds_maps_refused", TARGET, "0x17", envoy="good")],
+        {"8m": [], "13m": [({**TARGET, "envoy": "rogue"}, f"{TARGET['pod']}: Envoy rogue has served older weights of 2 map(s) it refuses for over 10m")]},
+    ),
+    "envoy-refuses-briefly": Case(
+        "OmeGatewayPublisherEnvoyRefusesMaps",
+        # Refused for 5 minutes, then taken on a retry (or the Envoy left: the series goes away).
+        [_series("ome_gateway_publisher_xds_maps_refused", TARGET, "1x5 0x10", envoy="rogue")],
+        {"4m": [], "12m": []},
+    ),
     # Another region's sidecar does not answer for this one.
     "other-region-down": Case(
         "OmeGatewayPublisherDown",
@@ -333,7 +346,7 @@ class _OneEnvoy:
     """An xDS transport with one Envoy connected, for the per-Envoy series."""
 
     def envoys(self) -> list[Any]:
-        return [SimpleNamespace(name="ome-gateway-envoy", node="ome-gateway-envoy", peer="ipv4:127.0.0.1", nacks={}, unacked_since=None, sent=0)]
+        return [SimpleNamespace(name="ome-gateway-envoy", node="ome-gateway-envoy", peer="ipv4:127.0.0.1", nacks={}, unacked_since=None, sent=0, refused=0)]
 
     def served(self, key: Any) -> dict[str, str | None]:
         return {}

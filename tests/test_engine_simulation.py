@@ -15,6 +15,10 @@ another map's hostname, every map is published; every map reported published is 
 by every connected client; every map a connected client refuses is not reported published (so a
 refusal is reported within one resync); and what the engine confirmed is what the clients serve.
 
+Clients refuse persistently (`client_refuses`) while others accept: a map's newest weights reach
+every client that takes them, and are held back on the refusers alone (issue 30; the model
+gateway holds them back as the xDS transport does).
+
 Run against the engine and loop of 91c9cd5 (the model's NotConnected taken as the Unavailable it
 subclasses), seeds of 1,000 examples failed, shrunk to a few steps each:
 - finding 1, "after a write: envoy-1 serves h0.example.com for prod/m0 and prod/m1": set_map(m0, h0),
@@ -249,6 +253,16 @@ class EngineSimulation(RuleBasedStateMachine):
                 state = self.publisher.states.get(key)
                 if state is not None and state.state == "published":
                     assert client.held.get(key) == self.publisher.provenance[key].route, f"{client.name} refuses {key}, reported published"
+        # One truth per client (issue 30): a map's newest weights reach every client that takes
+        # them, whatever the others refuse, persistently (only a hostname move waits for all).
+        for key, (host, weight) in self.desired.items():
+            confirmed = self.engine.confirmed.get(key)
+            takers = [client for client in self.fleet.connected() if key not in client.refuses]
+            if hosts.count(host) > 1 or weight == UNRENDERABLE_WEIGHT or not takers or confirmed is None or confirmed.hostname != host:
+                continue
+            assert confirmed.backends[0].weight == weight, f"{key}: the engine confirmed {confirmed}, the newest weight is {weight}"
+            for client in takers:
+                assert client.held.get(key) == confirmed, f"{client.name} serves {client.held.get(key)} for {key}, the newest is {confirmed}"
         for _ in range(2):
             self.resync()
         # What some client refuses is the gateway's previous state; the rest is what was confirmed.

@@ -767,3 +767,49 @@ async def test_after_a_restart_two_maps_on_one_hostname_leave_the_older_serving_
     assert set(gateway.held) == {copy}
     assert restarted.states[CHAT].reason == Reason.HOST_CONFLICT
     assert restarted.states[copy].state == "published"
+
+
+class RecordedSplit:
+    """The served-split check's side of the loop: the routes it was told the gateway serves."""
+
+    def __init__(self) -> None:
+        self.routes: list[object] = []
+
+    def route_confirmed(self, key: MapKey, route: object) -> None:
+        self.routes.append(route)
+
+    def note(self, key: MapKey) -> None:
+        return None
+
+
+async def test_a_map_held_back_on_some_clients_is_apply_failed_yet_its_served_weights_are_followed():
+    """Issue 30: a map some Envoys refused while the others serve it is confirmed (the others
+    serve it) yet not published. The split check and the weights series were told nothing of it,
+    then nothing again when a retry published it (the confirmed route no longer changed): the
+    check judged the others' traffic against the old weights."""
+    clock = FakeClock()
+    gateway = MemoryGateway()
+    stores = Stores.empty()
+    publisher = Publisher(stores, memory_engine(gateway)[0], LoopOptions(adapter_name="memory", backoff_base=1.0),
+                          status_sink=object(), clock=clock)  # type: ignore[arg-type]
+    split = RecordedSplit()
+    publisher.split = split  # type: ignore[assignment]
+    put_map(stores, make_map())
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert publisher.states[CHAT].state == "published"
+    gateway.held_back = {CHAT: "envoy rogue refused the route: no; held back on those; 1 other Envoy serves it"}
+    put_map(stores, make_map(resource_version="2", entries=[make_entry("worker-a", allocated=3, ready=3, weight=1)]))
+    publisher.changed([CHAT], at=clock.now)
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert publisher.states[CHAT].reason == Reason.APPLY_FAILED
+    # The condition says where the older weights stay: on the refusers alone.
+    assert publisher.reports[CHAT].message.endswith("envoy rogue refused the route: no; held back on those; 1 other Envoy serves it; "
+                                                    "where refused, the gateway keeps generation 3")
+    new = gateway.held[CHAT]
+    assert split.routes[-1] == new  # the others serve it: the check follows them
+    gateway.held_back = {}
+    clock.now += 1.0
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert publisher.states[CHAT].state == "published" and split.routes[-1] == new

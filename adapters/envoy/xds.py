@@ -26,7 +26,7 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from adapters.base import NotConnected, Unavailable, WriteResult
 from adapters.envoy.lrs import LoadReports
 from adapters.envoy.resources import ROUTE_TYPE, MapResources, XdsRenderer, map_name
-from adapters.envoy.xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, plan, served_by_most
+from adapters.envoy.xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, fleet_message, plan, served_by_most, words
 from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label
 from adapters.grpc_tls import ServerTls
 from publisher.core.model import MapKey, Route
@@ -46,7 +46,8 @@ class EnvoyStatus:
     a new ephemeral port makes no new series. node: Envoy's node id; peer: its address. nacks:
     refusals since it connected, by resource kind (cluster, scope, route). unacked_since: monotonic
     time of the oldest change it has not ACKed, or None when it serves everything it was given.
-    sent: resources added or removed on this stream.
+    sent: resources added or removed on this stream. refused: maps whose current weights it
+    refused, so it serves their older ones (held back on it alone).
     """
 
     name: str
@@ -56,6 +57,7 @@ class EnvoyStatus:
     nacks: Mapping[str, int]
     unacked_since: float | None
     sent: int
+    refused: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,10 @@ class _Gone(Exception):
     """The Envoy's stream ended: nothing more is sent to it, and nothing waits for its answer."""
 
 
+class _TooMany(Exception):
+    """The Envoy listed or subscribed more names than a stream may keep: its stream is ended."""
+
+
 @dataclass(eq=False)
 class _Session:
     """The pump of one Envoy's stream: it sends what `plan` says for the Envoy's `state` (pure,
@@ -89,11 +95,12 @@ class _Session:
 
     The synchronisation it needs, each for one reason: `wake` (a request came or a write marked
     maps), `converging` (one task at a time brings this Envoy to the target: its own, or a write
-    that found it idle and converges it itself, without the task switch a wake-up costs, about
-    1 ms at p50 and 10 ms at p99 on a busy loop), `changed` (a write waits for `synced` to reach
-    its generation), `outbox` (at most one response queued: everything else an Envoy is owed is
-    the difference between the target and what it holds, recomputed, so a slow Envoy costs one
-    response's worth of memory) and the `pending` answer."""
+    that found it the only Envoy, idle, and converges it itself, without the task switch a wake-up
+    costs, about 1 ms at p50 and 10 ms at p99 on a busy loop), the transport's `_progress` (a
+    write waits for `synced` to reach its generation, for the Envoy to refuse, or to leave),
+    `outbox` (at most one response queued: everything else an Envoy is owed is the difference
+    between the target and what it holds, recomputed, so a slow Envoy costs one response's worth
+    of memory) and the `pending` answer."""
 
     transport: XdsTransport
     peer: str
@@ -103,14 +110,15 @@ class _Session:
     nack_counts: Counter[str] = field(default_factory=Counter)
     sent: int = 0
     synced: int = -1
+    nacked: int = 0  # responses it refused on this stream, counted once the refusal is recorded
+    nacked_this_round: bool = False  # its round toward the target so far met a NACK
     unacked_since: float | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     converging: asyncio.Lock = field(default_factory=asyncio.Lock)
     outbox: asyncio.Queue[discovery_pb2.DeltaDiscoveryResponse | None] = field(default_factory=lambda: asyncio.Queue(maxsize=1))
     pending: tuple[str, asyncio.Future[str | None]] | None = None
     nonces: itertools.count[int] = field(default_factory=itertools.count)
-    cut: str | None = None  # why the sidecar ended this stream
+    cut: tuple[grpc.StatusCode, str] | None = None  # why the sidecar ended this stream
     closed: bool = False  # the stream ended: whatever waits on this Envoy stops waiting
 
     @property
@@ -135,14 +143,14 @@ class _Session:
     async def step(self) -> None:
         """One round toward the target; marks the generation synced when nothing is left dirty."""
         async with self.converging:
+            self.nacked_this_round = False
             generation = self.transport._generation
             seeded = self.transport._seeded
             await self._converge(seeded)
             if not self.state.dirty or not seeded:
                 self.unacked_since = None if seeded else self.unacked_since
-                async with self.changed:
-                    self.synced = generation
-                    self.changed.notify_all()
+                self.synced = generation
+                self.transport._progressed()
 
     async def _converge(self, seeded: bool) -> None:
         """Send what the plan says, step after step, until it has nothing more for this round."""
@@ -201,6 +209,7 @@ class _Session:
                 self._refused(type_url, batch[0], error)
                 refused.add(batch[0].key)
             elif error is not None:
+                self._nacked()
                 for item in batch:
                     error = await self._confirm(type_url, [item], await self._post(type_url, [item]))
                     if error is not None:
@@ -209,11 +218,19 @@ class _Session:
             batch = upcoming
         return refused
 
+    def _nacked(self) -> None:
+        """It refused a response (its refusal, if pinned on a map, is recorded): a write waiting
+        on it may stop waiting."""
+        self.nacked += 1
+        self.nacked_this_round = True
+        self.transport._progressed()
+
     def _refused(self, type_url: str, item: Item, error: str) -> None:
         self.nack_counts[KIND[type_url]] += 1
-        message = f"envoy {self.name} refused the {KIND[type_url]}: {error}"
+        message = f"envoy {self.name} refused the {KIND[type_url]}: {words(error)}"
         self.state.refused[item.key] = (item.part, message)
         self.transport._refusal(item.key, item.part, message)
+        self._nacked()
         log.warning("envoy refused a map", extra={"envoy": self.name, "map": str(item.key), "kind": KIND[type_url], "error": error})
 
     async def _post(self, type_url: str, items: list[Item]) -> _Posted:
@@ -267,9 +284,11 @@ class _Session:
         if self.pending is not None and not self.pending[1].done():
             self.pending[1].set_exception(_Gone("the stream ended before its answer"))
         self.wake.set()
+        self.transport._progressed()
 
     def status(self) -> EnvoyStatus:
-        return EnvoyStatus(self.name, self.node, self.peer, self.connected_at, dict(self.nack_counts), self.unacked_since, self.sent)
+        refused = self.state.refusing(self.transport._target)
+        return EnvoyStatus(self.name, self.node, self.peer, self.connected_at, dict(self.nack_counts), self.unacked_since, self.sent, refused)
 
 
 class _Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -284,7 +303,7 @@ class _Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             while (response := await session.outbox.get()) is not None:
                 yield response
             if session.cut is not None:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, session.cut)
+                await context.abort(*session.cut)
 
 
 class XdsTransport:
@@ -292,11 +311,19 @@ class XdsTransport:
 
     A write is confirmed when every Envoy connected through the whole write acknowledged it, and
     at least one did: with none connected it raises NotConnected, and when every one left before
-    it answered, Unavailable. A map any of them refuses is reported rejected with Envoy's words and
-    put back as it was for all of them; a refusal outside a write (an Envoy that connected later)
-    is kept for `refusals()`. An Envoy that does not answer a response within `ack_timeout` (plus
-    `seconds_per_resource` each) has its stream ended: it stops counting, reconnects, lists what it
-    holds and is brought up to date. Nothing an Envoy holds is removed unless the engine asked.
+    it answered, Unavailable. One truth per Envoy: a map some Envoys refuse while others take it
+    (new weights on the same hostname) is held back on those Envoys alone: the others serve it, and
+    the write reports it `held_back` naming the refusers and their words, so it is not published
+    and is written again later. A map no Envoy took, and a hostname move or withdrawal any of them
+    refuses (the engine's hostname promise needs every Envoy to let a hostname go), is reported
+    rejected and put back as it was for all of them. The write waits for an Envoy that refuses (one
+    that NACKed since the write began) only while others are still converging: the maps it had not
+    answered for then count as not acknowledged by it. A refusal outside a write (an Envoy that
+    connected later) is kept for `refusals()`. An Envoy that does not answer a response within
+    `ack_timeout` (plus `seconds_per_resource` each) has its stream ended: it stops counting,
+    reconnects, lists what it holds and is brought up to date. A stream listing or subscribing
+    more names of one type than `names_cap()` is ended with RESOURCE_EXHAUSTED. Nothing an Envoy
+    holds is removed unless the engine asked.
     """
 
     # Envoy answers a small response within milliseconds; a stuck one is cut after this.
@@ -309,6 +336,10 @@ class XdsTransport:
 
     # How long a read at start waits for a first Envoy to connect and list what it holds.
     read_wait = 3.0
+    # Names one stream may list or subscribe per resource type: room for every map's clusters
+    # (a map has a few), and for an Envoy listing what it holds before the sidecar knows the maps.
+    names_floor = 100_000
+    names_per_map = 10
 
     def __init__(self, listen: str, renderer: XdsRenderer, tls: ServerTls | None = None) -> None:
         self._listen = listen
@@ -321,12 +352,13 @@ class XdsTransport:
         # Maps the engine asked to remove: the only ones taken from an Envoy that still lists them.
         self._withdrawn: set[MapKey] = set()
         self._seeded = False
-        # The changes of the write in progress, whose refusals it returns; any other refusal waits
-        # in `_refusals` for the engine to ask.
+        # The changes of the write in progress, whose refusals its result reports from each
+        # Envoy's state; any other refusal waits in `_refusals` for the engine to ask.
         self._writing: Mapping[MapKey, MapResources | None] | None = None
-        self._write_refusals: dict[MapKey, str] = {}
         self._refusals: dict[MapKey, tuple[MapResources | None, str]] = {}
         self._generation = 0
+        # Set when a session synced, refused or ended: what a write waits on.
+        self._progress = asyncio.Event()
         self._sessions: set[_Session] = set()
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Future[None] | None = None
@@ -377,6 +409,10 @@ class XdsTransport:
         async def read() -> None:
             try:
                 async for request in requests:
+                    problem = session.state.over(request, self.names_cap())
+                    if problem is not None:
+                        self._cut(session, _TooMany(problem))
+                        return
                     session.receive(request)
                     if session not in self._sessions and session.node:
                         self._sessions.add(session)
@@ -404,8 +440,7 @@ class XdsTransport:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._sessions.discard(session)  # in case its reader added it back before it stopped
-        async with session.changed:
-            session.changed.notify_all()  # a write waiting on this Envoy stops waiting
+        self._progressed()  # a write waiting on this Envoy stops waiting
         log.info("envoy disconnected", extra={"envoy": session.name})
 
     def _cut(self, session: _Session, exc: Exception) -> None:
@@ -414,13 +449,23 @@ class XdsTransport:
             return
         if isinstance(exc, _Gone):
             return  # its stream ended by itself: nothing to cut
-        if not isinstance(exc, _Behind):
+        if not isinstance(exc, (_Behind, _TooMany)):
             log.error("xds stream failed", exc_info=exc, extra={"envoy": session.name})
         log.warning("ending an envoy's stream", extra={"envoy": session.name, "error": str(exc)})
-        what = "fell behind" if isinstance(exc, _Behind) else "failed"
-        session.cut = f"{what}: {exc}; reconnect to be brought up to date"
+        if isinstance(exc, _TooMany):
+            session.cut = (grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc} (the cap is max({self.names_floor}, {self.names_per_map} x maps))")
+        else:
+            what = "fell behind" if isinstance(exc, _Behind) else "failed"
+            session.cut = (grpc.StatusCode.UNAVAILABLE, f"{what}: {exc}; reconnect to be brought up to date")
         self._sessions.discard(session)
         session.end()
+
+    def names_cap(self) -> int:
+        """The names of one resource type one stream may list or subscribe."""
+        return max(self.names_floor, self.names_per_map * len(self._target))
+
+    def _progressed(self) -> None:
+        self._progress.set()
 
     # --- Transport ------------------------------------------------------------------------------------
 
@@ -446,7 +491,8 @@ class XdsTransport:
                     return {}
                 raise Unavailable("envoy: a connected Envoy has not listed what it holds")
             await asyncio.sleep(0.01)
-        served = served_by_most(s.state for s in sorted(self._sessions, key=lambda s: s.name))
+        ordered = (s.state for s in sorted(self._sessions, key=lambda s: s.name))
+        served = served_by_most(ordered, self._target if self._seeded else None)
         if not self._seeded:
             self._target = {key: self._renderer.render(key, r) for key, r in served.items()}
             self._seeded = True
@@ -463,9 +509,8 @@ class XdsTransport:
         return {key: message for key, (part, message) in refusals.items() if self._target.get(key) == part}
 
     def _refusal(self, key: MapKey, part: MapResources | None, message: str) -> None:
-        if self._writing is not None and key in self._writing and self._writing[key] == part:
-            self._write_refusals.setdefault(key, message)
-        else:
+        # A refusal of the write in progress is in the Envoy's state, where the write reads it.
+        if not (self._writing is not None and key in self._writing and self._writing[key] == part):
             self._refusals[key] = (part, message)
 
     async def write(self, parts: Mapping[MapKey, MapResources], changes: Mapping[MapKey, MapResources | None]) -> WriteResult:
@@ -481,19 +526,50 @@ class XdsTransport:
             self._withdrawn.update(key for key, part in changes.items() if part is None)
             self._seeded = True
             changed = set(self._target) | set(changes)
-        self._writing, self._write_refusals = changes, {}
+        nacked = {s: s.nacked for s in self._sessions}
+        self._writing = changes
         try:
-            acknowledged = await self._sync(changed)
-            rejected = self._write_refusals
+            generation, through = await self._sync(changed, nacked)
+            if not through:
+                raise Unavailable("envoy: every Envoy connected at the write's start left before it acknowledged the write")
+            rejected, held_back = self._outcome(changes, before, generation, through)
+            if rejected:
+                # Every Envoy goes back to what it served for a map none took, or that leaves
+                # its hostname, so the fleet agrees.
+                self._apply({key: before[key] for key in rejected})
+                await self._sync(set(rejected), nacked)
         finally:
-            self._writing, self._write_refusals = None, {}
-        if not acknowledged:
-            raise Unavailable("envoy: every Envoy connected at the write's start left before it acknowledged the write")
-        if rejected:
-            # Every Envoy goes back to what it served for a refused map, so the fleet agrees.
-            self._apply({key: before[key] for key in rejected})
-            await self._sync(set(rejected))
-        return WriteResult(rejected=rejected)
+            self._writing = None
+        return WriteResult(rejected=rejected, held_back=held_back)
+
+    def _outcome(
+        self, changes: Mapping[MapKey, MapResources | None], before: Mapping[MapKey, MapResources | None], generation: int, through: list[_Session]
+    ) -> tuple[dict[MapKey, str], dict[MapKey, str]]:
+        """Each changed map not every Envoy took: rejected (put back for all) when none took it, or
+        when it moves or leaves its hostname; held back on the refusers otherwise."""
+        rejected: dict[MapKey, str] = {}
+        held_back: dict[MapKey, str] = {}
+        for key in changes:
+            part = self._target.get(key)
+            refusals: list[str] = []
+            pending: list[str] = []
+            took = 0
+            for session in through:
+                refusal = session.state.refusal(key, part)
+                if refusal is not None:
+                    refusals.append(refusal)
+                elif session.synced >= generation or session.state.holds(key, part):
+                    took += 1
+                else:
+                    pending.append(session.name)
+            if not refusals and not pending:
+                continue
+            old = before[key]
+            if took and part is not None and (old is None or old.route.hostname == part.route.hostname):
+                held_back[key] = fleet_message(refusals, pending, took)
+            else:
+                rejected[key] = fleet_message(refusals, pending, 0)
+        return rejected, held_back
 
     def _apply(self, changes: Mapping[MapKey, MapResources | None]) -> None:
         for key, part in changes.items():
@@ -504,28 +580,31 @@ class XdsTransport:
                 self._target[key] = part
                 self._withdrawn.discard(key)
 
-    async def _sync(self, keys: set[MapKey]) -> list[_Session]:
-        """Mark `keys` on every connected Envoy and wait until each converged or left; returns
-        the Envoys that converged, connected from the start to the end."""
+    async def _sync(self, keys: set[MapKey], nacked: Mapping[_Session, int]) -> tuple[int, list[_Session]]:
+        """Mark `keys` on every connected Envoy and wait until each converged or left, or refuses
+        (NACKed more than `nacked` says, or in the round it is in) once every other Envoy converged:
+        a refusing Envoy never holds the others' write back. Returns the generation and the Envoys
+        connected from the start to the end."""
         self._generation += 1
         generation = self._generation
         sessions = list(self._sessions)
-        idle = [s for s in sessions if not s.converging.locked()]
         for session in sessions:
             for key in keys:
                 session.state.refused.pop(key, None)
             session.state.dirty |= keys
-            if session not in idle:
+        if len(sessions) == 1 and not sessions[0].converging.locked():
+            await self._step(sessions[0])  # the only Envoy, converged here: no task switch
+        else:
+            for session in sessions:
                 session.wake.set()
-        # An idle session is converged here; the others by their own task, once it is done.
-        if len(idle) == 1:
-            await self._step(idle[0])  # gather would start a task for it: the switch this avoids
-        elif idle:
-            await asyncio.gather(*(self._step(session) for session in idle))
-        for session in sessions:
-            async with session.changed:
-                await session.changed.wait_for(lambda s=session: s.synced >= generation or s.closed or s not in self._sessions)
-        return [s for s in sessions if s.synced >= generation and not s.closed and s in self._sessions]
+
+        while True:
+            through = [s for s in sessions if not s.closed and s in self._sessions]
+            left = [s for s in through if s.synced < generation]
+            if not left or (len(left) < len(through) and all(s.nacked > nacked.get(s, 0) or s.nacked_this_round for s in left)):
+                return generation, through
+            self._progress.clear()
+            await self._progress.wait()
 
     async def _step(self, session: _Session) -> None:
         try:
@@ -548,5 +627,12 @@ class XdsTransport:
         return instance_label(session.node, session.peer, others)
 
     def served(self, key: MapKey) -> dict[str, str | None]:
-        """Envoy name -> the version of `key`'s route configuration it holds (None: not served)."""
-        return {s.name: s.state.held[ROUTE_TYPE].get(map_name(key), "").split(" ")[0] or None for s in list(self._sessions)}
+        """Envoy name -> the version of `key`'s route configuration it holds (None: not served),
+        followed by its words when it refused the map's current part."""
+        part = self._target.get(key)
+        served: dict[str, str | None] = {}
+        for session in list(self._sessions):
+            version = session.state.held[ROUTE_TYPE].get(map_name(key), "").split(" ")[0] or None
+            refusal = session.state.refusal(key, part)
+            served[session.name] = version if refusal is None else f"{version or 'nothing'}, holding back the current weights: {refusal}"
+        return served

@@ -22,9 +22,32 @@ from envoy.service.discovery.v3 import discovery_pb2
 from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, Resource, cluster_name, key_of, map_name, route_from_version
 from publisher.core.model import MapKey, Route
 
-__all__ = ["KIND", "AwaitRequest", "EnvoyState", "Item", "Send", "plan", "served_by_most"]
+__all__ = ["KIND", "AwaitRequest", "EnvoyState", "Item", "Send", "fleet_message", "plan", "served_by_most", "words"]
 
 KIND = {CLUSTER_TYPE: "cluster", SCOPE_TYPE: "scope", ROUTE_TYPE: "route"}
+# How much of one Envoy's error_detail a refusal keeps (a batch's NACK lists every resource), and
+# how many Envoys one map's message names: messages end up in a status condition.
+WORDS_CHARS = 300
+NAMED_ENVOYS = 3
+
+
+def words(error: str) -> str:
+    """Pure: an Envoy's error text, on one line and at most WORDS_CHARS long."""
+    text = " ".join(error.split())
+    return text if len(text) <= WORDS_CHARS else f"{text[:WORDS_CHARS - 1]}…"
+
+
+def fleet_message(refusals: list[str], pending: list[str], took: int) -> str:
+    """Pure: one map's message when not every Envoy took it: the refusals (each "envoy X refused
+    the K: words"), the Envoys that had not answered for it when the write stopped waiting (they
+    refuse other maps), and how many serve it. At most NAMED_ENVOYS Envoys are named."""
+    named = (refusals + [f"envoy {name} has not acknowledged it (it refuses other maps)" for name in pending])
+    parts = named[:NAMED_ENVOYS]
+    if len(named) > NAMED_ENVOYS:
+        parts.append(f"and {len(named) - NAMED_ENVOYS} more Envoys")
+    if took:
+        parts.append(f"held back on those; {took} other Envoy{'s' if took > 1 else ''} serve{'' if took > 1 else 's'} it")
+    return "; ".join(parts)
 
 
 @dataclass
@@ -74,6 +97,22 @@ class EnvoyState:
 
     # --- what Envoy told us --------------------------------------------------------------------------
 
+    def over(self, request: discovery_pb2.DeltaDiscoveryRequest, cap: int) -> str | None:
+        """Why taking `request` would keep more than `cap` names of its type for this stream (its
+        listed versions, or its route subscriptions), or None: checked before anything is kept."""
+        type_url = request.type_url
+        if type_url not in KIND:
+            return None
+        listed = request.initial_resource_versions
+        held = self.held[type_url]
+        if len(held) + len(listed) > cap and len(held) + sum(1 for n in listed if n not in held) > cap:
+            return f"more than {cap} {KIND[type_url]} names listed on one stream"
+        if type_url == ROUTE_TYPE:
+            wanted, subscribe = self.routes_wanted, request.resource_names_subscribe
+            if len(wanted) + len(subscribe) > cap and len(wanted) + sum(1 for n in subscribe if n not in wanted) > cap:
+                return f"more than {cap} route names subscribed on one stream"
+        return None
+
     def receive(self, request: discovery_pb2.DeltaDiscoveryRequest, target: Iterable[MapKey]) -> None:
         """A request's subscriptions and listed versions (its answer to a response is the pump's)."""
         type_url = request.type_url
@@ -120,6 +159,30 @@ class EnvoyState:
 
     # --- what it serves ------------------------------------------------------------------------------
 
+    def holds(self, key: MapKey, part: MapResources | None) -> bool:
+        """It acknowledged `part` of `key` (None: the map's withdrawal): scope, route configuration
+        and every cluster, at their versions."""
+        held = self.held
+        if part is None:
+            return map_name(key) not in held[SCOPE_TYPE] and key not in self.clusters_of
+        return (
+            held[SCOPE_TYPE].get(part.scope.name) == part.scope.version
+            and held[ROUTE_TYPE].get(part.route_config.name) == part.route_config.version
+            and all(held[CLUSTER_TYPE].get(c.name) == c.version for c in part.clusters)
+        )
+
+    def refusal(self, key: MapKey, part: MapResources | None) -> str | None:
+        """Its words, when it refused `part` of `key` as it is; else None."""
+        refused = self.refused.get(key)
+        if refused is None or not (refused[0] is part or refused[0] == part):
+            return None
+        return refused[1]
+
+    def refusing(self, target: Mapping[MapKey, MapResources]) -> int:
+        """How many maps it refuses as `target` has them now (it serves their older weights; a
+        refused withdrawal is a refused None)."""
+        return sum(1 for key in list(self.refused) if self.refusal(key, target.get(key)) is not None)
+
     def serves(self, key: MapKey) -> Route | None:
         """The route this Envoy serves for `key`: its scope, its route configuration and every
         cluster that names. A leftover cluster of an interrupted update is no reason to say no."""
@@ -141,13 +204,16 @@ class EnvoyState:
         return types <= self.subscribed
 
 
-def served_by_most(states: Iterable[EnvoyState]) -> dict[MapKey, Route]:
-    """Every map one of `states` serves, with the route most of them serve (a tie: the first's)."""
+def served_by_most(states: Iterable[EnvoyState], target: Mapping[MapKey, MapResources] | None = None) -> dict[MapKey, Route]:
+    """Every map one of `states` serves, with the route most of them serve (a tie: the first's).
+    An Envoy that refused a map's part in `target` (it holds older weights back) has no vote on it."""
     votes: dict[MapKey, Counter[Route]] = {}
     for state in states:
         for name in state.held[SCOPE_TYPE]:
             key = key_of(name)
-            if key is not None and (route := state.serves(key)) is not None:
+            if key is None or (target is not None and state.refusal(key, target.get(key)) is not None):
+                continue
+            if (route := state.serves(key)) is not None:
                 votes.setdefault(key, Counter())[route] += 1
     return {key: counts.most_common(1)[0][0] for key, counts in votes.items()}
 

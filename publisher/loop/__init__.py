@@ -331,15 +331,17 @@ class Publisher:
         now = self.clock()
         confirmed = self.adapter.confirmed
         for key, old in before.items():
-            if key in result.rejected:
-                continue
             new = confirmed.get(key)
             if new == old:
                 continue
+            # What the gateway serves now, even for a map some client refused (held back on it
+            # alone while the others serve it): the split check and the weights follow it.
             if self.split is not None:
                 self.split.route_confirmed(key, new)
-            metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="withdrawn" if new is None else "published").inc()
             metrics.map_weights(key, new)
+            if key in result.rejected:
+                continue
+            metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="withdrawn" if new is None else "published").inc()
             seen_at = pending.get(key)
             if seen_at is not None:
                 metrics.EVENT_TO_APPLY.labels(adapter=self.adapter.name).observe(now - seen_at)
@@ -415,9 +417,11 @@ class Publisher:
         if key not in self.adapter.confirmed:
             return f"{message}; nothing is published for this map"
         last = self.provenance.get(key)
+        # Confirmed past the last publication: held back on the clients that refused it alone.
+        where = "where refused, " if last is not None and self.adapter.confirmed[key] != last.route else ""
         if last is None:
             return f"{message}; the gateway keeps the weights it served before this sidecar started"
-        return f"{message}; the gateway keeps generation {last.generation}"
+        return f"{message}; {where}the gateway keeps generation {last.generation}"
 
     def _forget(self, key: MapKey) -> None:
         """A map that is gone from the source and from the gateway leaves every record."""

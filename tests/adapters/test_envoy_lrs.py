@@ -462,3 +462,24 @@ async def test_a_drain_with_long_requests_in_flight_counts_none_of_them_after_it
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
         await transport.aclose()
+
+
+async def test_a_stream_that_ends_keeps_nothing_but_the_word_that_it_left() -> None:
+    """Issue 30: bounded per-client state. However many reports a stream sent, one waits for the
+    collect, and once the stream ends its label and its summing report are freed: the collect
+    after it hands over its start, that one report and its end, and nothing stays behind."""
+    from envoy.service.load_stats.v3 import lrs_pb2
+
+    reports = LoadReports()
+    reports.enable(10.0)
+    stats = [cluster_stats(cluster_name(KEY, "a"), (0, 0, 2))]
+    requests, drained = await _open_stream(reports, "gw", "ipv4:10.0.0.1:41000")
+    for _ in range(200):
+        requests.put_nowait(lrs_pb2.LoadStatsRequest(node={"id": "gw"}, cluster_stats=stats))
+    await eventually(lambda: reports.reports == 200)
+    requests.put_nowait(None)
+    await drained
+    assert reports._summing == {} and reports.instances() == []
+    collected = await reports.collect()
+    assert [(r.restarted, r.counts, r.left) for r in collected] == [(True, {}, False), (False, {KEY: {"a": 400}}, False), (False, {}, True)]
+    assert reports._pending == [] and await reports.collect() == []

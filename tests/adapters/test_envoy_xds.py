@@ -299,14 +299,17 @@ async def test_xds_a_map_one_envoy_refuses_is_isolated_and_reported_while_the_ot
             changes = parts((good, route({"a": 1}, backends, "good.example.com")), (bad, Route("bad.example.com", (Backend("a", "https://127.0.0.1:1", 1), Backend("b", backends.endpoint("b"), 1)))),
                             (third, route({"b": 1}, backends, "third.example.com")))
             result = await write(transport, state, changes)
-            assert result.rejected.keys() == {bad}
-            assert "refused the cluster" in result.rejected[bad]
-            assert "envoy.transport_sockets.tls" in result.rejected[bad]  # Envoy's own words
+            assert result.rejected == {}
+            assert result.held_back.keys() == {bad}
+            assert "refused the cluster" in result.held_back[bad]
+            assert "envoy.transport_sockets.tls" in result.held_back[bad]  # Envoy's own words
+            assert result.held_back[bad].endswith("1 other Envoy serves it")
             for running in (strict, lenient):
                 assert await measure(running.url, "good.example.com", 20) == {"a": 20}
                 assert await measure(running.url, "third.example.com", 20) == {"b": 20}
-                # Both serve the refused map as before: the lenient one was put back.
-                assert await measure(running.url, "bad.example.com", 20) == {"b": 20}
+            # The refused map is held back on the strict one alone: the lenient one serves it.
+            assert await measure(strict.url, "bad.example.com", 20) == {"b": 20}
+            assert set(await measure(lenient.url, "bad.example.com", 20)) <= {"b", "status:503"}
             nacks = collections.Counter()
             for status in transport.envoys():
                 nacks.update(status.nacks)
@@ -319,7 +322,33 @@ async def test_xds_a_map_one_envoy_refuses_is_isolated_and_reported_while_the_ot
             assert metrics.PREFIX + "xds_envoys 2.0" in scraped
             assert sorted(line.rsplit(" ", 1)[1] for line in scraped if 'kind="cluster"' in line) == ["0.0", "1.0"]
             assert sorted(line.rsplit(" ", 1)[1] for line in scraped if "oldest_unacked" in line) == ["0.0", "0.0"]
-            assert (await transport.read())[bad] == old_bad
+            assert sorted(line.rsplit(" ", 1)[1] for line in scraped if "maps_refused" in line) == ["0.0", "1.0"]
+            assert (await transport.read())[bad] == state[bad].route  # what the one that took it serves
+
+
+@pytest.mark.slow
+async def test_xds_a_real_envoy_gets_a_changed_split_promptly_while_a_rogue_client_nacks_everything(tmp_path, backends):
+    """Issue 30: a rogue client NACKing every update on the same server made every map ApplyFailed
+    and put back for all: a real Envoy kept a changed map's old split for 36 s, until the rogue
+    left. Now the change is held back on the rogue alone."""
+    from tests.adapters.xds_clients import ScriptedEnvoy
+
+    state: dict[MapKey, MapResources] = {}
+    async with xds_server() as transport, envoy(tmp_path, transport.port) as running:
+        rogue = ScriptedEnvoy(transport.port, "rogue", refuse=lambda type_url, names: "rogue refuses" if names else None)
+        await rogue.connect()
+        try:
+            await connected(transport, 2)
+            for weights in ({"a": 1, "b": 1}, {"a": 0, "b": 1}, {"a": 1, "b": 0}):
+                result = await asyncio.wait_for(write(transport, state, parts((KEY, route(weights, backends)))), 10)
+                assert result.rejected == {} and "envoy rogue refused" in result.held_back[KEY]
+                # Served at once, as the write returned: no wait for the rogue to leave.
+                expected = {name: 20 for name, weight in weights.items() if weight} if len([w for w in weights.values() if w]) == 1 else None
+                if expected is not None:
+                    assert await measure(running.url, HOST, 20) == expected
+            assert rogue.serves(KEY) is None and len(rogue.nacked) >= 3
+        finally:
+            await rogue.leave()
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, XdsRenderer, cluster_name, map_name
-from adapters.envoy.xds_plan import AwaitRequest, EnvoyState, Send
+from adapters.envoy.xds_plan import WORDS_CHARS, AwaitRequest, EnvoyState, Send, fleet_message, served_by_most, words
 from adapters.envoy.xds_plan import plan as lazy_plan
 from envoy.service.discovery.v3 import discovery_pb2
 from publisher.core.model import Backend, MapKey, Route
@@ -131,6 +131,42 @@ def test_a_part_the_envoy_refused_is_not_planned_again_until_it_changes():
     assert plan(state, {CHAT: chat}, set(), {CHAT}) is None
     changed = part(CHAT, "chat.example.com", b=1)
     assert names(plan(state, {CHAT: changed}, set(), {CHAT})) == (CLUSTER_TYPE, ["ome|prod|chat|b"])
+
+
+def test_what_an_envoy_holds_and_refuses_as_the_target_has_it():
+    old, new = part(CHAT, "chat.example.com", a=1), part(CHAT, "chat.example.com", a=2)
+    state = envoy_holding(old)
+    assert state.holds(CHAT, old) and not state.holds(CHAT, new) and not state.holds(CHAT, None)
+    assert envoy_holding().holds(CHAT, None)
+    state.refused[CHAT] = (new, "envoy e refused the route: no")
+    assert state.refusal(CHAT, new) == "envoy e refused the route: no" and state.refusal(CHAT, old) is None
+    assert state.refusing({CHAT: new}) == 1 and state.refusing({CHAT: old}) == 0
+    # It has no vote on a map it refuses: what the others serve is what is read back.
+    other = envoy_holding(new)
+    assert served_by_most([state, other], {CHAT: new}) == {CHAT: new.route}
+    assert served_by_most([state, other]) == {CHAT: old.route}  # a tie, before the target is known
+
+
+def test_a_request_past_the_names_cap_is_named_before_anything_is_kept():
+    state = subscribed(EnvoyState(), CLUSTER_TYPE)
+    listed = discovery_pb2.DeltaDiscoveryRequest(type_url=SCOPE_TYPE, initial_resource_versions={f"ome|p|m{i}": "1" for i in range(11)})
+    assert state.over(listed, 10) == "more than 10 scope names listed on one stream"
+    assert state.over(listed, 11) is None
+    routes = discovery_pb2.DeltaDiscoveryRequest(type_url=ROUTE_TYPE, resource_names_subscribe=[f"ome|p|m{i}" for i in range(6)])
+    state.receive(routes, ())
+    assert state.over(routes, 10) is None  # the same names again are no more names
+    more = discovery_pb2.DeltaDiscoveryRequest(type_url=ROUTE_TYPE, resource_names_subscribe=[f"ome|p|n{i}" for i in range(5)])
+    assert state.over(more, 10) == "more than 10 route names subscribed on one stream"
+
+
+def test_a_maps_message_names_a_few_envoys_and_their_words_bounded():
+    assert len(words("x" * 1000)) == WORDS_CHARS and words("one\ntwo") == "one two"
+    refusals = [f"envoy e{i} refused the route: no" for i in range(5)]
+    assert fleet_message(refusals, ["slow"], 2) == (
+        "envoy e0 refused the route: no; envoy e1 refused the route: no; envoy e2 refused the route: no; "
+        "and 3 more Envoys; held back on those; 2 other Envoys serve it")
+    assert fleet_message([], ["slow"], 1) == "envoy slow has not acknowledged it (it refuses other maps); held back on those; 1 other Envoy serves it"
+    assert fleet_message(refusals[:1], [], 0) == "envoy e0 refused the route: no"
 
 
 def test_before_the_first_write_only_the_first_requests_are_answered_empty():

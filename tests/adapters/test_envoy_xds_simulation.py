@@ -1,15 +1,21 @@
 """A seeded walk driving the real xDS transport against scripted delta-ADS clients over gRPC on
 127.0.0.1 (tests/adapters/xds_clients.py): writes and withdrawals of a few maps, a client that
 connects late, leaves mid-write, comes back empty or with what it held, a strict client that
-refuses one kind of cluster, and sidecar restarts (a new transport on the same address, reading
-back what the clients hold). After every step it checks:
+refuses one kind of cluster, a rogue client that refuses every update, persistently, and sidecar
+restarts (a new transport on the same address, reading back what the clients hold). After every
+step it checks:
 
 - nothing leaves a client, or changes on it, unless the engine asked (a write of that map, or
   the read-back after a restart, which only converges clients on a route one of them serves);
 - a write that returned is served by every client connected through the whole write, for each map
   it did not reject;
 - once settled, every connected client serves what the engine asked, or its refusal was reported
-  (in the write's result, or through `refusals()`).
+  (in the write's result, or through `refusals()`);
+- the accepting clients serve the newest publication of every map, whatever the rogue and the
+  strict client refuse: a map they refuse is held back on them alone (issue 30), and no write
+  waits on them (each returns within 20 s, a third of the ACK timeout);
+- the transport's bookkeeping is bounded: one session per connected client, refusals and the
+  names each session holds no more than the maps and their clusters.
 
 It runs for OME_XDS_SIMULATION_SECONDS (default 20) over seeds 0, 1, 2, ...; on the code before
 issue 21 (91c9cd5) seed 0 fails at its tenth step on finding 4 (a client that came back empty
@@ -47,6 +53,18 @@ def strict(type_url: str, names: list[str]) -> str | None:
     return f"refused:{refused[0]}" if refused else None
 
 
+def rogue(type_url: str, names: list[str]) -> str | None:
+    """The rogue client's policy: every update refused (its first, empty answers aside)."""
+    return "rogue: refused" if names else None
+
+
+def accepting(type_url: str, names: list[str]) -> str | None:
+    return None
+
+
+POLICIES = [accepting, accepting, strict, rogue]
+
+
 @dataclass
 class Client:
     envoy: ScriptedEnvoy
@@ -64,6 +82,9 @@ class World:
     clients: list[Client] = field(default_factory=list)
     asked: dict[MapKey, Route | None] = field(default_factory=dict)
     reported: set[MapKey] = field(default_factory=set)  # refusals met since each map's last write
+    # The newest publication of each map: what an accepting client serves once settled. Only a
+    # withdrawal some client refuses, and a map no connected client accepts, are put back for all.
+    newest: dict[MapKey, Route | None] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
 
     def connected(self) -> list[Client]:
@@ -169,9 +190,12 @@ async def write(w: World, *, leave_mid_write: bool) -> set[MapKey]:
         leaving.envoy.answering.clear()
     through = [c for c in w.connected() if c is not leaving]
     w.log.append(f"write {sorted(str(k) for k in keys)}{' leaving ' + leaving.envoy.node if leaving else ''}")
+    sent_before = len(leaving.envoy.responses) if leaving is not None else 0
     task = asyncio.create_task(w.transport.write(parts_of(asked), changes))
     if leaving is not None:
-        await eventually(lambda: task.done() or leaving.envoy.responses, timeout=10)
+        await eventually(lambda: task.done() or len(leaving.envoy.responses) > sent_before, timeout=10)
+        if task.done():
+            through.append(leaving)  # it had nothing to be sent: it was through the whole write
         await leaving.envoy.leave()
         leaving.envoy.answering.set()
     try:
@@ -182,19 +206,45 @@ async def write(w: World, *, leave_mid_write: bool) -> set[MapKey]:
     except Unavailable:
         assert not through, f"Unavailable though {[c.envoy.node for c in through]} stayed ({w.log})"
         w.asked = {k: r for k, r in asked.items() if r is not None or k in w.asked}  # unknown: the target holds it
+        w.newest.update((k, w.asked[k]) for k in keys if k in w.asked)
         w.reported.difference_update(keys)
         return set(keys)
     assert through, f"a write that no client acknowledged was confirmed ({w.log})"
     for key in keys:
+        if key not in result.rejected or (asked[key] is not None and any(c.envoy.refuse is accepting for c in through)):
+            w.newest[key] = asked[key]
         if key in result.rejected:
             w.reported.add(key)
             continue
-        w.reported.discard(key)
         w.asked[key] = asked[key]
+        held_back = result.held_back.get(key)
+        if held_back is not None:
+            w.reported.add(key)
+        else:
+            w.reported.discard(key)
         for client in through:
             served = client.envoy.serves(key)
-            assert served == asked[key], f"{key} confirmed while {client.envoy.node} serves {served} ({w.log})"
+            # A map held back on some clients names each of them; every other one serves it.
+            named = held_back is not None and f"envoy {client.envoy.node} " in held_back
+            assert served == asked[key] or named, f"{key} confirmed while {client.envoy.node} serves {served} ({w.log})"
     return set(keys)
+
+
+def check_accepting_and_bounded(w: World) -> None:
+    for client in w.connected():
+        if client.envoy.refuse is accepting:
+            # A map the engine never asked about (a late client listed it) stays as the client has it.
+            for key, asked in w.newest.items():
+                served = client.envoy.serves(key)
+                assert served == asked, f"accepting {client.envoy.node} serves {served} for {key}, the newest is {asked} ({w.log})"
+    sessions = list(w.transport._sessions)
+    assert len(sessions) == len(w.connected()), f"sessions {[s.node for s in sessions]} ({w.log})"
+    names = len(KEYS) * (len(CLUSTERS) + 2)  # each map's clusters, scope and route configuration, at most
+    for session in sessions:
+        state = session.state
+        assert len(state.refused) <= len(KEYS) and len(state.dirty) <= len(KEYS), f"{session.node}: {state} ({w.log})"
+        assert sum(len(held) for held in state.held.values()) <= names and len(state.routes_wanted) <= len(KEYS)
+    assert len(w.transport._refusals) <= len(KEYS)
 
 
 async def restart(w: World) -> None:
@@ -210,13 +260,14 @@ async def restart(w: World) -> None:
     await eventually(lambda: len(w.transport._sessions) == len(was_connected), timeout=10)
     served = await w.transport.read()
     w.asked = dict(served)  # the engine starts from what the gateway serves
+    w.newest = dict(served)
     w.reported.clear()
 
 
 async def walk(seed: int) -> None:
     async with world(seed) as w:
-        for i in range(3):
-            w.clients.append(Client(ScriptedEnvoy(w.port, f"envoy-{i}", refuse=strict if i == 2 else (lambda t, n: None))))
+        for i, policy in enumerate(POLICIES):
+            w.clients.append(Client(ScriptedEnvoy(w.port, f"envoy-{i}", refuse=policy)))
         await w.clients[0].envoy.connect()
         await settle(w)
         for _ in range(STEPS):
@@ -248,6 +299,7 @@ async def walk(seed: int) -> None:
                 await restart(w)
             await settle(w)
             check_settled(w, before, written, restarted=action == "restart")
+            check_accepting_and_bounded(w)
 
 
 async def test_the_xds_transport_keeps_its_promises_over_a_seeded_walk():

@@ -5,7 +5,8 @@ Like external-dns's in-memory provider it refuses what a real gateway could not 
 `changes` must name exactly the maps whose part differs from what it serves, and two writes may
 never overlap. Knobs: `fail_with` (raise on the next writes), `reject` (refuse single maps),
 `cannot_express` (the renderer's problem for a map), `apply_delay`, `refused_later` (refusals
-a client makes outside a write, handed out by the next `refusals()`).
+a client makes outside a write, handed out by the next `refusals()`), `held_back` (maps some
+clients take and others refuse: written, and returned as held back with these words).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class MemoryGateway(TransportDefaults):
     reject: dict[MapKey, str] = field(default_factory=dict)
     cannot_express: dict[MapKey, str] = field(default_factory=dict)
     refused_later: dict[MapKey, str] = field(default_factory=dict)
+    held_back: dict[MapKey, str] = field(default_factory=dict)
     apply_delay: float = 0.0
     closed: bool = False
     _in_flight: bool = False
@@ -64,7 +66,7 @@ class MemoryGateway(TransportDefaults):
                     self.held.pop(key, None)
                 else:
                     self.held[key] = part
-            return WriteResult(rejected=rejected)
+            return WriteResult(rejected=rejected, held_back={k: msg for k, msg in self.held_back.items() if k in changes and k not in rejected})
         finally:
             self._in_flight = False
 

@@ -5,9 +5,11 @@ it (a restart is a new transport over the same fleet, and every client connects 
 transport behaves as the Transport protocol asks of a gateway with several clients:
 
 - a write converges every connected client to the write's whole target (`parts`), so a client
-  that missed an update is brought back by the next write; a map one client refuses stays as it
-  was on every client (the gateway keeps what it served) and comes back in the result with that
-  client's words; it raises NotConnected with no client connected (nothing written), Unavailable
+  that missed an update is brought back by the next write; a map some clients refuse while others
+  take it on the same hostname is held back on the refusers alone (they keep what they had) and
+  comes back as `held_back` with their words (issue 30: one truth per client); a map no client
+  takes, or a hostname move or withdrawal one refuses, stays as it was on every client and comes
+  back rejected; it raises NotConnected with no client connected (nothing written), Unavailable
   when no client connected through the whole write acknowledged it, or when told to fail;
 - `read()` reports every map some connected client serves, with the route most of them hold, and
   takes that as its target (sent at once to every client after a restart, and with the next write
@@ -121,16 +123,20 @@ class ModelTransport(TransportDefaults):
         # A map is sent to a client when it changed, or when the engine names it again (a retry).
         asked = differing | {key for key, part in changes.items() if part is not None}
         refused: dict[MapKey, str] = {}
+        held_back: dict[MapKey, str] = {}
         for client in clients:
             for key in asked & client.refuses:
                 if new.get(key) is not None and client.held.get(key) != new[key]:
                     refused.setdefault(key, f"{client.name} refused {key}")
-        for key in refused:
-            if key in before:
+        leaving, self.fleet.leaves_next = self.fleet.leaves_next, None
+        for key in list(refused):
+            takers = [client for client in clients if key not in client.refuses and client.name != leaving]
+            if takers and (key not in before or before[key].hostname == new[key].hostname):
+                held_back[key] = refused.pop(key)
+            elif key in before:
                 new[key] = before[key]
             else:
                 new.pop(key, None)
-        leaving, self.fleet.leaves_next = self.fleet.leaves_next, None
         reached = clients[: len(clients) // 2] if fail == "unavailable-partial" else clients
         for client in reached:
             if client.name != leaving:  # one that leaves is gone before it takes this write
@@ -143,7 +149,7 @@ class ModelTransport(TransportDefaults):
             self.fleet.client(leaving).connected = False
             if not self.fleet.connected():
                 raise Unavailable("the only client left before acknowledging")
-        return WriteResult(rejected=refused)
+        return WriteResult(rejected=refused, held_back=held_back)
 
     def refusals(self) -> dict[MapKey, str]:
         refused, self._refused_later = self._refused_later, {}
@@ -179,8 +185,9 @@ class ModelTransport(TransportDefaults):
                     self.fleet.violations.append(f"{key} was removed from {client.name} though the engine did not remove it")
                 continue
             if key in client.refuses and want != have:
-                # It keeps the route it had only where the rest of the fleet keeps it too.
-                if have is not None and have == before.get(key):
+                # It keeps the route it had where the rest of the fleet keeps it too, or on the
+                # hostname the map keeps (held back on it alone), as an Envoy does.
+                if have is not None and (have == before.get(key) or have.hostname == want.hostname):
                     held[key] = have
                 continue
             held[key] = want
