@@ -385,10 +385,6 @@ def _readyz(url: str) -> tuple[int, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 30: a publisher serving xDS is unready until an Envoy connects ('no Envoy connected'), but in the "
-    "controlPlane topology Envoys reach only ready publishers (the xDS Service), so none ever becomes ready; "
-    "its readiness must be the first full sync alone. Remove this mark when that lands."))
 def test_a_publisher_replica_is_ready_after_its_first_sync_with_no_envoy_connected(tmp_path: Path) -> None:
     """The chart's publisher arguments, run on 127.0.0.1 against a directory of maps: the replica
     must become ready (and so an endpoint of the xDS Service) before any Envoy can reach it."""

@@ -227,6 +227,7 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
         resync=config.resync,
         status_delay=config.status_delay,
         probe_max_age=config.probe_max_age,
+        ready_without_gateway=config.ready_without_gateway,
     )
     stores = Stores.empty()
     mode = "off" if config.dry_run or kube is None else config.effective_status_mode

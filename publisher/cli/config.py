@@ -90,6 +90,11 @@ class _RunCore(BaseModel):
         "region's RegionReports beside the maps (beyond about 5 regions; needs the chart's CRD), `off` nowhere "
         "(what --no-report-status says).",
     )
+    ready_without_gateway: bool = Field(
+        False,
+        description="Ready once synced even while no gateway client (an Envoy) is connected: for a control plane that its "
+        "Envoys reach through a Service listing only ready replicas (the chart's controlPlane topology sets it).",
+    )
     leader_elect: bool = Field(False, description="Only the holder of a Lease writes status; every replica still writes its own gateway.")
     lease_namespace: str | None = Field(None, description="Namespace of the Lease (default: $POD_NAMESPACE, else `default`).")
     listen: str = Field("0.0.0.0:9180", description="HOST:PORT for /metrics, /healthz, /readyz and /debug/maps (no gateway uses 9180).")

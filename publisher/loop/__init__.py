@@ -123,6 +123,9 @@ class LoopOptions:
     backoff_cap: float = 60.0
     # None: stale probe results are not looked for.
     probe_max_age: float | None = None
+    # A control plane's replica is ready once synced, before any Envoy connects: its Envoys reach
+    # it only through a Service that lists ready replicas.
+    ready_without_gateway: bool = False
 
 
 @dataclass
@@ -646,8 +649,10 @@ class Publisher:
         if not self.started:
             why = self.gateway_waiting or unready
             return False, f"gateway not read yet: {why}" if why else "gateway not read yet"
-        if unready is not None:
+        if unready is not None and not (self.options.ready_without_gateway and self.is_synced):
             return False, unready
+        if unready is not None:
+            return True, f"ready; {unready}"
         if self.gateway_waiting is not None:
             return False, f"waiting for the gateway: {self.gateway_waiting}"
         if not self.is_synced:

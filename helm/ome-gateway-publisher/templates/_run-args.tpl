@@ -40,8 +40,10 @@ against `ome-publisher run --help`.
 - {{ printf "--adapter=%s" .Values.adapter.name | quote }}
 {{- if eq .Values.adapter.name "envoy" }}
 {{- if and (eq $mode "envoy-xds") (include "ome-gateway-publisher.controlPlaneTopology" .) }}
-{{- /* The Envoys are in other pods: every address, over mTLS unless plaintext is asked for. */}}
+{{- /* The Envoys are in other pods: every address, over mTLS unless plaintext is asked for. They
+reach a replica through the xDS Service, which lists only ready ones: a replica is ready once synced. */}}
 - {{ printf "--envoy-xds-listen=0.0.0.0:%d" (int .Values.adapter.envoy.xdsPort) | quote }}
+- --ready-without-gateway
 {{- if include "ome-gateway-publisher.xdsTls" . }}
 {{- $dir := include "ome-gateway-publisher.xdsServerTlsDir" . }}
 - {{ printf "--envoy-xds-tls-cert=%s/tls.crt" $dir | quote }}
