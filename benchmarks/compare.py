@@ -1024,7 +1024,7 @@ async def _nginx(ctx: Ctx, stack: contextlib.AsyncExitStack, conf: Path, extra: 
 
 async def start_nginx(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
     from adapters.nginx import VERSION_PATH
-    from adapters.nginx.reload import render
+    from adapters.nginx.reload_render import render
 
     conf = ctx.work / "nginx" / "ome-gateway-publisher.conf"
     conf.parent.mkdir(parents=True)

@@ -1,7 +1,8 @@
 """The NGINX OSS adapter: its options and `build`, for the registry (adapters.ADAPTERS).
 
 - options.py: NginxOptions, both modes'.
-- reload.py: reload mode, a pure renderer and a transport that owns one included file.
+- reload_render.py: reload mode's renderer (pure): each map's part, the whole file and its read-back.
+- reload.py: reload mode's transport, which owns that one included file and reloads NGINX.
 - lua.py: Lua mode, a pure renderer, the snippet `ome-publisher nginx-config` writes, and a
   transport that pushes weights into the running NGINX; lua_modules/ holds the Lua it loads,
   templates/ the snippet's text.
