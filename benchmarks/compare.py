@@ -1049,7 +1049,7 @@ async def start_nginx_lua(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launche
     conf = ctx.work / "nginx" / "ome-gateway-publisher.conf"
     conf.parent.mkdir(parents=True)
     conf.write_text(result.stdout)
-    from adapters.nginx.lua import LOAD_MODULES
+    from adapters.nginx.lua_snippet import LOAD_MODULES
 
     # Debian's module paths, absolute: `-p` would make the relative ones the snippet names ours.
     modules = "".join(f"load_module {NGINX_LIB}/{module};\n" for module in LOAD_MODULES)

@@ -53,7 +53,8 @@ from envoy.service.load_stats.v3 import lrs_pb2
 from adapters.envoy.names import cluster_name
 from adapters.envoy.lrs import LoadReports
 from adapters.nginx import NginxOptions
-from adapters.nginx.lua import LuaRenderer, LuaTransport
+from adapters.nginx.lua import LuaTransport
+from adapters.nginx.lua_render import LuaRenderer
 from publisher.model import Backend, MapKey, Route
 from publisher.served_split import SplitVerifier
 from publisher.split import ENOUGH_REQUESTS

@@ -1,8 +1,7 @@
 """NGINX in Lua mode: weights pushed into a running NGINX over its control listener, no reloads.
 
-Owns: the pure renderer (a map -> `LuaPart`), the `http {}` snippet that loads the shipped Lua
-modules (adapters/nginx/lua_modules/*.lua), filled in from adapters/nginx/templates/ome-lua.conf,
-and `LuaTransport`: resolving endpoint names to IPs, pushing changed maps as one batch, confirming
+Owns `LuaTransport` (its pure renderer is adapters.nginx.lua_render, the `http {}` snippet NGINX
+loads adapters.nginx.lua_snippet): resolving endpoint names to IPs, pushing changed maps as one batch, confirming
 each by the boot id, version and checksum NGINX answers, and re-pushing its confirmed table when
 NGINX restarts (a new boot id). It writes no file, runs no `nginx -t` and never reloads. It must
 not decide anything about maps: the engine does.
@@ -14,57 +13,29 @@ import asyncio
 import collections
 import contextlib
 import functools
-import hashlib
 import ipaddress
 import json
 import logging
-import re
-import shutil
 import socket
-import string
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from adapters.base import NotConnected, Rejected, Unavailable, WriteResult, in_words
-from adapters.listen import check_nginx_listen
 from adapters.nginx.counts import LuaRequestCounts
+from adapters.nginx.lua_render import CHECKSUM_MODULUS, LuaPart, LuaRenderer, decode_entry, entry_hash, entry_text, map_key
 from adapters.nginx.options import NginxOptions
-from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, MAX_ROUTE_TIMEOUT, unit_duration
-from publisher.model import Backend, MapKey, Route, parse_endpoint
+from publisher.model import MapKey, Route
 
 # The name it had before the move into adapters/nginx/: log filters keep working.
 log = logging.getLogger("adapters.nginx_lua")
 
-LUA_DIR = Path(__file__).with_name("lua_modules")
-# The modules Debian's libnginx-mod-http-lua installs; load_module belongs in the main nginx.conf,
-# outside http {} (Debian's package already adds them under /etc/nginx/modules-enabled/).
-LOAD_MODULES = ("modules/ndk_http_module.so", "modules/ngx_http_lua_module.so")
-DEFAULT_CA_FILE = Path("/etc/ssl/certs/ca-certificates.crt")
-# The snippet `http_snippet` fills in, beside the Lua modules (package data). Its placeholders are
-# @{name}: NGINX's own variables are $name, string.Template's default delimiter.
-SNIPPET_TEMPLATE = Path(__file__).with_name("templates") / "ome-lua.conf"
 # Mirrors MAX_ADDRESSES in ome_table.lua: more addresses only lengthen retries.
 MAX_ADDRESSES = 16
-# Mirrors MAX_BACKENDS in ome_table.lua, which refuses a longer entry on every push: checked in
-# `problem()`, so such a map is InvalidPlan up front, not ApplyFailed and retried forever.
-MAX_BACKENDS = 64
-# Mirrors ome_control.lua's init, which stops NGINX on a shorter secret (whitespace around it left out).
-SECRET_MIN_LENGTH = 16
-_CHECKSUM_MODULUS = 2**52
-# A lua_shared_dict size (--shared-dict-size, --counts-dict-size): NGINX's spelling in k or m, no
-# leading zero, from 32k (NGINX refuses 1k and cannot allocate an 8k dict) to 1024m. The chart's
-# values schema has this very pattern (tests/test_chart_limits.py).
-SIZE_PATTERN = r"^((3[2-9]|[4-9][0-9]|[1-9][0-9]{2,5})k|([1-9][0-9]{0,2}|10[01][0-9]|102[0-4])m)$"
-_SIZE = re.compile(SIZE_PATTERN)
-# The characters a path in the snippet may have: nothing NGINX could read as syntax.
-PATH_PATTERN = r"^[A-Za-z0-9_./+-]+$"
-
 # DNS answers carry TTLs that getaddrinfo does not expose: names are re-resolved on this fixed
 # interval instead, so an endpoint whose address moves is followed within half a minute.
 RESOLVE_INTERVAL = 30.0
@@ -82,177 +53,6 @@ FIRST_ANSWER_RETRY = 0.1
 RETRY_CAP = 1.0
 
 Resolver = Callable[[str, int], Awaitable[tuple[str, ...]]]
-
-
-# --- Pure: the renderer, the entry text, the checksum, the snippet --------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LuaBackend:
-    cluster: str
-    endpoint: str
-    weight: int
-    name: str  # the endpoint's host: what is resolved, and the SNI and (with rewrite_host) Host
-    port: int
-
-
-@dataclass(frozen=True, slots=True)
-class LuaPart:
-    """One map as the Lua table holds it, before its names are resolved to addresses."""
-
-    hostname: str
-    rewrite_host: bool
-    backends: tuple[LuaBackend, ...]
-
-    def route(self) -> Route:
-        return Route(self.hostname, tuple(Backend(b.cluster, b.endpoint, b.weight) for b in self.backends))
-
-
-def _lua_backend(cluster: str, endpoint_url: str, weight: int) -> LuaBackend:
-    endpoint = parse_endpoint(endpoint_url)
-    return LuaBackend(cluster, endpoint_url, weight, endpoint.host.strip("[]"), endpoint.port)
-
-
-class LuaRenderer:
-    """Pure: a Route as a LuaPart. Lua mode picks the scheme per request, so a map may mix http
-    and https backends."""
-
-    def __init__(self, *, rewrite_host: bool = False) -> None:
-        self._rewrite_host = rewrite_host
-
-    def problem(self, key: MapKey, route: Route) -> str | None:
-        """Everything ome_table.lua refuses that the shared checks let through."""
-        if len(route.backends) > MAX_BACKENDS:
-            return f"{len(route.backends)} backends, but the NGINX Lua table takes at most {MAX_BACKENDS} per map"
-        for backend in route.backends:
-            endpoint = parse_endpoint(backend.endpoint)
-            if endpoint.path not in ("", "/"):
-                return f"backends[{backend.cluster}].endpoint has path {endpoint.path!r}; NGINX proxies to the root only"
-        return None
-
-    def render(self, key: MapKey, route: Route) -> LuaPart:
-        backends = tuple(_lua_backend(b.cluster, b.endpoint, b.weight) for b in route.backends)
-        return LuaPart(route.hostname, self._rewrite_host, backends)
-
-
-def entry_text(part: LuaPart, addresses: Mapping[str, tuple[str, ...]]) -> str:
-    """The JSON text NGINX stores for one map, byte for byte (the checksum is computed on it):
-    {"h": hostname, "r": rewrite_host, "b": [[cluster, endpoint, weight, [address, ...]], ...]}.
-    Compact, as 10,000 of them travel in one batch; ome_table.lua derives scheme and port."""
-    backends = [[b.cluster, b.endpoint, b.weight, list(addresses[b.name])] for b in part.backends]
-    return json.dumps({"h": part.hostname, "r": part.rewrite_host, "b": backends}, separators=(",", ":"))
-
-
-def decode_entry(text: str) -> tuple[LuaPart, dict[str, tuple[str, ...]]]:
-    """An entry read back: the part and its addresses by name. Raises ValueError on anything
-    `entry_text` did not write."""
-    try:
-        entry = json.loads(text)
-        backends, addresses = [], {}
-        for cluster, endpoint, weight, names in entry["b"]:
-            backend = _lua_backend(str(cluster), str(endpoint), int(weight))
-            backends.append(backend)
-            addresses[backend.name] = tuple(str(address) for address in names)
-        return LuaPart(str(entry["h"]), bool(entry["r"]), tuple(backends)), addresses
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"not a table entry: {exc!r}") from exc
-
-
-def _entry_hash(key: MapKey, text: str) -> int:
-    return int(hashlib.md5(f"{key}\n{text}".encode()).hexdigest()[:13], 16)
-
-
-def checksum(entries: Mapping[MapKey, str]) -> str:
-    """The checksum ome_table.lua keeps of its table: the sum, mod 2^52, of the first 13 hex
-    digits of md5("namespace/name\\n" + entry text) over every map; order does not matter."""
-    return f"{sum(_entry_hash(key, text) for key, text in entries.items()) % _CHECKSUM_MODULUS:013x}"
-
-
-def _map_key(text: str) -> MapKey:
-    namespace, _, name = text.partition("/")
-    return MapKey(namespace, name)
-
-
-def secret_problem(path: Path) -> str | None:
-    """Why NGINX would refuse the control secret in `path` at its start (missing, unreadable, or
-    shorter than SECRET_MIN_LENGTH once stripped as ome_control.lua strips it), or None."""
-    try:
-        secret = path.read_bytes().strip()
-    except FileNotFoundError:
-        return "no such file"
-    except OSError as exc:
-        return f"cannot read it: {exc.strerror or exc}"
-    if len(secret) < SECRET_MIN_LENGTH:
-        return f"holds {len(secret)} characters; NGINX needs at least {SECRET_MIN_LENGTH}"
-    return None
-
-
-def copy_lua_modules(directory: Path) -> None:
-    """This package's Lua modules copied into `directory` (made if missing), for an NGINX that does
-    not see this package's files, e.g. in another container of the pod."""
-    directory.mkdir(parents=True, exist_ok=True)
-    if directory.resolve() == LUA_DIR.resolve():
-        return  # already there
-    for module in sorted(LUA_DIR.glob("*.lua")):
-        shutil.copyfile(module, directory / module.name)
-
-
-class _SnippetTemplate(string.Template):
-    delimiter = "@"
-
-
-@functools.cache
-def _snippet_template() -> _SnippetTemplate:
-    return _SnippetTemplate(SNIPPET_TEMPLATE.read_text(encoding="utf-8"))
-
-
-def http_snippet(
-    *,
-    listen: str,
-    control_listen: str,
-    secret_file: Path,
-    shared_dict_size: str = "32m",
-    counts_dict_size: str | None = "8m",
-    ca_file: Path | None = None,
-    lua_dir: Path = LUA_DIR,
-    idle_timeout: float = DEFAULT_ROUTE_IDLE_TIMEOUT,
-) -> str:
-    """The text to include inside `http {}`: the table, the catch-all server, the two upstreams
-    and the control listener, with the Lua modules from `lua_dir` (this package's, or a copy where
-    NGINX sees it: `copy_lua_modules`). `idle_timeout` (adapters.timeouts) bounds the wait between
-    two reads or writes of a backend; there is no total deadline. Raises ValueError on a value
-    NGINX would read as syntax."""
-    check_nginx_listen(listen)
-    check_nginx_listen(control_listen)
-    for size in (shared_dict_size, counts_dict_size):
-        if size is not None and not _SIZE.fullmatch(size):
-            raise ValueError(f"{size!r} is not an NGINX size from 32k to 1024m, such as 32m")
-    if not 0 < idle_timeout <= MAX_ROUTE_TIMEOUT:
-        raise ValueError(f"idle timeout {idle_timeout:g}s is not between 1ms and 24h")
-    ca_file = ca_file or DEFAULT_CA_FILE
-    counts_dict = (
-        ""
-        if counts_dict_size is None
-        else "# Request counts per map backend for the served-split check: about 131 bytes each (8m: ~60,000\n"
-        f"# backends); a full dict evicts the oldest counter, which the sidecar reads as a restart.\nlua_shared_dict ome_counts {counts_dict_size};\n"
-    )
-    for path in (secret_file, ca_file, lua_dir):
-        if not re.fullmatch(PATH_PATTERN, str(path)):
-            raise ValueError(f"{str(path)!r}: only letters, digits and _./+- are allowed in a path here")
-    return _snippet_template().substitute(
-        load_modules="".join(f"#   load_module {module};\n" for module in LOAD_MODULES),
-        lua_dir=lua_dir,
-        shared_dict_size=shared_dict_size,
-        counts_dict=counts_dict,
-        secret_file=secret_file,
-        listen=listen,
-        idle_timeout=unit_duration(idle_timeout),
-        ca_file=ca_file,
-        control_listen=control_listen,
-    )
-
-
-# --- The transport ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -500,14 +300,14 @@ class LuaTransport:
         try:
             for line in lines.splitlines():
                 name, _, text = line.partition(" ")
-                key = _map_key(name)
+                key = map_key(name)
                 parts[key], addresses = decode_entry(text)
                 names.update(addresses)
                 entries[key] = text
         except ValueError as exc:
             raise Unavailable(f"nginx control listener: the table does not read back: {exc!r}") from exc
-        hashes = {key: _entry_hash(key, text) for key, text in entries.items()}
-        total = sum(hashes.values()) % _CHECKSUM_MODULUS
+        hashes = {key: entry_hash(key, text) for key, text in entries.items()}
+        total = sum(hashes.values()) % CHECKSUM_MODULUS
         now = self._clock()
         for name, addresses in names.items():
             if _ip_literal(name) is None:
@@ -572,13 +372,13 @@ class LuaTransport:
         """One batch (`sets` are entry texts, `parts` the same maps decoded); returns once NGINX
         confirmed it by boot id, version and checksum."""
         boot = boot or self._boot
-        hashes = {key: _entry_hash(key, text) for key, text in sets.items()}
+        hashes = {key: entry_hash(key, text) for key, text in sets.items()}
         if replace:
-            expected_sum = sum(hashes.values()) % _CHECKSUM_MODULUS
+            expected_sum = sum(hashes.values()) % CHECKSUM_MODULUS
         else:
             expected_sum = self._sum + sum(hashes.values())
             expected_sum -= sum(self._hashes.get(key, 0) for key in (*sets, *deletes))
-            expected_sum %= _CHECKSUM_MODULUS
+            expected_sum %= CHECKSUM_MODULUS
         # The format ome_table.parse_batch reads: a JSON head line, then one line per change.
         lines = [json.dumps({"expect_boot": boot, "replace": replace})]
         lines += [f"set {key} {text}" for key, text in sets.items()]

@@ -24,7 +24,7 @@ import aiohttp
 
 from adapters.nginx import NginxOptions
 from adapters.nginx.reload_render import render
-from adapters.nginx.lua import LOAD_MODULES, LUA_DIR, http_snippet
+from adapters.nginx.lua_snippet import LOAD_MODULES, LUA_DIR, http_snippet
 from publisher.model import Backend, MapKey, Publication, Route
 from tests.gateways import eventually, free_port
 

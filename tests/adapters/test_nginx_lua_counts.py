@@ -17,7 +17,8 @@ import pytest
 from adapters.base import CountReport
 from adapters.nginx import NginxOptions
 from adapters.nginx.counts import LuaRequestCounts
-from adapters.nginx.lua import LuaRenderer, LuaTransport
+from adapters.nginx.lua import LuaTransport
+from adapters.nginx.lua_render import LuaRenderer
 from publisher.model import MapKey
 from publisher.split import MIN_REQUESTS, SplitWindows
 from tests.adapters.test_nginx_lua import HOST, KEY, _scraped_table_series, lua_nginx, route
