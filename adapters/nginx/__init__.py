@@ -6,7 +6,10 @@
 - lua_render.py: Lua mode's renderer (pure): each map's entry in NGINX's Lua table, its checksum.
 - lua_snippet.py: the `http {}` snippet `ome-publisher nginx-config` writes, from templates/, which
   loads the Lua of lua_modules/.
-- lua.py: Lua mode's transport, which pushes weights into the running NGINX.
+- lua.py: Lua mode's transport, which pushes weights into the running NGINX and confirms them,
+  with its control listener's client; its bookkeeping is pure: lua_table.py (the confirmed table,
+  its batches and checksums, what a restart or a broken table gets) and lua_names.py (the cache of
+  resolved endpoint names).
 - counts.py: Lua mode's request counts for the split check, read through that transport.
 """
 
