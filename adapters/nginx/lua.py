@@ -87,7 +87,6 @@ async def resolve_name(name: str, port: int) -> tuple[str, ...]:
     return tuple(addresses[:MAX_ADDRESSES])
 
 
-
 class _Refused(Exception):
     def __init__(self, status: int, body: dict[str, Any]) -> None:
         super().__init__(body.get("error", f"HTTP {status}"))

@@ -1,13 +1,13 @@
 """The NGINX OSS adapter in reload mode: the transport that owns one file (its pure renderer is
 adapters.nginx.reload_render).
 
-The transport assembles every part
-into the one file it owns (included inside `http {}`), writes it atomically, validates it
-(`--nginx-test-cmd`), reloads (SIGHUP through `--nginx-pid-file`, or `--nginx-reload-cmd`) at most
-once per `--nginx-min-reload-interval`, confirms by the version the status listener serves, and on
-a refusal puts back the file it last confirmed. It keeps a copy of that file beside it
-(`.NAME.confirmed`), so a restarted sidecar can prove what NGINX serves; it touches no other file.
-Deciding which map goes in, hostname ownership and isolating a refused map are the engine's.
+The transport assembles every part into the one file it owns (included inside `http {}`), writes
+it atomically, validates it (`--nginx-test-cmd`), reloads (SIGHUP through `--nginx-pid-file`, or
+`--nginx-reload-cmd`) at most once per `--nginx-min-reload-interval`, confirms by the version the
+status listener serves, and on a refusal puts back the file it last confirmed. It keeps a copy of
+that file beside it (`.NAME.confirmed`), so a restarted sidecar can prove what NGINX serves; it
+touches no other file. Deciding which map goes in, hostname ownership and isolating a refused map
+are the engine's.
 
 The main nginx.conf must leave room for what this file adds: raise `server_names_hash_max_size`,
 `server_names_hash_bucket_size` (and, with --rewrite-host, `variables_hash_max_size` and
