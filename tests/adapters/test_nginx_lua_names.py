@@ -79,7 +79,11 @@ def test_refreshed_names_wait_another_interval_and_unused_ones_are_forgotten():
 
 
 def test_a_map_is_rejected_with_its_first_failed_name():
-    changes = {A: part(A, "http://ok.test", "http://bad.test", "http://worse.test"), B: part(B, "http://ok.test"), MapKey("ns", "gone"): None}
+    changes = {
+        A: part(A, "http://ok.test", "http://bad.test", "http://worse.test"),
+        B: part(B, "http://ok.test"),
+        MapKey("ns", "gone"): None,
+    }
     failed = {"worse.test": "cannot resolve worse.test", "bad.test": "cannot resolve bad.test"}
     assert rejected_maps(changes, failed) == {A: "cannot resolve bad.test"}
     assert rejected_maps(changes, {}) == {}

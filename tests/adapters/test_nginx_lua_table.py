@@ -50,7 +50,9 @@ def test_a_read_table_lists_entries_parts_addresses_and_the_checksum():
     assert read_table("").matches(checksum({}))
 
 
-@pytest.mark.parametrize("line", [f"{A} not json", f"{A} {json.dumps({'h': 'x'})}", f"{A} {json.dumps({'h': 'x', 'r': False, 'b': [[1]]})}"])
+@pytest.mark.parametrize(
+    "line", [f"{A} not json", f"{A} {json.dumps({'h': 'x'})}", f"{A} {json.dumps({'h': 'x', 'r': False, 'b': [[1]]})}"]
+)
 def test_an_entry_the_sidecar_did_not_write_does_not_read(line: str):
     with pytest.raises(ValueError):
         read_table(line)
