@@ -5,7 +5,7 @@
 choices, the options the CLI offers and the Helm values schema follow it). A module is imported
 only when its adapter is chosen, so importing `adapters.base` stays cheap.
 
-Adding a gateway: a module (or a package, as adapters/envoy/, adapters/nginx/ and
+Adding a gateway: a module (or a package, as adapters/envoy/, adapters/nginx/, adapters/json/ and
 adapters/httproute/) with an options model (pydantic, each field prefixed with the adapter's name
 and described), a Renderer, a Transport and `build`; then one line here. What two gateways share is a module of its own (listen, grpc_server,
 route_json), never imported from another gateway (pyproject.toml's import contracts).

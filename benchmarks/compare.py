@@ -1024,7 +1024,7 @@ async def _nginx(ctx: Ctx, stack: contextlib.AsyncExitStack, conf: Path, extra: 
 
 async def start_nginx(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
     from adapters.nginx import VERSION_PATH
-    from adapters.nginx.reload import render
+    from adapters.nginx.reload_render import render
 
     conf = ctx.work / "nginx" / "ome-gateway-publisher.conf"
     conf.parent.mkdir(parents=True)
@@ -1049,7 +1049,7 @@ async def start_nginx_lua(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launche
     conf = ctx.work / "nginx" / "ome-gateway-publisher.conf"
     conf.parent.mkdir(parents=True)
     conf.write_text(result.stdout)
-    from adapters.nginx.lua import LOAD_MODULES
+    from adapters.nginx.lua_snippet import LOAD_MODULES
 
     # Debian's module paths, absolute: `-p` would make the relative ones the snippet names ours.
     modules = "".join(f"load_module {NGINX_LIB}/{module};\n" for module in LOAD_MODULES)

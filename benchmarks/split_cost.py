@@ -37,7 +37,8 @@ from adapters.envoy.bootstrap import xds_bootstrap  # noqa: E402
 from adapters.envoy.process import run_envoy  # noqa: E402
 from adapters.envoy.resources import XdsRenderer  # noqa: E402
 from adapters.envoy.xds import XdsTransport  # noqa: E402
-from adapters.nginx.lua import LuaRenderer, LuaTransport  # noqa: E402
+from adapters.nginx.lua import LuaTransport  # noqa: E402
+from adapters.nginx.lua_render import LuaRenderer  # noqa: E402
 from benchmarks.xds_scale import _free_port, _key, _route  # noqa: E402
 from publisher.core.model import Backend, MapKey, Route  # noqa: E402
 from publisher.split.check import SplitVerifier  # noqa: E402

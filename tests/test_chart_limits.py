@@ -21,7 +21,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.nginx.lua import http_snippet
+from adapters.nginx.lua_snippet import http_snippet
 from publisher import cli
 from publisher.cli import config
 from publisher.core.model import format_duration

@@ -676,8 +676,8 @@ def _run_init_container(container: dict[str, Any], root: Path, paths: dict[str, 
 def test_the_lua_mode_pod_gives_nginx_a_config_it_accepts(tmp_path: Path) -> None:
     """The nginx-config initContainer's output, with the Lua modules it copies, inside the chart's
     nginx.conf, loads in a real NGINX with Debian's Lua module (init_by_lua reads the secret)."""
-    if importlib.util.find_spec("adapters.nginx.lua") is None:
-        pytest.skip("Lua mode (adapters/nginx/lua.py, `ome-publisher nginx-config`) is not in this checkout yet")
+    if importlib.util.find_spec("adapters.nginx.lua_snippet") is None:
+        pytest.skip("Lua mode (adapters/nginx/lua_snippet.py, `ome-publisher nginx-config`) is not in this checkout yet")
     changes = {"adapter": {"name": "nginx"}}
     conf = _nginx_conf(changes, tmp_path)
     (tmp_path / "secret").mkdir()

@@ -24,7 +24,7 @@ from adapters.envoy import EnvoyOptions
 from adapters.envoy.bootstrap import bootstrap
 from adapters.envoy.render import CDS_FILE, RDS_FILE, render
 from adapters.envoy.process import run_envoy
-from adapters.nginx.lua import LuaRenderer
+from adapters.nginx.lua_render import LuaRenderer
 from publisher.cli import demo
 from publisher import loop, metrics
 from publisher.loop import LoopOptions, Publisher

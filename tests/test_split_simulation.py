@@ -53,10 +53,12 @@ from envoy.service.load_stats.v3 import lrs_pb2
 from adapters.envoy.names import cluster_name
 from adapters.envoy.lrs import LoadReports
 from adapters.nginx import NginxOptions
-from adapters.nginx.lua import LuaRenderer, LuaTransport
+from adapters.nginx.lua import LuaTransport
+from adapters.nginx.lua_render import LuaRenderer
 from publisher.core.model import Backend, MapKey, Route
 from publisher.split.check import SplitVerifier
 from publisher.split.stats import ENOUGH_REQUESTS
+from tests.adapters.nginx_fixtures import confirm_parts
 
 SEEDS = [1, 2, 3]
 # More seeds, opt-in: OME_SPLIT_SIMULATION_SEEDS=N, or 20 with the suite's OME_SIMULATION_EXAMPLES.
@@ -376,9 +378,9 @@ async def run(seed: int) -> Sim:
     for key, weights in sim.confirmed.items():
         for gateway in gateways.values():
             gateway.serving[key] = weights
-        transport._parts[key] = renderer.render(key, route_of(weights))
         for verifier in verifiers.values():
             verifier.route_confirmed(key, route_of(weights))
+    confirm_parts(transport, {key: renderer.render(key, route_of(weights)) for key, weights in sim.confirmed.items()})
     stream = EnvoyStream(load_reports, envoy.name)
     await stream.open()
     next_report = ENVOY_PHASE

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from adapters.envoy.options import ROUTE_CONFIG_PATTERN  # noqa: E402
 from adapters.httproute import RESERVED_INSTANCE  # noqa: E402
-from adapters.nginx.lua import PATH_PATTERN, SIZE_PATTERN  # noqa: E402
+from adapters.nginx.lua_snippet import PATH_PATTERN, SIZE_PATTERN  # noqa: E402
 from publisher.cli import config  # noqa: E402
 from publisher.core.model import format_duration  # noqa: E402
 from publisher.core.model import _DNS_LABEL  # noqa: E402

@@ -1,10 +1,15 @@
 """The NGINX OSS adapter: its options and `build`, for the registry (adapters.ADAPTERS).
 
 - options.py: NginxOptions, both modes'.
-- reload.py: reload mode, a pure renderer and a transport that owns one included file.
-- lua.py: Lua mode, a pure renderer, the snippet `ome-publisher nginx-config` writes, and a
-  transport that pushes weights into the running NGINX; lua_modules/ holds the Lua it loads,
-  templates/ the snippet's text.
+- reload_render.py: reload mode's renderer (pure): each map's part, the whole file and its read-back.
+- reload.py: reload mode's transport, which owns that one included file and reloads NGINX.
+- lua_render.py: Lua mode's renderer (pure): each map's entry in NGINX's Lua table, its checksum.
+- lua_snippet.py: the `http {}` snippet `ome-publisher nginx-config` writes, from templates/, which
+  loads the Lua of lua_modules/.
+- lua.py: Lua mode's transport, which pushes weights into the running NGINX and confirms them,
+  with its control listener's client; its bookkeeping is pure: lua_table.py (the confirmed table,
+  its batches and checksums, what a restart or a broken table gets) and lua_names.py (the cache of
+  resolved endpoint names).
 - counts.py: Lua mode's request counts for the split check, read through that transport.
 """
 

@@ -822,7 +822,7 @@ def _route_idle_timeout(value: str) -> float:
 
 
 def _nginx_config(args: argparse.Namespace) -> int:
-    from adapters.nginx.lua import LOAD_MODULES, LUA_DIR, copy_lua_modules, http_snippet, secret_problem
+    from adapters.nginx.lua_snippet import LOAD_MODULES, LUA_DIR, copy_lua_modules, http_snippet, secret_problem
 
     if args.load_modules:
         print("".join(f"load_module {module};\n" for module in LOAD_MODULES), end="")

@@ -229,7 +229,7 @@ def _path_problem(path: Path, kind: str) -> str | None:
     if kind == "file":
         return None if path.is_file() else "no such file"
     if kind == "secret":
-        from adapters.nginx.lua import secret_problem
+        from adapters.nginx.lua_snippet import secret_problem
 
         return secret_problem(path)
     directory = path if kind == "dir" else path.absolute().parent

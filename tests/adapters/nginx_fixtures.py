@@ -15,7 +15,7 @@ import contextlib
 import json
 import secrets
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,11 @@ from typing import Any
 import aiohttp
 
 from adapters.nginx import NginxOptions
-from adapters.nginx.reload import render
-from adapters.nginx.lua import LOAD_MODULES, LUA_DIR, http_snippet
+from adapters.nginx.lua import LuaTransport
+from adapters.nginx.lua_render import LuaPart, entry_text
+from adapters.nginx.lua_snippet import LOAD_MODULES, LUA_DIR, http_snippet
+from adapters.nginx.lua_table import read_table
+from adapters.nginx.reload_render import render
 from publisher.core.model import Backend, MapKey, Publication, Route
 from tests.gateways import eventually, free_port
 
@@ -47,6 +50,13 @@ def make_pub(name: str = "m", *backends: tuple[str, str, int], **overrides: Any)
 
 def routes(*pubs: Publication) -> dict[MapKey, Route]:
     return {pub.key: pub.route for pub in pubs}
+
+
+def confirm_parts(transport: LuaTransport, parts: Mapping[MapKey, LuaPart]) -> None:
+    """`transport` as if NGINX had confirmed `parts` (every name at 127.0.0.1), for a test whose
+    control listener is a fake."""
+    lines = "\n".join(f"{key} {entry_text(part, {b.name: ('127.0.0.1',) for b in part.backends})}" for key, part in parts.items())
+    transport._table.adopt("boot-1", 1, read_table(lines))
 
 
 @dataclass

@@ -242,7 +242,8 @@ async def test_after_a_read_back_holding_one_hostname_twice_the_older_map_keeps_
     """Finding 1: with --json-dir, two map files carried one hostname and both maps were Published;
     after such a read-back the owner was picked by key order, not the older TrafficMap."""
     from adapters import ADAPTERS
-    from adapters.json import JsonOptions, map_file
+    from adapters.json import JsonOptions
+    from adapters.json.render import map_file
 
     engine = ADAPTERS["json"].engine("json", JsonOptions(json_dir=tmp_path))
     await engine.start()

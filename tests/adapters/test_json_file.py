@@ -5,7 +5,9 @@ import json
 import pytest
 
 from adapters import ADAPTERS
-from adapters.json import INDEX_FILE, JsonOptions, map_file
+from adapters.json import JsonOptions
+from adapters.json.render import map_file
+from adapters.json.transport import INDEX_FILE
 from publisher.core.model import Backend, MapKey, Publication, Reason
 
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from adapters import ADAPTERS, Engine
 from adapters.base import ApplyResult, Rejected, Unavailable, WriteResult
 from adapters.nginx import NginxOptions, build
-from adapters.nginx.reload import (
+from adapters.nginx.reload import NginxFileTransport
+from adapters.nginx.reload_render import (
     SPLIT_UNITS,
-    NginxFileTransport,
     NginxRenderer,
     read_back,
     render,

@@ -1,4 +1,5 @@
-"""adapters/nginx/lua.py and its Lua modules: the pure renderer and snippet, and real NGINX (slow)."""
+"""NGINX Lua mode (adapters/nginx/lua.py, lua_render.py, lua_snippet.py) and its Lua modules: the
+pure renderer and snippet, and real NGINX (slow)."""
 
 from __future__ import annotations
 
@@ -23,18 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from adapters.base import NotConnected, Rejected, Unavailable
 from adapters.engine import Engine
 from adapters.nginx import NginxOptions
-from adapters.nginx.lua import (
-    LUA_DIR,
-    LuaPart,
-    LuaRenderer,
-    LuaStats,
-    LuaTransport,
-    checksum,
-    copy_lua_modules,
-    decode_entry,
-    entry_text,
-    http_snippet,
-)
+from adapters.nginx.lua import LuaStats, LuaTransport
+from adapters.nginx.lua_render import LuaPart, LuaRenderer, checksum, decode_entry, entry_text
+from adapters.nginx.lua_snippet import LUA_DIR, copy_lua_modules, http_snippet
 from publisher.cli import app
 from publisher import metrics
 from publisher.cli import main

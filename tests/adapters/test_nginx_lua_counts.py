@@ -17,9 +17,11 @@ import pytest
 from adapters.base import CountReport
 from adapters.nginx import NginxOptions
 from adapters.nginx.counts import LuaRequestCounts
-from adapters.nginx.lua import LuaRenderer, LuaTransport
+from adapters.nginx.lua import LuaTransport
+from adapters.nginx.lua_render import LuaRenderer
 from publisher.core.model import MapKey
 from publisher.split.stats import MIN_REQUESTS, SplitWindows
+from tests.adapters.nginx_fixtures import confirm_parts
 from tests.adapters.test_nginx_lua import HOST, KEY, _scraped_table_series, lua_nginx, route
 from tests.gateways import BACKEND_HEADER, Backends, measure
 
@@ -34,10 +36,12 @@ def _counted_transport(tmp_path: Path, maps: int, backends: int) -> tuple[LuaTra
     answers every /counts key with 0 and notes each page's keys."""
     transport = LuaTransport(NginxOptions(nginx_secret_file=tmp_path / "secret"))
     renderer = LuaRenderer()
+    parts = {}
     for i in range(maps):
         key = MapKey(f"ns-{i % 100}", f"model-{i}")
         served = route(f"model-{i}.example.com", *((f"worker-{b}", f"http://10.0.{b}.1:8000", 1) for b in range(backends)))
-        transport._parts[key] = renderer.render(key, served)
+        parts[key] = renderer.render(key, served)
+    confirm_parts(transport, parts)
     pages: list[list[str]] = []
 
     async def exchange(method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any], str]:

@@ -1,4 +1,4 @@
-"""NGINX Lua mode's `http {}` snippet (adapters.nginx.lua.http_snippet), byte for byte.
+"""NGINX Lua mode's `http {}` snippet (adapters.nginx.lua_snippet.http_snippet), byte for byte.
 
 The expected texts in nginx_lua_snippets/ are what the snippet was when it was an f-string in
 adapters/nginx/lua.py, for option sets that take every branch (counts dict or none, default or
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from adapters.nginx.lua import LUA_DIR, http_snippet
+from adapters.nginx.lua_snippet import LUA_DIR, http_snippet
 
 EXPECTED = Path(__file__).with_name("nginx_lua_snippets")
 

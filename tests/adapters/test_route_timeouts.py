@@ -37,9 +37,9 @@ from adapters.envoy import build as envoy_build
 from adapters.envoy.resources import XdsRenderer
 from adapters.httproute import HttpRouteOptions, HttpRouteRenderer, render_route
 from adapters.nginx import NginxOptions
-from adapters.nginx.reload import read_back
-from adapters.nginx.reload import render as nginx_render
-from adapters.nginx.lua import http_snippet
+from adapters.nginx.lua_snippet import http_snippet
+from adapters.nginx.reload_render import read_back
+from adapters.nginx.reload_render import render as nginx_render
 from adapters.timeouts import envoy_duration, unit_duration
 from publisher.cli import config
 from publisher.cli import main
