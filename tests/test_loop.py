@@ -10,7 +10,8 @@ from adapters.base import Unavailable
 from publisher import loop
 from publisher.loop import Backoff, KeyQueue, LoopOptions, Publisher
 from publisher.core.model import MapKey, Reason, parse_traffic_map
-from publisher.source import Stores, parse_isvc
+from publisher.source.objects import parse_isvc
+from publisher.source.store import Stores
 from tests.builders import make_entry, make_isvc, make_map
 from tests.fakes.memory_adapter import MemoryGateway, memory_engine
 

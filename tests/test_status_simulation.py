@@ -33,7 +33,7 @@ from publisher import status
 from publisher.kube import Kube
 from publisher.loop import LoopOptions, Publisher
 from publisher.core.model import MapKey, Reason, parse_traffic_map
-from publisher.source import Stores
+from publisher.source.store import Stores
 from tests.builders import make_map
 from tests.fakes.kube_api import FakeKubeAPI, write_kubeconfig
 

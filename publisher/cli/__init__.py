@@ -279,7 +279,7 @@ def _cluster_reports(args: argparse.Namespace) -> list[_Report]:
     """The sidecar's own decision for each map on the cluster (app.verify_cluster)."""
     from publisher.cli import app, config
     from publisher.kube import KubeError
-    from publisher.source import SourceRefused
+    from publisher.source.refusals import SourceRefused
 
     try:
         run_config = config.RunConfig(
@@ -645,7 +645,7 @@ def _start_up_error(exc: BaseException) -> str | None:
     from publisher.cli import config
     from publisher.kube import KubeError
     from publisher.loop import ListenError, SyncTimeout
-    from publisher.source import SourceRefused
+    from publisher.source.refusals import SourceRefused
 
     if isinstance(exc, ListenError):
         return f"--listen: {exc.strerror}"

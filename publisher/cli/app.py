@@ -28,7 +28,10 @@ from publisher.loop import LeaderOptions, LoopOptions, Publisher
 from publisher.core.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
 from publisher.status.region_report import ReportSink
 from publisher.split.check import SplitVerifier
-from publisher.source import DirectorySource, KubeSource, Stores, WatchOptions
+from publisher.source.directory import DirectorySource
+from publisher.source.informer import WatchOptions
+from publisher.source.kube_source import KubeSource
+from publisher.source.store import Stores
 
 log = logging.getLogger("publisher.app")
 

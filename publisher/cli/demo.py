@@ -38,7 +38,8 @@ from publisher.core import weights
 from publisher.loop import LoopOptions, Publisher
 from publisher.source.manifests import parse_manifests
 from publisher.core.model import TRAFFIC_MAP_KIND, MapKey, Publication, TrafficMap, object_key, parse_traffic_map
-from publisher.source import DirectorySource, Stores
+from publisher.source.directory import DirectorySource
+from publisher.source.store import Stores
 
 log = logging.getLogger("publisher.demo")
 

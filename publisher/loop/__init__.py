@@ -35,7 +35,7 @@ from publisher.core.model import Held, InvalidObject, MapKey, Publication, Reaso
 from publisher.core.plan import Hold, Outcome, Publish, Withdraw
 from publisher.retry import Backoff
 from publisher.split.check import SplitVerifier
-from publisher.source import Stores
+from publisher.source.store import Stores
 
 log = logging.getLogger(__name__)
 

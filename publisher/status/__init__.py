@@ -25,7 +25,7 @@ from publisher.kube import TRAFFIC_MAPS, Kube, KubeError
 from publisher.core.model import API_VERSION, TRAFFIC_MAP_KIND, Condition, InvalidObject, MapKey, Reason, TrafficMap, condition_type, validate
 
 if TYPE_CHECKING:
-    from publisher.source import Store
+    from publisher.source.store import Store
 
 log = logging.getLogger(__name__)
 

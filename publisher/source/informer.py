@@ -1,0 +1,271 @@
+"""`Informer`: list then watch one resource in one namespace (or all), feeding one Store, with
+client-go's semantics (paginated list, watch with bookmarks, relist on 410, backoff that resets
+after a healthy watch); `WatchOptions`, the knobs of every informer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import aiohttp
+
+from publisher import metrics
+from publisher.core.model import MapKey, object_key
+from publisher.kube import Kube, KubeError, Resource
+from publisher.retry import ReconnectBackoff
+from publisher.source.objects import _version
+from publisher.source.refusals import _REFUSALS, SourceRefused, _where, describe_refusal
+from publisher.source.store import ChangeSink, Store
+from publisher.source.watch import Bookmark, Event, Relist, WatchError, WatchState
+
+log = logging.getLogger("publisher.source")  # the logger name these logs have always printed
+T = TypeVar("T")
+
+
+class _Gone(Exception):
+    pass
+
+
+# Transient failures of list and watch: retried with capped backoff, logged on the first of a streak.
+_TRANSIENT = (KubeError, aiohttp.ClientError, asyncio.TimeoutError, WatchError, ConnectionError)
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    namespaces: tuple[str, ...] = ()
+    label_selector: str | None = None
+    # Pages of 500 keep one list response near a megabyte for 4-entry maps.
+    page_size: int = 500
+    # The server ends a watch after this; we reopen from the last version (cheap, no relist).
+    watch_seconds: int = 300
+    # Bookmarks arrive about once a minute from a real server; twice that silent means dead.
+    silence_timeout: float = 120.0
+    # Reconnect backoff: starts small so a dropped connection costs little, caps low enough that
+    # the first change after an outage is seen within seconds of recovery.
+    backoff_initial: float = 0.2
+    backoff_max: float = 10.0
+    # A watch connected this long counts as healthy: its next drop starts the backoff over.
+    backoff_reset: float = 60.0
+    # A refusal (400, 401, 403, 404) is not fixed by hammering: retried at this slow pace.
+    refusal_retry: float = 30.0
+    # --once and --dry-run: a refusal ends the source at once instead of being retried.
+    refusals_fatal: bool = False
+    # Warn once when no list or watch has succeeded for this long (the gateway keeps serving).
+    stale_after: float = 300.0
+    # This sidecar's instance name: a TrafficMap event that changes only other instances'
+    # conditions is not parsed or decided (with R regions, R - 1 of every R status events).
+    # None: every event is.
+    instance: str | None = None
+
+
+class Informer(Generic[T]):
+    """List then watch one resource in one namespace (or all), feeding one Store.
+
+    `parse` turns a raw object into what the Store keeps (None: unusable, treated as absent).
+    List pages are parsed as they arrive, so the raw objects of only one page are alive at once.
+    Nothing the API server does empties the Store: only a list that succeeds replaces it.
+    `digest`, when given, says what of an object matters: an event with the digest the Store's
+    object was parsed from only moves its resourceVersion.
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        resource: Resource,
+        *,
+        namespace: str | None,
+        options: WatchOptions,
+        store: Store[T],
+        parse: Callable[[dict[str, Any]], T | None],
+        sink: ChangeSink,
+        on_synced: Callable[[], None],
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        digest: Callable[[dict[str, Any]], bytes | None] | None = None,
+    ) -> None:
+        self._kube = kube
+        self._resource = resource
+        self._namespace = namespace
+        self._options = options
+        self._store = store
+        self._parse = parse
+        self._sink = sink
+        self._on_synced = on_synced
+        self._clock = clock
+        self._sleep = sleep
+        self._digest = digest
+        # The digest of each object in the Store from this informer, when `digest` is given.
+        self._digests: dict[MapKey, bytes] = {}
+        self._backoff = ReconnectBackoff(options.backoff_initial, options.backoff_max, options.backoff_reset)
+        self._opened_at: float | None = None
+        # For staleness and the operator: when a call last succeeded, and what is wrong now.
+        self.last_success: float | None = None
+        self.problem: str | None = None
+        self._refused: str | None = None
+        # Looked up once: every watch chunk marks a success.
+        self._success_gauge = metrics.SOURCE_LAST_SUCCESS.labels(resource=resource.plural, namespace=namespace or "")
+
+    async def run(self) -> None:
+        synced = False
+        state: WatchState | None = None
+        while True:
+            verb = "list" if state is None else "watch"
+            try:
+                if state is None:
+                    state = WatchState(await self._list())
+                    if not synced:
+                        synced = True
+                        self._on_synced()
+                await self._watch_once(state)
+                self._connection_ended()
+            except _Gone as gone:
+                self._connection_ended()
+                state = None
+                metrics.WATCH_RESTARTS.labels(resource=self._resource.plural, reason="Expired").inc()
+                log.info("watch expired, relisting", extra={"resource": self._resource.plural, "namespace": _where(self._namespace), "reason": str(gone)})
+                # A storm of 410s relists at the backoff's pace, not in a tight loop.
+                await self._sleep(self._backoff.failed())
+            except _TRANSIENT as exc:
+                self._connection_ended()
+                if isinstance(exc, KubeError) and exc.code in _REFUSALS:
+                    await self._sleep(self._on_refused(exc, verb))
+                else:
+                    await self._sleep(self._on_transient(exc, verb))
+
+    def _succeeded(self) -> None:
+        self.last_success = self._clock()
+        self._success_gauge.set(time.time())
+        if self.problem is not None:
+            log.info(
+                "source recovered",
+                extra={"resource": self._resource.plural, "namespace": _where(self._namespace), "after": self.problem},
+            )
+            self.problem = None
+        if self._refused is not None:
+            metrics.SOURCE_REFUSED.labels(resource=self._resource.plural, namespace=self._namespace or "").set(0)
+            self._refused = None
+
+    def _connection_ended(self) -> None:
+        if self._opened_at is not None:
+            self._backoff.connected_for(self._clock() - self._opened_at)
+            self._opened_at = None
+
+    def _on_transient(self, exc: BaseException, verb: str) -> float:
+        reason = exc.reason if isinstance(exc, KubeError) and exc.reason else type(exc).__name__
+        metrics.WATCH_RESTARTS.labels(resource=self._resource.plural, reason=reason).inc()
+        problem = f"{verb} {self._resource.plural}.{self._resource.group} in {_where(self._namespace)}: {exc}"
+        if self.problem is None:
+            # The first failure of a streak is news; its repeats are counted, not logged.
+            log.warning("watch restarting", extra={"resource": self._resource.plural, "namespace": _where(self._namespace), "verb": verb, "error": str(exc)})
+        self.problem = problem
+        return self._backoff.failed()
+
+    def _on_refused(self, exc: KubeError, verb: str) -> float:
+        message = describe_refusal(exc, verb, self._resource, self._namespace)
+        if self._options.refusals_fatal:
+            raise SourceRefused(message) from exc
+        metrics.SOURCE_REFUSED.labels(resource=self._resource.plural, namespace=self._namespace or "").set(1)
+        if message != self._refused:
+            log.error("source refused", extra={"resource": self._resource.plural, "namespace": _where(self._namespace), "verb": verb, "error": message})
+        self._refused = self.problem = message
+        return self._options.refusal_retry
+
+    async def _list(self) -> str:
+        entries: list[tuple[MapKey, T, str]] = []
+        digests: dict[MapKey, bytes] = {}
+        token: str | None = None
+        version = ""
+        while True:
+            page = await self._kube.list(
+                self._resource,
+                namespace=self._namespace,
+                label_selector=self._options.label_selector,
+                limit=self._options.page_size,
+                continue_token=token,
+            )
+            if not isinstance(page, dict) or not isinstance(page.get("items") or [], list) or not isinstance(page.get("metadata") or {}, dict):
+                # A 2xx that is not a list (a proxy's page that parsed): as transient as no answer.
+                raise KubeError(0, "InvalidResponse", f"the list of {self._resource.plural} is not a list of objects")
+            entries.extend(self._entries(page.get("items") or (), digests))
+            metadata = page.get("metadata") or {}
+            if not token:
+                version = str(metadata.get("resourceVersion", ""))
+            token = metadata.get("continue") or None
+            if not token:
+                break
+        self._succeeded()
+        self._digests = digests
+        changed = self._store.replace(entries, namespace=self._namespace)
+        if changed:
+            self._sink.changed(changed, at=self._clock())
+        return version
+
+    def _entries(self, items: Iterable[dict[str, Any]], digests: dict[MapKey, bytes]) -> Iterable[tuple[MapKey, T, str]]:
+        for raw in items:
+            key = object_key(raw) if isinstance(raw, dict) else None
+            obj = self._parse(raw) if key is not None else None
+            if key is not None and obj is not None:
+                digest = self._digest(raw) if self._digest is not None else None
+                if digest is not None:
+                    digests[key] = digest
+                yield key, obj, _version(raw)
+
+    async def _watch_once(self, state: WatchState) -> None:
+        """One watch connection; returns when the server ends it, raises on a drop or 410."""
+        try:
+            await self._stream(state)
+        except KubeError as exc:
+            # Some servers answer an expired version with HTTP 410 instead of an ERROR event.
+            if exc.gone:
+                raise _Gone(exc.reason or "Gone") from exc
+            raise
+
+    async def _stream(self, state: WatchState) -> None:
+        async with self._kube.watch(
+            self._resource,
+            namespace=self._namespace,
+            resource_version=state.resource_version,
+            label_selector=self._options.label_selector,
+            timeout_seconds=self._options.watch_seconds,
+            silence_timeout=self._options.silence_timeout,
+        ) as stream:
+            self._opened_at = self._clock()
+            self._succeeded()
+            buffer = b""
+            # Split lines ourselves: StreamReader.readline caps the line length, objects do not.
+            async for chunk in stream.iter_any():
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    self._handle(state.feed(line))
+                self._succeeded()
+            if buffer.strip():
+                self._handle(state.feed(buffer))
+
+    def _handle(self, item: Event | Bookmark | Relist | None) -> None:
+        if isinstance(item, Relist):
+            raise _Gone(item.reason)
+        if isinstance(item, Event):
+            key = object_key(item.object)
+            if key is None:
+                return
+            digest = self._digest(item.object) if self._digest is not None and item.type != "DELETED" else None
+            if digest is not None and self._digests.get(key) == digest:
+                self._store.touch(key, _version(item.object))
+                return
+            obj = self._parse(item.object) if item.type != "DELETED" else None
+            if obj is None:
+                self._digests.pop(key, None)
+                changed = self._store.delete(key)
+            else:
+                if digest is not None:
+                    self._digests[key] = digest
+                else:
+                    self._digests.pop(key, None)
+                changed = self._store.upsert(key, obj, _version(item.object))
+            if changed:
+                self._sink.changed((key,), at=self._clock())
