@@ -66,7 +66,7 @@ class DirectorySource:
         maps = [item for state in self._files.values() for item in state.maps]
         isvcs = [item for state in self._files.values() for item in state.isvcs]
         map_keys = self._stores.maps.replace(maps)
-        # As _MappedOnly: an InferenceService that no map names changes no decision.
+        # As MappedOnly: an InferenceService that no map names changes no decision.
         isvc_keys = {mapped for key in self._stores.isvcs.replace(isvcs) for mapped in self._stores.maps.naming(key)}
         keys = map_keys | isvc_keys
         if keys:

@@ -17,8 +17,8 @@ from publisher import metrics
 from publisher.core.model import MapKey, object_key
 from publisher.kube import Kube, KubeError, Resource
 from publisher.retry import ReconnectBackoff
-from publisher.source.objects import _version
-from publisher.source.refusals import _REFUSALS, SourceRefused, _where, describe_refusal
+from publisher.source.objects import resource_version
+from publisher.source.refusals import REFUSAL_CODES, SourceRefused, describe_refusal, scope_in_words
 from publisher.source.store import ChangeSink, Store
 from publisher.source.watch import Bookmark, Event, Relist, WatchError, WatchState
 
@@ -126,12 +126,12 @@ class Informer(Generic[T]):
                 self._connection_ended()
                 state = None
                 metrics.WATCH_RESTARTS.labels(resource=self._resource.plural, reason="Expired").inc()
-                log.info("watch expired, relisting", extra={"resource": self._resource.plural, "namespace": _where(self._namespace), "reason": str(gone)})
+                log.info("watch expired, relisting", extra={"resource": self._resource.plural, "namespace": scope_in_words(self._namespace), "reason": str(gone)})
                 # A storm of 410s relists at the backoff's pace, not in a tight loop.
                 await self._sleep(self._backoff.failed())
             except _TRANSIENT as exc:
                 self._connection_ended()
-                if isinstance(exc, KubeError) and exc.code in _REFUSALS:
+                if isinstance(exc, KubeError) and exc.code in REFUSAL_CODES:
                     await self._sleep(self._on_refused(exc, verb))
                 else:
                     await self._sleep(self._on_transient(exc, verb))
@@ -142,7 +142,7 @@ class Informer(Generic[T]):
         if self.problem is not None:
             log.info(
                 "source recovered",
-                extra={"resource": self._resource.plural, "namespace": _where(self._namespace), "after": self.problem},
+                extra={"resource": self._resource.plural, "namespace": scope_in_words(self._namespace), "after": self.problem},
             )
             self.problem = None
         if self._refused is not None:
@@ -157,10 +157,10 @@ class Informer(Generic[T]):
     def _on_transient(self, exc: BaseException, verb: str) -> float:
         reason = exc.reason if isinstance(exc, KubeError) and exc.reason else type(exc).__name__
         metrics.WATCH_RESTARTS.labels(resource=self._resource.plural, reason=reason).inc()
-        problem = f"{verb} {self._resource.plural}.{self._resource.group} in {_where(self._namespace)}: {exc}"
+        problem = f"{verb} {self._resource.plural}.{self._resource.group} in {scope_in_words(self._namespace)}: {exc}"
         if self.problem is None:
             # The first failure of a streak is news; its repeats are counted, not logged.
-            log.warning("watch restarting", extra={"resource": self._resource.plural, "namespace": _where(self._namespace), "verb": verb, "error": str(exc)})
+            log.warning("watch restarting", extra={"resource": self._resource.plural, "namespace": scope_in_words(self._namespace), "verb": verb, "error": str(exc)})
         self.problem = problem
         return self._backoff.failed()
 
@@ -170,7 +170,7 @@ class Informer(Generic[T]):
             raise SourceRefused(message) from exc
         metrics.SOURCE_REFUSED.labels(resource=self._resource.plural, namespace=self._namespace or "").set(1)
         if message != self._refused:
-            log.error("source refused", extra={"resource": self._resource.plural, "namespace": _where(self._namespace), "verb": verb, "error": message})
+            log.error("source refused", extra={"resource": self._resource.plural, "namespace": scope_in_words(self._namespace), "verb": verb, "error": message})
         self._refused = self.problem = message
         return self._options.refusal_retry
 
@@ -212,7 +212,7 @@ class Informer(Generic[T]):
                 digest = self._digest(raw) if self._digest is not None else None
                 if digest is not None:
                     digests[key] = digest
-                yield key, obj, _version(raw)
+                yield key, obj, resource_version(raw)
 
     async def _watch_once(self, state: WatchState) -> None:
         """One watch connection; returns when the server ends it, raises on a drop or 410."""
@@ -255,7 +255,7 @@ class Informer(Generic[T]):
                 return
             digest = self._digest(item.object) if self._digest is not None and item.type != "DELETED" else None
             if digest is not None and self._digests.get(key) == digest:
-                self._store.touch(key, _version(item.object))
+                self._store.touch(key, resource_version(item.object))
                 return
             obj = self._parse(item.object) if item.type != "DELETED" else None
             if obj is None:
@@ -266,6 +266,6 @@ class Informer(Generic[T]):
                     self._digests[key] = digest
                 else:
                     self._digests.pop(key, None)
-                changed = self._store.upsert(key, obj, _version(item.object))
+                changed = self._store.upsert(key, obj, resource_version(item.object))
             if changed:
                 self._sink.changed((key,), at=self._clock())

@@ -14,7 +14,7 @@ from publisher.kube import INFERENCE_SERVICES, TRAFFIC_MAPS, Kube
 from publisher.source.informer import Informer, WatchOptions
 from publisher.source.objects import parse_isvc, relevant_digest
 from publisher.source.refusals import SourceRefused
-from publisher.source.store import ChangeSink, Stores, _MappedOnly
+from publisher.source.store import ChangeSink, MappedOnly, Stores
 
 log = logging.getLogger("publisher.source")  # the logger name these logs have always printed
 
@@ -35,7 +35,7 @@ class KubeSource:
     def _make_informers(self) -> list[Informer[Any]]:
         namespaces: tuple[str | None, ...] = self._options.namespaces or (None,)
         informers: list[Informer[Any]] = []
-        isvc_sink = _MappedOnly(self._sink, self._stores.maps)
+        isvc_sink = MappedOnly(self._sink, self._stores.maps)
         instance = self._options.instance
         map_digest = functools.partial(relevant_digest, own_condition=condition_type(instance)) if instance is not None else None
         for namespace in namespaces:

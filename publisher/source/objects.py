@@ -15,7 +15,8 @@ from publisher.core.model import CONDITION_PREFIX, InferenceService, describe_va
 log = logging.getLogger("publisher.source")  # the logger name these logs have always printed
 
 
-def _version(raw: dict[str, Any]) -> str:
+def resource_version(raw: dict[str, Any]) -> str:
+    """A raw object's metadata.resourceVersion ("" when it has none)."""
     return str(raw.get("metadata", {}).get("resourceVersion", ""))
 
 

@@ -8,7 +8,7 @@ from publisher.kube import KubeError, Resource
 
 # Answers that mean our configuration is wrong (a request the server cannot read, e.g. a malformed
 # label selector; credentials; RBAC; a missing CRD), not the network.
-_REFUSALS = (400, 401, 403, 404)
+REFUSAL_CODES = (400, 401, 403, 404)
 
 
 class SourceRefused(Exception):
@@ -18,7 +18,7 @@ class SourceRefused(Exception):
 
 def describe_refusal(exc: KubeError, verb: str, resource: Resource, namespace: str | None) -> str:
     """One line an operator can act on: what was refused, where, and the missing rule."""
-    what = f"{verb} {resource.plural}.{resource.group} in {_where(namespace)}"
+    what = f"{verb} {resource.plural}.{resource.group} in {scope_in_words(namespace)}"
     if exc.code == 400:
         return f"{what}: 400 BadRequest: {exc.message} (check --label-selector)"
     if exc.code == 401:
@@ -38,5 +38,6 @@ def describe_refusal(exc: KubeError, verb: str, resource: Resource, namespace: s
     )
 
 
-def _where(namespace: str | None) -> str:
+def scope_in_words(namespace: str | None) -> str:
+    """Where a source reads, in words: `namespace prod` or `all namespaces`."""
     return f"namespace {namespace}" if namespace else "all namespaces"

@@ -127,7 +127,7 @@ class ChangeSink(Protocol):
     def synced(self) -> None: ...
 
 
-class _MappedOnly:
+class MappedOnly:
     """Passes on, for each changed InferenceService, the keys of the maps that name it in
     spec.service. Any other InferenceService can change no decision (a map's own events cover its
     arrival and deletion), and passing it on would only have the loop decide, and log, the

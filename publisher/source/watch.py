@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from publisher.kube import decode_json
-from publisher.source.objects import _version
+from publisher.source.objects import resource_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,7 @@ class WatchState:
             raise WatchError(f"watch error {code}: {obj.get('message') if isinstance(obj, dict) else obj}")
         if not isinstance(obj, dict):
             raise WatchError(f"watch event without an object: {line[:200]!r}")
-        version = _version(obj)
+        version = resource_version(obj)
         if version:
             self.resource_version = version
         if kind == "BOOKMARK":
