@@ -7,16 +7,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import aiohttp
 
 from publisher import metrics
-from publisher.core.model import MapKey, object_key
+from publisher.core.model import object_key
 from publisher.kube import Kube, KubeError, Resource
 from publisher.retry import ReconnectBackoff
+from publisher.source.informer_state import Digests, InformerHealth, Listing, Reconnects
 from publisher.source.objects import resource_version
 from publisher.source.refusals import REFUSAL_CODES, SourceRefused, describe_refusal, scope_in_words
 from publisher.source.store import ChangeSink, Store
@@ -98,14 +99,10 @@ class Informer(Generic[T]):
         self._clock = clock
         self._sleep = sleep
         self._digest = digest
-        # The digest of each object in the Store from this informer, when `digest` is given.
-        self._digests: dict[MapKey, bytes] = {}
-        self._backoff = ReconnectBackoff(options.backoff_initial, options.backoff_max, options.backoff_reset)
-        self._opened_at: float | None = None
-        # For staleness and the operator: when a call last succeeded, and what is wrong now.
-        self.last_success: float | None = None
-        self.problem: str | None = None
-        self._refused: str | None = None
+        self._digests = Digests()
+        self._reconnects = Reconnects(ReconnectBackoff(options.backoff_initial, options.backoff_max, options.backoff_reset))
+        # For staleness and the operator (KubeSource reads it).
+        self.health = InformerHealth()
         # Looked up once: every watch chunk marks a success.
         self._success_gauge = metrics.SOURCE_LAST_SUCCESS.labels(resource=resource.plural, namespace=namespace or "")
 
@@ -121,98 +118,74 @@ class Informer(Generic[T]):
                         synced = True
                         self._on_synced()
                 await self._watch_once(state)
-                self._connection_ended()
+                self._reconnects.ended(self._clock())
             except _Gone as gone:
-                self._connection_ended()
+                self._reconnects.ended(self._clock())
                 state = None
                 metrics.WATCH_RESTARTS.labels(resource=self._resource.plural, reason="Expired").inc()
                 log.info("watch expired, relisting", extra={"resource": self._resource.plural, "namespace": scope_in_words(self._namespace), "reason": str(gone)})
                 # A storm of 410s relists at the backoff's pace, not in a tight loop.
-                await self._sleep(self._backoff.failed())
+                await self._sleep(self._reconnects.failed())
             except _TRANSIENT as exc:
-                self._connection_ended()
+                self._reconnects.ended(self._clock())
                 if isinstance(exc, KubeError) and exc.code in REFUSAL_CODES:
                     await self._sleep(self._on_refused(exc, verb))
                 else:
                     await self._sleep(self._on_transient(exc, verb))
 
     def _succeeded(self) -> None:
-        self.last_success = self._clock()
+        recovery = self.health.succeeded(self._clock())
         self._success_gauge.set(time.time())
-        if self.problem is not None:
+        if recovery is None:
+            return
+        if recovery.after is not None:
             log.info(
                 "source recovered",
-                extra={"resource": self._resource.plural, "namespace": scope_in_words(self._namespace), "after": self.problem},
+                extra={"resource": self._resource.plural, "namespace": scope_in_words(self._namespace), "after": recovery.after},
             )
-            self.problem = None
-        if self._refused is not None:
+        if recovery.refusal_ended:
             metrics.SOURCE_REFUSED.labels(resource=self._resource.plural, namespace=self._namespace or "").set(0)
-            self._refused = None
-
-    def _connection_ended(self) -> None:
-        if self._opened_at is not None:
-            self._backoff.connected_for(self._clock() - self._opened_at)
-            self._opened_at = None
 
     def _on_transient(self, exc: BaseException, verb: str) -> float:
         reason = exc.reason if isinstance(exc, KubeError) and exc.reason else type(exc).__name__
         metrics.WATCH_RESTARTS.labels(resource=self._resource.plural, reason=reason).inc()
         problem = f"{verb} {self._resource.plural}.{self._resource.group} in {scope_in_words(self._namespace)}: {exc}"
-        if self.problem is None:
-            # The first failure of a streak is news; its repeats are counted, not logged.
+        if self.health.failed(problem):
             log.warning("watch restarting", extra={"resource": self._resource.plural, "namespace": scope_in_words(self._namespace), "verb": verb, "error": str(exc)})
-        self.problem = problem
-        return self._backoff.failed()
+        return self._reconnects.failed()
 
     def _on_refused(self, exc: KubeError, verb: str) -> float:
         message = describe_refusal(exc, verb, self._resource, self._namespace)
         if self._options.refusals_fatal:
             raise SourceRefused(message) from exc
         metrics.SOURCE_REFUSED.labels(resource=self._resource.plural, namespace=self._namespace or "").set(1)
-        if message != self._refused:
+        if self.health.refused(message):
             log.error("source refused", extra={"resource": self._resource.plural, "namespace": scope_in_words(self._namespace), "verb": verb, "error": message})
-        self._refused = self.problem = message
         return self._options.refusal_retry
 
     async def _list(self) -> str:
-        entries: list[tuple[MapKey, T, str]] = []
-        digests: dict[MapKey, bytes] = {}
-        token: str | None = None
-        version = ""
+        listing: Listing[T] = Listing(self._resource.plural)
         while True:
             page = await self._kube.list(
                 self._resource,
                 namespace=self._namespace,
                 label_selector=self._options.label_selector,
                 limit=self._options.page_size,
-                continue_token=token,
+                continue_token=listing.token,
             )
-            if not isinstance(page, dict) or not isinstance(page.get("items") or [], list) or not isinstance(page.get("metadata") or {}, dict):
-                # A 2xx that is not a list (a proxy's page that parsed): as transient as no answer.
-                raise KubeError(0, "InvalidResponse", f"the list of {self._resource.plural} is not a list of objects")
-            entries.extend(self._entries(page.get("items") or (), digests))
-            metadata = page.get("metadata") or {}
-            if not token:
-                version = str(metadata.get("resourceVersion", ""))
-            token = metadata.get("continue") or None
-            if not token:
+            for raw in listing.items(page):
+                key = object_key(raw) if isinstance(raw, dict) else None
+                obj = self._parse(raw) if key is not None else None
+                if key is not None and obj is not None:
+                    listing.add(key, obj, resource_version(raw), self._digest(raw) if self._digest is not None else None)
+            if listing.token is None:
                 break
         self._succeeded()
-        self._digests = digests
-        changed = self._store.replace(entries, namespace=self._namespace)
+        self._digests.replace(listing.digests)
+        changed = self._store.replace(listing.entries, namespace=self._namespace)
         if changed:
             self._sink.changed(changed, at=self._clock())
-        return version
-
-    def _entries(self, items: Iterable[dict[str, Any]], digests: dict[MapKey, bytes]) -> Iterable[tuple[MapKey, T, str]]:
-        for raw in items:
-            key = object_key(raw) if isinstance(raw, dict) else None
-            obj = self._parse(raw) if key is not None else None
-            if key is not None and obj is not None:
-                digest = self._digest(raw) if self._digest is not None else None
-                if digest is not None:
-                    digests[key] = digest
-                yield key, obj, resource_version(raw)
+        return listing.version
 
     async def _watch_once(self, state: WatchState) -> None:
         """One watch connection; returns when the server ends it, raises on a drop or 410."""
@@ -233,7 +206,7 @@ class Informer(Generic[T]):
             timeout_seconds=self._options.watch_seconds,
             silence_timeout=self._options.silence_timeout,
         ) as stream:
-            self._opened_at = self._clock()
+            self._reconnects.opened(self._clock())
             self._succeeded()
             buffer = b""
             # Split lines ourselves: StreamReader.readline caps the line length, objects do not.
@@ -254,18 +227,15 @@ class Informer(Generic[T]):
             if key is None:
                 return
             digest = self._digest(item.object) if self._digest is not None and item.type != "DELETED" else None
-            if digest is not None and self._digests.get(key) == digest:
+            if self._digests.unchanged(key, digest):
                 self._store.touch(key, resource_version(item.object))
                 return
             obj = self._parse(item.object) if item.type != "DELETED" else None
             if obj is None:
-                self._digests.pop(key, None)
+                self._digests.note(key, None)
                 changed = self._store.delete(key)
             else:
-                if digest is not None:
-                    self._digests[key] = digest
-                else:
-                    self._digests.pop(key, None)
+                self._digests.note(key, digest)
                 changed = self._store.upsert(key, obj, resource_version(item.object))
             if changed:
                 self._sink.changed((key,), at=self._clock())

@@ -77,13 +77,13 @@ class KubeSource:
 
     def problem(self) -> str | None:
         """What is wrong with the source now (None: nothing known)."""
-        return next((i.problem for i in self._informers if i.problem is not None), None)
+        return next((i.health.problem for i in self._informers if i.health.problem is not None), None)
 
     def age(self, since: float) -> float:
         """Seconds since the least recent success of any informer (counted from `since` for one
         that never succeeded)."""
         now = self._clock()
-        return max((now - (i.last_success if i.last_success is not None else since) for i in self._informers), default=0.0)
+        return max((now - (i.health.last_success if i.health.last_success is not None else since) for i in self._informers), default=0.0)
 
     async def _watch_staleness(self, started: float) -> None:
         """Log once when the source goes stale and once when it is fresh again: the gateway keeps
