@@ -77,7 +77,7 @@ def _refused(values: dict[str, Any]) -> str:
 def _run_accepts(args: list[str]) -> config.RunConfig:
     """The rendered `run` arguments through the sidecar's own parser: argparse, then the options
     model and the adapter's (what `ome-publisher run` does before it starts anything)."""
-    parser, _ = cli._parser("run")
+    parser, _ = cli.build_parser("run")
     parsed, unknown = parser.parse_known_args(args)
     assert not unknown, unknown
     flags = {name: value for name, value in vars(parsed).items() if name not in ("run", "parser")}
@@ -89,7 +89,7 @@ def _run_accepts(args: list[str]) -> config.RunConfig:
 def _nginx_config_accepts(args: list[str]) -> str:
     """The rendered nginx-config init container's arguments through its parser and the snippet's
     own checks (sizes, listen addresses, paths)."""
-    parser, _ = cli._parser("nginx-config")
+    parser, _ = cli.build_parser("nginx-config")
     parsed = parser.parse_args(["nginx-config", *args])
     return http_snippet(
         listen=parsed.listen, control_listen=parsed.control_listen, secret_file=Path(parsed.secret_file),

@@ -1,9 +1,17 @@
 """The `ome-publisher` command: argument parsing, printing and exit codes.
 
-The only module that prints or exits. Each subcommand is one `_add_<name>(parser)` function
-that declares its arguments and sets `run` to a function (args) -> exit code; `_SUBCOMMANDS`
-lists them with their one-line help. The work itself lives in the stages (gate, verify, ...);
-this module only shows it.
+The only package that prints or exits. `main` and the parser's assembly live here; each subcommand
+is one module (`verify_command`, `status_command`, `run_command`, `envoy_bootstrap_command`,
+`nginx_config_command`, `demo_command`) whose `add_arguments(parser)` declares its arguments and
+sets `run` to a function (args) -> exit code; `_SUBCOMMANDS` lists them with their one-line help,
+and `command` holds what they share (exit codes, output formats, printing a document). Beside them:
+`config` (the run configuration from flags, environment and file), `app` (the sidecar assembled
+from a configuration) and `demo`. The work itself lives in the stages (gate, verify, ...); this
+package only shows it.
+
+Owns no state of the sidecar's: the configuration it reads is handed to `app`. May import every
+other part of publisher/ and adapters/ (it is the top layer of import-linter's "pipeline-layers"
+contract); inside it the subcommands sit above app and demo, above config ("cli-layers").
 
 Only the chosen subcommand's arguments are declared, and the sidecar's machinery (the Kubernetes
 client, gRPC, the loop) is imported only by the commands that use it: `--version`, `verify` on
@@ -18,13 +26,15 @@ import sys
 from collections.abc import Callable, Sequence
 
 from publisher import __version__
+from publisher.cli import (
+    demo_command,
+    envoy_bootstrap_command,
+    nginx_config_command,
+    run_command,
+    status_command,
+    verify_command,
+)
 from publisher.cli.command import EXIT_INPUT
-from publisher.cli.demo_command import _add_demo
-from publisher.cli.envoy_bootstrap_command import _add_envoy_bootstrap
-from publisher.cli.nginx_config_command import _add_nginx_config
-from publisher.cli.run_command import _add_run
-from publisher.cli.status_command import _add_status
-from publisher.cli.verify_command import _add_verify
 
 __all__ = ["main"]
 
@@ -32,7 +42,7 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs one subcommand and returns its exit code (the console script exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser, subparser = _parser(_command(argv))
+    parser, subparser = build_parser(_command(argv))
     if subparser is not None:
         argv = _attach_dash_values(subparser, argv)
     try:
@@ -52,7 +62,7 @@ def _command(argv: Sequence[str]) -> str | None:
     return next((word for word in argv if not word.startswith("-")), None)
 
 
-def _parser(command: str | None) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser | None]:
+def build_parser(command: str | None) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser | None]:
     """The top-level parser and `command`'s, the only subcommand that declares its arguments."""
     parser = argparse.ArgumentParser(
         prog="ome-publisher",
@@ -108,10 +118,10 @@ def _unrecognized(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> st
 
 
 _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "verify": ("check TrafficMaps in files, or on a cluster as the running sidecar does", _add_verify),
-    "status": ("per map, OME's generation and each region's verdict, in either status mode", _add_status),
-    "run": ("watch TrafficMaps and publish their weights into a gateway", _add_run),
-    "envoy-bootstrap": ("print an Envoy bootstrap that serves what the envoy adapter publishes", _add_envoy_bootstrap),
-    "nginx-config": ("print the NGINX http {} snippet that serves what the nginx adapter pushes in Lua mode", _add_nginx_config),
-    "demo": ("see it work: local backends, a real Envoy, the publisher, and a measured split", _add_demo),
+    "verify": ("check TrafficMaps in files, or on a cluster as the running sidecar does", verify_command.add_arguments),
+    "status": ("per map, OME's generation and each region's verdict, in either status mode", status_command.add_arguments),
+    "run": ("watch TrafficMaps and publish their weights into a gateway", run_command.add_arguments),
+    "envoy-bootstrap": ("print an Envoy bootstrap that serves what the envoy adapter publishes", envoy_bootstrap_command.add_arguments),
+    "nginx-config": ("print the NGINX http {} snippet that serves what the nginx adapter pushes in Lua mode", nginx_config_command.add_arguments),
+    "demo": ("see it work: local backends, a real Envoy, the publisher, and a measured split", demo_command.add_arguments),
 }

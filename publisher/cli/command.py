@@ -17,7 +17,7 @@ EXIT_OK, EXIT_HELD, EXIT_INPUT = 0, 1, 2
 OUTPUTS = ("text", "json", "yaml")
 
 
-def _print_document(document: dict[str, Any], output: str) -> None:
+def print_document(document: dict[str, Any], output: str) -> None:
     """`document` as indented JSON or as YAML (key order kept)."""
     if output == "yaml":
         print(yaml.safe_dump(document, sort_keys=False), end="")
@@ -25,16 +25,16 @@ def _print_document(document: dict[str, Any], output: str) -> None:
         print(json.dumps(document, indent=2))
 
 
-def _duration(value: str) -> float:
+def duration_argument(value: str) -> float:
     try:
         return parse_duration(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-class _InputError(Exception):
+class InputError(Exception):
     """An input that cannot be read or parsed; the message names it."""
 
 
-def _cell(value: int | str | None) -> str:
+def table_cell(value: int | str | None) -> str:
     return "-" if value is None else str(value)

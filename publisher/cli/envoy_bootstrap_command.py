@@ -10,7 +10,7 @@ from publisher.cli.command import EXIT_INPUT, EXIT_OK
 from publisher.core.model import split_host_port
 
 
-def _add_envoy_bootstrap(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Prints (YAML) an Envoy bootstrap whose listener serves what `run --adapter envoy` "
         "publishes: with --xds, from the sidecar's delta ADS server (`--envoy-xds-listen`); with "

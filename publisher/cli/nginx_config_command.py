@@ -11,7 +11,7 @@ from publisher.cli.command import EXIT_INPUT, EXIT_OK
 from publisher.core.model import DURATION_UNITS
 
 
-def _add_nginx_config(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Prints the text to include inside http {}: the Lua modules shipped with this package, the "
         "routing table, the catch-all server on --listen and the control listener `run --adapter nginx "

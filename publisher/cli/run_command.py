@@ -8,13 +8,13 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from publisher import logs
-from publisher.cli.command import EXIT_HELD, EXIT_INPUT, EXIT_OK, _print_document
+from publisher.cli.command import EXIT_HELD, EXIT_INPUT, EXIT_OK, print_document
 
 if TYPE_CHECKING:
     from publisher.cli import app
 
 
-def _add_run(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     from publisher.cli import config
 
     # Its options are many: the usage line points at --help instead of listing them all.
@@ -63,7 +63,7 @@ def _run(args: argparse.Namespace) -> int:
             "publications": [pub.to_json() for pub in summary.publications],
             "held": summary.held,
         }
-        _print_document(document, run_config.output)
+        print_document(document, run_config.output)
     return EXIT_OK if summary.all_published else EXIT_HELD
 
 

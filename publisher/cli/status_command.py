@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from publisher.cli.command import EXIT_HELD, EXIT_INPUT, EXIT_OK, OUTPUTS, _cell, _duration, _InputError, _print_document
+from publisher.cli.command import EXIT_HELD, EXIT_INPUT, EXIT_OK, OUTPUTS, InputError, duration_argument, print_document, table_cell
 from publisher.core.model import DURATION_UNITS, TRAFFIC_MAP_KIND
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 WAIT_INTERVAL = 1.0
 
 
-def _add_status(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Reads the TrafficMaps (only those NAMEd, when given) and every region's verdicts on them: the "
         "conditions of regions in --status-mode condition and the RegionReports of regions in report mode. "
@@ -39,7 +39,7 @@ def _add_status(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait-published", action="store_true",
                         help="read again every second until every region is published for every map (a NAMEd map "
                         "that does not exist yet is waited for); exit 1 at --timeout")
-    parser.add_argument("--timeout", type=_duration, default=None, metavar="DURATION",
+    parser.add_argument("--timeout", type=duration_argument, default=None, metavar="DURATION",
                         help=f"with --wait-published: give up after this ({DURATION_UNITS}; default: 5m)")
     parser.add_argument("--forget-region", metavar="NAME",
                         help="instead: remove what a region that is gone left behind (its RegionReports, its "
@@ -56,7 +56,7 @@ def _status(args: argparse.Namespace) -> int:
     except KubeError as exc:
         print(f"ome-publisher status: {exc.message if exc.reason == 'InvalidConfiguration' else f'API server: {exc}'}", file=sys.stderr)
         return EXIT_INPUT
-    except _InputError as exc:
+    except InputError as exc:
         print(f"ome-publisher status: {exc}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
@@ -87,7 +87,7 @@ async def _forget_region(kube: Kube, region: str, namespaces: tuple[str, ...]) -
         where = ", ".join(namespaces) if namespaces else "any namespace"
         seen = await fleet.regions_seen(kube, namespaces)
         known = f" (regions seen: {', '.join(seen)})" if seen else ""
-        raise _InputError(f"region {region} left nothing to remove in {where}: no RegionReport, no condition{known}")
+        raise InputError(f"region {region} left nothing to remove in {where}: no RegionReport, no condition{known}")
     print(f"region {region}: deleted {forgotten.reports} RegionReport(s), removed {forgotten.conditions} condition(s)")
     return EXIT_OK if forgotten.unread is None else EXIT_INPUT
 
@@ -102,7 +102,7 @@ async def _status_async(args: argparse.Namespace) -> int:
     if args.forget_region is not None:
         problem = _forget_region_problem(args)
         if problem is not None:
-            raise _InputError(problem)
+            raise InputError(problem)
     timeout = 300.0 if args.timeout is None else args.timeout
     kube = await Kube.connect(args.kubeconfig)
     try:
@@ -121,13 +121,13 @@ async def _status_async(args: argparse.Namespace) -> int:
         await kube.close()
     if missing and not args.wait_published:
         where = ", ".join(namespaces) if namespaces else "any namespace"
-        raise _InputError(f"no {TRAFFIC_MAP_KIND} {', '.join(missing)} in {where}")
+        raise InputError(f"no {TRAFFIC_MAP_KIND} {', '.join(missing)} in {where}")
     if not view and not names:
-        raise _InputError(f"no {TRAFFIC_MAP_KIND} on the cluster")
+        raise InputError(f"no {TRAFFIC_MAP_KIND} on the cluster")
     if args.output == "text":
         print(_fleet_text(view, missing))
     else:
-        _print_document({"published": done, "missing": missing, "unread": unread, "maps": [item.to_json() for item in view]}, args.output)
+        print_document({"published": done, "missing": missing, "unread": unread, "maps": [item.to_json() for item in view]}, args.output)
     if unread is not None:
         print(f"ome-publisher status: {unread}", file=sys.stderr)
     if args.wait_published and not done:
@@ -151,7 +151,7 @@ def _fleet_text(view: Sequence[fleet.MapStatus], missing: Sequence[str]) -> str:
             summary = f"published in all {len(regions)} regions"
         table = [_FLEET_HEADER] + [
             (region, "-", "-", "-", "no verdict", "-") if verdict is None else
-            (region, verdict.mode, _cell(verdict.observed_generation), verdict.status, verdict.reason, verdict.last_transition_time or "-")
+            (region, verdict.mode, table_cell(verdict.observed_generation), verdict.status, verdict.reason, verdict.last_transition_time or "-")
             for region, verdict in regions.items()
         ]
         widths = [max(len(line[column]) for line in table) for column in range(len(_FLEET_HEADER))]

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from adapters.base import publication_problem
 from publisher import logs
-from publisher.cli.command import EXIT_HELD, EXIT_INPUT, EXIT_OK, OUTPUTS, _cell, _duration, _InputError, _print_document
+from publisher.cli.command import EXIT_HELD, EXIT_INPUT, EXIT_OK, OUTPUTS, InputError, duration_argument, print_document, table_cell
 from publisher.core.gate import GateOptions, PublishedGate, decide
 from publisher.core.model import (
     DURATION_UNITS,
@@ -38,7 +38,7 @@ from publisher.source.manifests import ManifestError, parse_manifests, read_mani
 STDIN = "-"
 
 
-def _add_verify(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Checks each TrafficMap in PATH (YAML or JSON; several documents or a `kind: List`) as the "
         "publisher would before publishing it; its InferenceService, when in the input, is checked "
@@ -60,7 +60,7 @@ def _add_verify(parser: argparse.ArgumentParser) -> None:
                         help="with --kubeconfig: only this namespace; repeat for several (default: all namespaces)")
     parser.add_argument("--host-template", default=DEFAULT_HOST_TEMPLATE, metavar="TEMPLATE",
                         help="with --kubeconfig: the sidecar's --host-template (default: {name}.{namespace})")
-    parser.add_argument("--timeout", type=_duration, default=30.0, metavar="DURATION",
+    parser.add_argument("--timeout", type=duration_argument, default=30.0, metavar="DURATION",
                         help=f"with --kubeconfig: give up reading the cluster after this ({DURATION_UNITS}; default: 30s)")
     parser.add_argument("items", nargs="*", metavar="PATH|NAME",
                         help="a manifest file, or - for stdin; with --kubeconfig, a TrafficMap name (default: every map)")
@@ -114,13 +114,13 @@ def _verify(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     try:
         reports = _cluster_reports(args) if args.kubeconfig else _file_reports(args)
-    except (ManifestError, _InputError) as exc:
+    except (ManifestError, InputError) as exc:
         print(f"ome-publisher verify: {exc}", file=sys.stderr)
         return EXIT_INPUT
     if args.output == "text":
         print("\n\n".join(_text(report) for report in reports))
     else:
-        _print_document({"maps": [report.to_json() for report in reports]}, args.output)
+        print_document({"maps": [report.to_json() for report in reports]}, args.output)
     return EXIT_HELD if any(report.verdict == "held" for report in reports) else EXIT_OK
 
 
@@ -163,7 +163,7 @@ def _cluster_reports(args: argparse.Namespace) -> list[_Report]:
             host_template=args.host_template,
         )
     except ValidationError as exc:
-        raise _InputError(describe_validation_error(exc)) from exc
+        raise InputError(describe_validation_error(exc)) from exc
     logs.configure("text", "warning")  # why a read is slow (watch restarts) shows as it happens
     # The verdicts below say what the loop's "map held" warnings would, once per map.
     logging.getLogger("publisher.loop").setLevel(logging.ERROR)
@@ -171,13 +171,13 @@ def _cluster_reports(args: argparse.Namespace) -> list[_Report]:
     try:
         verdicts = asyncio.run(app.verify_cluster(run_config, names, timeout=args.timeout))
     except (config.ConfigError, KubeError, SourceRefused) as exc:
-        raise _InputError(str(exc)) from exc
+        raise InputError(str(exc)) from exc
     missing = sorted(names - {verdict.item.key.name for verdict in verdicts})
     if missing:
         where = ", ".join(args.namespace) if args.namespace else "any namespace"
-        raise _InputError(f"no {TRAFFIC_MAP_KIND} {', '.join(missing)} in {where}")
+        raise InputError(f"no {TRAFFIC_MAP_KIND} {', '.join(missing)} in {where}")
     if not verdicts:
-        raise _InputError(f"no {TRAFFIC_MAP_KIND} on the cluster")
+        raise InputError(f"no {TRAFFIC_MAP_KIND} on the cluster")
     verdict_names = {"published": "ok"}
     return [
         _Report(
@@ -204,19 +204,19 @@ def _load(paths: Sequence[str]) -> tuple[list[TrafficMap | InvalidObject], dict[
             if kind not in (TRAFFIC_MAP_KIND, INFERENCE_SERVICE_KIND):
                 continue
             if object_key(raw) is None:
-                raise _InputError(f"{name}: object {number} ({kind}) has no metadata.name")
+                raise InputError(f"{name}: object {number} ({kind}) has no metadata.name")
             if kind == TRAFFIC_MAP_KIND:
                 maps.append(parse_traffic_map(raw))
                 continue
             try:
                 isvc = validate(InferenceService, raw)
             except ValidationError as exc:
-                raise _InputError(
+                raise InputError(
                     f"{name}: InferenceService {object_key(raw)}: {describe_validation_error(exc)}"
                 ) from exc
             isvcs[isvc.key] = isvc
     if not maps:
-        raise _InputError(f"no {TRAFFIC_MAP_KIND} in {', '.join(paths)}")
+        raise InputError(f"no {TRAFFIC_MAP_KIND} in {', '.join(paths)}")
     return maps, isvcs
 
 
@@ -265,11 +265,11 @@ def _text(report: _Report) -> str:
     table = [_HEADER] + [
         (
             row.cluster,
-            _cell(row.allocated),
-            _cell(row.ready),
-            _cell(row.factor),
-            _cell(row.weight),
-            _cell(row.expected),
+            table_cell(row.allocated),
+            table_cell(row.ready),
+            table_cell(row.factor),
+            table_cell(row.weight),
+            table_cell(row.expected),
             _healthy_cell(row),
         )
         for row in report.rows
