@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from adapters.nginx.lua import http_snippet
 from publisher import cli
 from publisher.cli import config
-from publisher.core.model import format_duration
+from publisher.core.durations import format_duration
 from publisher.source.selector import SELECTOR_PATTERN, selector_problem
 from tests.fakes.test_kube_api import MALFORMED_SELECTORS
 from tests.test_label_selector import VALID_SELECTORS

@@ -13,7 +13,7 @@ from adapters.envoy.process import run_envoy
 from publisher import loop
 from publisher.kube import Kube
 from publisher.loop import LoopOptions, Publisher
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 from publisher.status import ConditionSink
 from publisher.source.informer import WatchOptions
 from publisher.source.kube_source import KubeSource

@@ -28,7 +28,8 @@ from publisher import loop, metrics, status
 from publisher.cli import main
 from publisher.kube import TRAFFIC_MAPS, Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
-from publisher.core.model import MapKey, parse_traffic_map
+from publisher.core.model import parse_traffic_map
+from publisher.core.values import MapKey
 from publisher.source.directory import DirectorySource
 from publisher.source.informer import Informer, WatchOptions
 from publisher.source.kube_source import KubeSource

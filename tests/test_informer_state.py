@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 from publisher.kube import KubeError
 from publisher.retry import ReconnectBackoff
 from publisher.source.informer_state import Digests, InformerHealth, Listing, Reconnects, Recovery

@@ -15,7 +15,7 @@ from adapters.json import JsonOptions
 from publisher import loop, status
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 from publisher.source.informer import WatchOptions
 from publisher.source.kube_source import KubeSource
 from publisher.source.store import Stores

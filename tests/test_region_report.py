@@ -21,7 +21,7 @@ from publisher import loop
 from publisher.cli.config import RunConfig
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
-from publisher.core.model import MapKey, Reason
+from publisher.core.values import MapKey, Reason
 from publisher.status.region_report import MAX_MESSAGE, SHARD_ENTRIES, ReportSink, forget_region
 from publisher.source.informer import WatchOptions
 from publisher.source.kube_source import KubeSource

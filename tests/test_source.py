@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from publisher.core.model import InvalidObject, MapKey, TrafficMap
+from publisher.core.model import InvalidObject, TrafficMap
+from publisher.core.values import MapKey
 from publisher.source.directory import DirectorySource
 from publisher.source.objects import relevant_digest
 from publisher.source.store import Store, Stores

@@ -29,7 +29,7 @@ from publisher.cli import demo
 from publisher import loop, metrics
 from publisher.loop import LoopOptions, Publisher
 from publisher.source.manifests import parse_manifests
-from publisher.core.model import Backend, Route
+from publisher.core.values import Backend, Route
 from publisher.split.check import SplitVerifier
 from publisher.source.directory import DirectorySource
 from publisher.source.store import Stores

@@ -54,7 +54,7 @@ from adapters.envoy.names import cluster_name
 from adapters.envoy.lrs import LoadReports
 from adapters.nginx import NginxOptions
 from adapters.nginx.lua import LuaRenderer, LuaTransport
-from publisher.core.model import Backend, MapKey, Route
+from publisher.core.values import Backend, MapKey, Route
 from publisher.split.check import SplitVerifier
 from publisher.split.stats import ENOUGH_REQUESTS
 

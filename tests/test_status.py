@@ -11,7 +11,8 @@ import pytest
 from publisher.kube import Kube
 from publisher import loop
 from publisher.loop import LoopOptions, Publisher
-from publisher.core.model import Condition, MapKey, Reason, parse_traffic_map, validate
+from publisher.core.model import Condition, parse_traffic_map, validate
+from publisher.core.values import MapKey, Reason
 from publisher.source.informer import WatchOptions
 from publisher.source.kube_source import KubeSource
 from publisher.source.objects import parse_isvc

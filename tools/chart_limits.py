@@ -29,8 +29,8 @@ from adapters.envoy.options import ROUTE_CONFIG_PATTERN  # noqa: E402
 from adapters.httproute import RESERVED_INSTANCE  # noqa: E402
 from adapters.nginx.lua import PATH_PATTERN, SIZE_PATTERN  # noqa: E402
 from publisher.cli import config  # noqa: E402
-from publisher.core.model import format_duration  # noqa: E402
-from publisher.core.model import _DNS_LABEL  # noqa: E402
+from publisher.core.durations import format_duration  # noqa: E402
+from publisher.core.addresses import _DNS_LABEL  # noqa: E402
 from publisher.source.selector import BOUNDED_DNS_SUBDOMAIN, SELECTOR_PATTERN  # noqa: E402
 
 CHART = ROOT / "helm" / "ome-gateway-publisher"

@@ -41,7 +41,7 @@ from adapters.envoy.render import (
     read_routes,
     route_timeouts,
 )
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 
 if TYPE_CHECKING:
     from adapters.envoy.lrs import LoadReportServer

@@ -27,7 +27,8 @@ from adapters.envoy.options import EnvoyOptions
 from adapters.route_json import from_json as route_from_json
 from adapters.route_json import to_json as route_json
 from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, envoy_duration
-from publisher.core.model import MapKey, Publication, Route, parse_endpoint
+from publisher.core.addresses import parse_endpoint
+from publisher.core.values import MapKey, Publication, Route
 
 __all__ = [
     "CDS_FILE",

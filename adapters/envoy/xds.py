@@ -28,7 +28,7 @@ from adapters.envoy.lrs import LoadReports
 from adapters.envoy.resources import ROUTE_TYPE, MapResources, XdsRenderer, map_name
 from adapters.envoy.xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, plan, served_by_most
 from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 
 # The name it had before the move into adapters/envoy/: log filters keep working.
 log = logging.getLogger("adapters.envoy_xds")

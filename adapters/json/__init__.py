@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adapters.base import TransportDefaults, Unavailable, WriteResult, write_atomic
 from adapters.route_json import from_json, to_json
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 
 INDEX_FILE = "index.json"
 # Writes of at most this many map files run on the event loop; larger ones in a thread.

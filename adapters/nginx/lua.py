@@ -36,7 +36,8 @@ from adapters.listen import check_nginx_listen
 from adapters.nginx.counts import LuaRequestCounts
 from adapters.nginx.options import NginxOptions
 from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, MAX_ROUTE_TIMEOUT, unit_duration
-from publisher.core.model import Backend, MapKey, Route, parse_endpoint
+from publisher.core.addresses import parse_endpoint
+from publisher.core.values import Backend, MapKey, Route
 
 # The name it had before the move into adapters/nginx/: log filters keep working.
 log = logging.getLogger("adapters.nginx_lua")

@@ -40,7 +40,8 @@ from adapters.nginx.options import VERSION_PATH, NginxOptions
 from adapters.route_json import from_json as route_from_json
 from adapters.route_json import to_json as route_json
 from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, unit_duration
-from publisher.core.model import MapKey, Publication, Route, parse_endpoint
+from publisher.core.addresses import parse_endpoint
+from publisher.core.values import MapKey, Publication, Route
 
 # The name it had before the move into adapters/nginx/: log filters keep working.
 log = logging.getLogger("adapters.nginx")

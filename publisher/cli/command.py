@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from publisher.core.model import parse_duration
+from publisher.core.durations import parse_duration
 
 EXIT_OK, EXIT_HELD, EXIT_INPUT = 0, 1, 2
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from publisher.cli.command import EXIT_INPUT, EXIT_OK
-from publisher.core.model import split_host_port
+from publisher.core.addresses import split_host_port
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from publisher.cli.command import EXIT_INPUT, EXIT_OK
-from publisher.core.model import DURATION_UNITS
+from publisher.core.durations import DURATION_UNITS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from publisher.cli.command import EXIT_HELD, EXIT_INPUT, EXIT_OK, OUTPUTS, InputError, duration_argument, print_document, table_cell
-from publisher.core.model import DURATION_UNITS, TRAFFIC_MAP_KIND
+from publisher.core.durations import DURATION_UNITS
+from publisher.core.model import TRAFFIC_MAP_KIND
 
 if TYPE_CHECKING:
     from publisher.kube import Kube
@@ -65,7 +66,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _forget_region_problem(args: argparse.Namespace) -> str | None:
     """Why --forget-region cannot run as given, in one line; None when it can."""
-    from publisher.core.model import is_dns_label
+    from publisher.core.addresses import is_dns_label
 
     region = args.forget_region
     if not is_dns_label(region):

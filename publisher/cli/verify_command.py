@@ -16,21 +16,19 @@ from adapters.base import publication_problem
 from publisher import logs
 from publisher.cli.command import EXIT_HELD, EXIT_INPUT, EXIT_OK, OUTPUTS, InputError, duration_argument, print_document, table_cell
 from publisher.core.gate import GateOptions, PublishedGate, decide
+from publisher.core.durations import DURATION_UNITS
 from publisher.core.model import (
-    DURATION_UNITS,
     INFERENCE_SERVICE_KIND,
     TRAFFIC_MAP_KIND,
-    Held,
     InferenceService,
     InvalidObject,
-    MapKey,
-    Reason,
     TrafficMap,
     describe_validation_error,
     object_key,
     parse_traffic_map,
     validate,
 )
+from publisher.core.values import Held, MapKey, Reason
 from publisher.core.plan import DEFAULT_HOST_TEMPLATE, publication_for
 from publisher.core.verify import compare
 from publisher.source.manifests import ManifestError, parse_manifests, read_manifests

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from publisher import metrics
-from publisher.core.model import INFERENCE_SERVICE_KIND, TRAFFIC_MAP_KIND, InferenceService, MapKey, object_key, parse_traffic_map
+from publisher.core.model import INFERENCE_SERVICE_KIND, TRAFFIC_MAP_KIND, InferenceService, object_key, parse_traffic_map
+from publisher.core.values import MapKey
 from publisher.source.manifests import ManifestError, read_manifests
 from publisher.source.objects import parse_isvc
 from publisher.source.store import ChangeSink, MapObject, Stores

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 from publisher.kube import KubeError
 from publisher.retry import ReconnectBackoff
 

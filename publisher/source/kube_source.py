@@ -9,7 +9,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from publisher.core.model import condition_type, parse_traffic_map
+from publisher.core.model import parse_traffic_map
+from publisher.core.values import condition_type
 from publisher.kube import INFERENCE_SERVICES, TRAFFIC_MAPS, Kube
 from publisher.source.informer import Informer, WatchOptions
 from publisher.source.objects import parse_isvc, relevant_digest

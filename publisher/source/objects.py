@@ -10,7 +10,8 @@ from typing import Any
 import pydantic_core
 from pydantic import ValidationError
 
-from publisher.core.model import CONDITION_PREFIX, InferenceService, describe_validation_error, object_key, validate
+from publisher.core.model import InferenceService, describe_validation_error, object_key, validate
+from publisher.core.values import CONDITION_PREFIX
 
 log = logging.getLogger("publisher.source")  # the logger name these logs have always printed
 

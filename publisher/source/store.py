@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from publisher.core.model import InferenceService, InvalidObject, MapKey, TrafficMap
+from publisher.core.model import InferenceService, InvalidObject, TrafficMap
+from publisher.core.values import MapKey
 
 MapObject = TrafficMap | InvalidObject
 T = TypeVar("T")

@@ -25,7 +25,7 @@ import aiohttp
 from adapters.nginx import NginxOptions
 from adapters.nginx.reload import render
 from adapters.nginx.lua import LOAD_MODULES, LUA_DIR, http_snippet
-from publisher.core.model import Backend, MapKey, Publication, Route
+from publisher.core.values import Backend, MapKey, Publication, Route
 from tests.gateways import eventually, free_port
 
 NGINX = "/usr/sbin/nginx"

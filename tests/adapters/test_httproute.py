@@ -32,7 +32,7 @@ from adapters.httproute import (
     service_name,
 )
 from publisher.kube import HTTP_ROUTES, Kube
-from publisher.core.model import Backend, Held, MapKey, Publication, Reason
+from publisher.core.values import Backend, Held, MapKey, Publication, Reason
 from publisher.status import ConditionSink
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.gateways import eventually

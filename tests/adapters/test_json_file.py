@@ -6,7 +6,7 @@ import pytest
 
 from adapters import ADAPTERS
 from adapters.json import INDEX_FILE, JsonOptions, map_file
-from publisher.core.model import Backend, MapKey, Publication, Reason
+from publisher.core.values import Backend, MapKey, Publication, Reason
 
 
 def pub(name: str, *weights: int, generation: int = 2, host: str | None = None) -> Publication:

@@ -18,7 +18,7 @@ from adapters.base import CountReport
 from adapters.nginx import NginxOptions
 from adapters.nginx.counts import LuaRequestCounts
 from adapters.nginx.lua import LuaRenderer, LuaTransport
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 from publisher.split.stats import MIN_REQUESTS, SplitWindows
 from tests.adapters.test_nginx_lua import HOST, KEY, _scraped_table_series, lua_nginx, route
 from tests.gateways import BACKEND_HEADER, Backends, measure
