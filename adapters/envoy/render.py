@@ -4,7 +4,7 @@ the parts join into the two xDS DiscoveryResponses Envoy watches (`cds.yaml`, `r
 valid YAML) whose `version_info` digests the content, and those documents parse back into routes.
 
 Owns no state and does no I/O. Imports the standard library, yaml, adapters.base's checks,
-adapters.route_json, adapters.timeouts, publisher.core.model and, in this package, names and options.
+adapters.route_json, adapters.timeouts, publisher.core.values and .addresses and, in this package, names and options.
 The transport writing the files is adapters.envoy.files.
 """
 

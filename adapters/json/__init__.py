@@ -9,7 +9,7 @@ parse or miscounts the maps, and its counter never goes backwards. Either way a 
 read back at start or resync is what the files hold; a file that does not parse serves nothing.
 
 Owns the one file (--json-path) or the directory (--json-dir) it writes. Imports the standard
-library, pydantic, adapters.base, adapters.route_json and publisher.core.model only.
+library, pydantic, adapters.base, adapters.route_json and publisher.core.values only.
 """
 
 from __future__ import annotations

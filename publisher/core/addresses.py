@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 # DNS-1123 subdomain: what Kubernetes accepts as an object name, and so as a WorkloadCluster name.
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# A DNS label (RFC 1123): a region's name, a namespace (tools/chart_limits.py builds the chart's pattern on it).
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # A hostname a gateway routes on: a lower-case DNS name, optionally a leading wildcard label.
 _HOSTNAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$")
 # An endpoint is http(s), a plain host (DNS name, IPv4 or bracketed IPv6), an optional port and an
@@ -110,7 +111,7 @@ def _dns_name_problem(name: str) -> str | None:
 
 
 def is_dns_label(value: str) -> bool:
-    return bool(_DNS_LABEL.fullmatch(value))
+    return bool(DNS_LABEL.fullmatch(value))
 
 
 def is_dns_subdomain(value: str) -> bool:

@@ -1,9 +1,10 @@
-"""Types every stage shares: the TrafficMap and InferenceService as we read them, and our own values.
+"""The input's shape: the TrafficMap and InferenceService as we read them.
 
-Owns the shape of the input (pydantic dataclasses, strict: a wrong type is refused with the field
-path) and the
-small frozen values that travel between stages (MapKey, Backend, Publication, Reason, Held).
-Imports nothing of ours but `quantity`; no I/O.
+Pydantic dataclasses, strict: a wrong type is refused with the field path; unknown fields are
+ignored. `parse_traffic_map` turns a raw object into a TrafficMap or an InvalidObject that keeps
+its key and the reason, so the map is held InvalidMap, not dropped. Our own values (MapKey, Reason,
+Publication, ...) are in `values`, the checks of endpoints and names in `addresses`.
+Imports nothing of ours but `quantity`, `addresses` and `values` (tests/test_layering.py); no I/O.
 """
 
 from __future__ import annotations
