@@ -29,17 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from publisher.core.model import (
-    MAX_WEIGHT,
-    Held,
-    MapKey,
-    Publication,
-    Route,
-    is_dns_label,
-    is_dns_subdomain,
-    is_hostname,
-    parse_endpoint,
-)
+from publisher.core.addresses import is_dns_label, is_dns_subdomain, is_hostname, parse_endpoint
+from publisher.core.model import MAX_WEIGHT
+from publisher.core.values import Held, MapKey, Publication, Route
 
 PartT = TypeVar("PartT")
 

@@ -32,7 +32,7 @@ from adapters.base import (
     WriteResult,
     publication_problem,
 )
-from publisher.core.model import Held, MapKey, Publication, Reason, Route
+from publisher.core.values import Held, MapKey, Publication, Reason, Route
 
 __all__ = ["Engine"]
 

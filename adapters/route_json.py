@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from publisher.core.model import Backend, MapKey, Route
+from publisher.core.values import Backend, MapKey, Route
 
 __all__ = ["from_json", "to_json"]
 

@@ -19,7 +19,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from publisher.core.model import DAY, Duration, DurationRange, Interval
+from publisher.core.durations import DAY, Duration, DurationRange, Interval
 
 __all__ = [
     "DEFAULT_ROUTE_IDLE_TIMEOUT",

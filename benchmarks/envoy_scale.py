@@ -25,7 +25,7 @@ from adapters import ADAPTERS  # noqa: E402
 from adapters.envoy import EnvoyOptions  # noqa: E402
 from adapters.envoy.bootstrap import bootstrap  # noqa: E402
 from adapters.envoy.process import run_envoy  # noqa: E402
-from publisher.core.model import Backend, MapKey, Publication  # noqa: E402
+from publisher.core.values import Backend, MapKey, Publication  # noqa: E402
 
 BACKENDS = 4
 

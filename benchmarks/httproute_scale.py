@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from adapters.httproute import HttpRouteOptions, build  # noqa: E402
-from publisher.core.model import Backend, MapKey, Route  # noqa: E402
+from publisher.core.values import Backend, MapKey, Route  # noqa: E402
 
 # The fake's process: prints its URL, then answers each line on stdin with its request counts by
 # verb (since the last line). With a controller, it reports Accepted/ResolvedRefs on every route

@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 from publisher import loop, metrics  # noqa: E402
 from publisher.loop import LoopOptions, Publisher  # noqa: E402
 from publisher.core.model import parse_traffic_map  # noqa: E402
-from publisher.source import Stores, parse_isvc  # noqa: E402
+from publisher.source.objects import parse_isvc  # noqa: E402
+from publisher.source.store import Stores  # noqa: E402
 from tests.builders import make_entry, make_isvc, make_map  # noqa: E402
 from tests.fakes.memory_adapter import memory_engine  # noqa: E402
 from tests.gateways import free_port  # noqa: E402

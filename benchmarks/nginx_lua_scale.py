@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters.nginx.lua import LuaTransport  # noqa: E402
 from adapters.nginx.lua_render import LuaRenderer  # noqa: E402
-from publisher.core.model import Backend, MapKey, Route  # noqa: E402
+from publisher.core.values import Backend, MapKey, Route  # noqa: E402
 from tests.adapters.nginx_fixtures import running_lua_nginx  # noqa: E402
 from tests.gateways import BACKEND_HEADER, Backends  # noqa: E402
 

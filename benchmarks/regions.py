@@ -404,8 +404,12 @@ def per_event_costs(raw: dict[str, Any], rounds: int = 2000, repeats: int = 5) -
     events: on a shared machine the least disturbed pass is the cost."""
     from publisher.kube import TRAFFIC_MAPS
     from publisher.loop import LoopOptions, Publisher
-    from publisher.core.model import MapKey, parse_traffic_map
-    from publisher.source import Informer, Stores, WatchOptions, WatchState, parse_isvc, relevant_digest
+    from publisher.core.model import parse_traffic_map
+    from publisher.core.values import MapKey
+    from publisher.source.informer import Informer, WatchOptions
+    from publisher.source.objects import parse_isvc, relevant_digest
+    from publisher.source.store import Stores
+    from publisher.source.watch import WatchState
     from tests.fakes.memory_adapter import memory_engine
 
     other = json.loads(json.dumps(raw))

@@ -40,7 +40,7 @@ from adapters.envoy.xds import XdsTransport  # noqa: E402
 from adapters.nginx.lua import LuaTransport  # noqa: E402
 from adapters.nginx.lua_render import LuaRenderer  # noqa: E402
 from benchmarks.xds_scale import _free_port, _key, _route  # noqa: E402
-from publisher.core.model import Backend, MapKey, Route  # noqa: E402
+from publisher.core.values import Backend, MapKey, Route  # noqa: E402
 from publisher.split.check import SplitVerifier  # noqa: E402
 from tests.adapters.nginx_fixtures import running_lua_nginx  # noqa: E402
 from tests.gateways import Backends, measure  # noqa: E402

@@ -27,7 +27,7 @@ from adapters.envoy.bootstrap import xds_bootstrap  # noqa: E402
 from adapters.envoy.process import run_envoy  # noqa: E402
 from adapters.envoy.resources import XdsRenderer  # noqa: E402
 from adapters.envoy.xds import XdsTransport  # noqa: E402
-from publisher.core.model import Backend, MapKey, Route  # noqa: E402
+from publisher.core.values import Backend, MapKey, Route  # noqa: E402
 
 BACKENDS = 4
 

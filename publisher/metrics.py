@@ -20,7 +20,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from publisher import __version__
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 
 PREFIX = "ome_gateway_publisher_"
 REGISTRY = CollectorRegistry(auto_describe=True)

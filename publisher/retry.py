@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tenacity
 
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 
 __all__ = ["Backoff", "ReconnectBackoff"]
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from adapters.nginx.lua_snippet import http_snippet
 from publisher import cli
 from publisher.cli import config
-from publisher.core.model import format_duration
+from publisher.core.durations import format_duration
 from publisher.source.selector import SELECTOR_PATTERN, selector_problem
 from tests.fakes.test_kube_api import MALFORMED_SELECTORS
 from tests.test_label_selector import VALID_SELECTORS
@@ -77,7 +77,7 @@ def _refused(values: dict[str, Any]) -> str:
 def _run_accepts(args: list[str]) -> config.RunConfig:
     """The rendered `run` arguments through the sidecar's own parser: argparse, then the options
     model and the adapter's (what `ome-publisher run` does before it starts anything)."""
-    parser, _ = cli._parser("run")
+    parser, _ = cli.build_parser("run")
     parsed, unknown = parser.parse_known_args(args)
     assert not unknown, unknown
     flags = {name: value for name, value in vars(parsed).items() if name not in ("run", "parser")}
@@ -89,7 +89,7 @@ def _run_accepts(args: list[str]) -> config.RunConfig:
 def _nginx_config_accepts(args: list[str]) -> str:
     """The rendered nginx-config init container's arguments through its parser and the snippet's
     own checks (sizes, listen addresses, paths)."""
-    parser, _ = cli._parser("nginx-config")
+    parser, _ = cli.build_parser("nginx-config")
     parsed = parser.parse_args(["nginx-config", *args])
     return http_snippet(
         listen=parsed.listen, control_listen=parsed.control_listen, secret_file=Path(parsed.secret_file),

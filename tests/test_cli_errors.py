@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from publisher.cli import main
-from publisher.core.model import parse_duration
+from publisher.core.durations import parse_duration
 from tests.gateways import free_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "trafficmaps"

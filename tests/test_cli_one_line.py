@@ -13,7 +13,7 @@ import pytest
 
 from publisher.cli import config
 from publisher.cli import main
-from publisher.core.model import format_duration
+from publisher.core.durations import format_duration
 from tests.gateways import free_port, taken_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,8 +13,9 @@ import pytest
 from publisher.cli import demo
 from publisher.core.gate import GateOptions, decide
 from publisher.source.manifests import read_manifests
-from publisher.core.model import INFERENCE_SERVICE_KIND, Backend, Publication, TrafficMap, parse_traffic_map
-from publisher.source import parse_isvc
+from publisher.core.model import INFERENCE_SERVICE_KIND, TrafficMap, parse_traffic_map
+from publisher.core.values import Backend, Publication
+from publisher.source.objects import parse_isvc
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trafficmaps" / "chat.yaml"
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from publisher.cli import config
 from publisher.cli import main
-from publisher.core.model import DURATION_EXAMPLES, DURATION_PATTERN, parse_duration
+from publisher.core.durations import DURATION_EXAMPLES, DURATION_PATTERN, parse_duration
 from tests.builders import make_entry, make_isvc, make_map
 from tests.gateways import free_port
 

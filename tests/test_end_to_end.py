@@ -13,9 +13,11 @@ from adapters.envoy.process import run_envoy
 from publisher import loop
 from publisher.kube import Kube
 from publisher.loop import LoopOptions, Publisher
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 from publisher.status import ConditionSink
-from publisher.source import KubeSource, Stores, WatchOptions
+from publisher.source.informer import WatchOptions
+from publisher.source.kube_source import KubeSource
+from publisher.source.store import Stores
 from tests.builders import make_condition, make_entry, make_isvc, make_map
 from tests.gateways import Backends, assert_measured_split, eventually, free_port
 

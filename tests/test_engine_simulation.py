@@ -60,8 +60,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from adapters.engine import Engine
 from publisher.loop import LoopOptions, Publisher
-from publisher.core.model import MapKey, Route, parse_traffic_map
-from publisher.source import Stores, parse_isvc
+from publisher.core.model import parse_traffic_map
+from publisher.core.values import MapKey, Route
+from publisher.source.objects import parse_isvc
+from publisher.source.store import Stores
 from tests.builders import make_entry, make_isvc, make_map
 from tests.fakes.model_gateway import UNRENDERABLE_WEIGHT, Client, Fleet, ModelTransport
 

@@ -28,8 +28,12 @@ from publisher import loop, metrics, status
 from publisher.cli import main
 from publisher.kube import TRAFFIC_MAPS, Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
-from publisher.core.model import MapKey, parse_traffic_map
-from publisher.source import DirectorySource, Informer, KubeSource, Store, Stores, WatchOptions
+from publisher.core.model import parse_traffic_map
+from publisher.core.values import MapKey
+from publisher.source.directory import DirectorySource
+from publisher.source.informer import Informer, WatchOptions
+from publisher.source.kube_source import KubeSource
+from publisher.source.store import Store, Stores
 from tests.builders import make_entry, make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.gateways import eventually, free_port, taken_port

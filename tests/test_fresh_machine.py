@@ -64,7 +64,7 @@ def test_every_declared_dependency_is_used_by_the_code():
     # A dependency declared and imported nowhere (tenacity was) is an install cost for nothing.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     imported: set[str] = set()
-    for path in [*(ROOT / "publisher").glob("*.py"), *(ROOT / "adapters").glob("*.py")]:
+    for path in [*(ROOT / "publisher").rglob("*.py"), *(ROOT / "adapters").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 imported |= {alias.name.partition(".")[0] for alias in node.names}

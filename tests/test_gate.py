@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from publisher.core.gate import GateOptions, PublishedGate, decide
-from publisher.core.model import Held, InvalidObject, Reason, parse_traffic_map
+from publisher.core.model import InvalidObject, parse_traffic_map
+from publisher.core.values import Held, Reason
 from tests.builders import make_condition, make_entry, make_map, valid_isvc
 
 AUTO, REQUIRE, IGNORE = PublishedGate.AUTO, PublishedGate.REQUIRE, PublishedGate.IGNORE

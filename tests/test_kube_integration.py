@@ -15,8 +15,10 @@ from adapters.json import JsonOptions
 from publisher import loop, status
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
-from publisher.core.model import MapKey
-from publisher.source import KubeSource, Stores, WatchOptions
+from publisher.core.values import MapKey
+from publisher.source.informer import WatchOptions
+from publisher.source.kube_source import KubeSource
+from publisher.source.store import Stores
 from tests.builders import make_condition, make_entry, make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.gateways import eventually

@@ -9,8 +9,10 @@ import pytest
 from adapters.base import Unavailable
 from publisher import loop
 from publisher.loop import Backoff, KeyQueue, LoopOptions, Publisher
-from publisher.core.model import MapKey, Reason, parse_traffic_map
-from publisher.source import Stores, parse_isvc
+from publisher.core.model import parse_traffic_map
+from publisher.core.values import MapKey, Reason
+from publisher.source.objects import parse_isvc
+from publisher.source.store import Stores
 from tests.builders import make_entry, make_isvc, make_map
 from tests.fakes.memory_adapter import MemoryGateway, memory_engine
 
@@ -321,7 +323,7 @@ async def test_held_map_is_logged_once_per_reason(caplog):
 
 def test_published_message_names_the_weights_and_what_an_all_zero_map_gets():
     from publisher.loop import _published_message
-    from publisher.core.model import Backend, Publication
+    from publisher.core.values import Backend, Publication
 
     zero = Publication("prod", "chat", "chat.example.com", 4, 6, (Backend("worker-a", "http://a", 0),))
     assert _published_message("envoy", zero, None, None) == (

@@ -63,8 +63,10 @@ from prometheus_client.metrics_core import GaugeMetricFamily  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from publisher.loop import LoopOptions, Publisher  # noqa: E402
-from publisher.core.model import Backend, MapKey, Publication, parse_traffic_map  # noqa: E402
-from publisher.source import Stores, parse_isvc  # noqa: E402
+from publisher.core.model import parse_traffic_map  # noqa: E402
+from publisher.core.values import Backend, MapKey, Publication  # noqa: E402
+from publisher.source.objects import parse_isvc  # noqa: E402
+from publisher.source.store import Stores  # noqa: E402
 from tests.builders import make_entry, make_isvc, make_map  # noqa: E402
 from tests.fakes.memory_adapter import memory_engine  # noqa: E402
 

@@ -11,7 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from publisher.core.gate import GateOptions, decide
-from publisher.core.model import Reason, TrafficMap, is_canonical_ipv4, is_hostname, parse_endpoint, parse_traffic_map
+from publisher.core.addresses import is_canonical_ipv4, is_hostname, parse_endpoint
+from publisher.core.model import TrafficMap, parse_traffic_map
+from publisher.core.values import Reason
 from tests.builders import make_entry, make_map
 
 A = "worker-a"
@@ -156,12 +158,12 @@ def test_an_endpoint_is_parsed_once_however_often_it_is_checked(monkeypatch):
     """A merge moved parse_endpoint's cache onto its neighbour: every map's endpoints were parsed
     again at each check and render (104,000 parses instead of 40,000 in a json-dir run of 10,000
     maps, 0.7 s more of the sidecar's CPU)."""
-    from publisher.core import model
+    from publisher.core import addresses
 
     checked = []
-    real = model._endpoint_host_problem
-    monkeypatch.setattr(model, "_endpoint_host_problem", lambda host: checked.append(host) or real(host))
+    real = addresses._endpoint_host_problem
+    monkeypatch.setattr(addresses, "_endpoint_host_problem", lambda host: checked.append(host) or real(host))
     url = "http://parsed-once.worker-a.example.com:8080"
     for _ in range(3):
-        assert model.parse_endpoint(url).port == 8080
+        assert addresses.parse_endpoint(url).port == 8080
     assert checked == ["parsed-once.worker-a.example.com"]

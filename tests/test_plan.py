@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 
 from publisher.core import plan
-from publisher.core.model import Backend, Held, Publication, Reason, parse_traffic_map
-from publisher.source import parse_isvc
+from publisher.core.model import parse_traffic_map
+from publisher.core.values import Backend, Held, Publication, Reason
+from publisher.source.objects import parse_isvc
 from tests.builders import make_entry, make_isvc, make_map
 
 

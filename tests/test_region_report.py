@@ -21,9 +21,11 @@ from publisher import loop
 from publisher.cli.config import RunConfig
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
-from publisher.core.model import MapKey, Reason
+from publisher.core.values import MapKey, Reason
 from publisher.status.region_report import MAX_MESSAGE, SHARD_ENTRIES, ReportSink, forget_region
-from publisher.source import KubeSource, Stores, WatchOptions
+from publisher.source.informer import WatchOptions
+from publisher.source.kube_source import KubeSource
+from publisher.source.store import Stores
 from publisher.status import Report
 from tests.builders import make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI, write_kubeconfig

@@ -7,7 +7,7 @@ from prometheus_client import generate_latest
 
 from adapters.base import CountReport
 from publisher import metrics
-from publisher.core.model import Backend, MapKey, Route
+from publisher.core.values import Backend, MapKey, Route
 from publisher.split.check import SplitVerifier
 from tests.builders import make_map
 from tests.test_loop import CHAT, make_publisher, put_map

@@ -9,8 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from publisher.core.model import InvalidObject, MapKey, TrafficMap
-from publisher.source import Bookmark, DirectorySource, Event, Relist, Store, Stores, WatchError, WatchState, relevant_digest
+from publisher.core.model import InvalidObject, TrafficMap
+from publisher.core.values import MapKey
+from publisher.source.directory import DirectorySource
+from publisher.source.objects import relevant_digest
+from publisher.source.store import Store, Stores
+from publisher.source.watch import Bookmark, Event, Relist, WatchError, WatchState
 from tests.builders import make_condition, make_isvc, make_map
 
 CHAT = MapKey("prod", "chat")
@@ -181,7 +185,7 @@ def jitter_at(monkeypatch, end: str) -> None:
 
 
 def test_backoff_doubles_up_to_its_cap_with_jitter_down_to_half(monkeypatch):
-    from publisher.source import ReconnectBackoff
+    from publisher.retry import ReconnectBackoff
 
     jitter_at(monkeypatch, "top")
     top = ReconnectBackoff(1.0, 8.0, 60.0)
@@ -192,7 +196,7 @@ def test_backoff_doubles_up_to_its_cap_with_jitter_down_to_half(monkeypatch):
 
 
 def test_backoff_jitter_stays_between_half_and_the_whole_step():
-    from publisher.source import ReconnectBackoff
+    from publisher.retry import ReconnectBackoff
 
     backoff = ReconnectBackoff(1.0, 8.0, 60.0)
     for step in (1.0, 2.0, 4.0, 8.0, 8.0):
@@ -200,7 +204,7 @@ def test_backoff_jitter_stays_between_half_and_the_whole_step():
 
 
 def test_backoff_starts_over_only_after_a_connection_that_lasted(monkeypatch):
-    from publisher.source import ReconnectBackoff
+    from publisher.retry import ReconnectBackoff
 
     jitter_at(monkeypatch, "top")
     backoff = ReconnectBackoff(1.0, 64.0, 60.0)
@@ -224,7 +228,7 @@ def test_backoff_starts_over_only_after_a_connection_that_lasted(monkeypatch):
 )
 def test_a_refusal_names_verb_resource_scope_and_fix(code, namespace, expected):
     from publisher.kube import TRAFFIC_MAPS, KubeError
-    from publisher.source import describe_refusal
+    from publisher.source.refusals import describe_refusal
 
     assert expected in describe_refusal(KubeError(code, "", "denied"), "list", TRAFFIC_MAPS, namespace)
 
@@ -235,7 +239,8 @@ def test_a_refusal_names_verb_resource_scope_and_fix(code, namespace, expected):
 @contextlib.asynccontextmanager
 async def kube_source(kubeconfig, sink, stores=None):
     from publisher.kube import Kube
-    from publisher.source import KubeSource, WatchOptions
+    from publisher.source.informer import WatchOptions
+    from publisher.source.kube_source import KubeSource
 
     kube = await Kube.connect(kubeconfig)
     stores = stores or Stores.empty()

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from publisher.core.model import Backend, MapKey, Route
+from publisher.core.values import Backend, MapKey, Route
 from publisher.split.stats import (
     ENOUGH_REQUESTS,
     MAX_WINDOW_SECONDS,

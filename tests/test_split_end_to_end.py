@@ -29,9 +29,10 @@ from publisher.cli import demo
 from publisher import loop, metrics
 from publisher.loop import LoopOptions, Publisher
 from publisher.source.manifests import parse_manifests
-from publisher.core.model import Backend, Route
+from publisher.core.values import Backend, Route
 from publisher.split.check import SplitVerifier
-from publisher.source import DirectorySource, Stores
+from publisher.source.directory import DirectorySource
+from publisher.source.store import Stores
 from publisher.status import condition_type
 from tests.adapters.nginx_fixtures import running_lua_nginx
 from tests.adapters.test_envoy_xds import envoy

@@ -55,7 +55,7 @@ from adapters.envoy.lrs import LoadReports
 from adapters.nginx import NginxOptions
 from adapters.nginx.lua import LuaTransport
 from adapters.nginx.lua_render import LuaRenderer
-from publisher.core.model import Backend, MapKey, Route
+from publisher.core.values import Backend, MapKey, Route
 from publisher.split.check import SplitVerifier
 from publisher.split.stats import ENOUGH_REQUESTS
 from tests.adapters.nginx_fixtures import confirm_parts

@@ -11,8 +11,12 @@ import pytest
 from publisher.kube import Kube
 from publisher import loop
 from publisher.loop import LoopOptions, Publisher
-from publisher.core.model import Condition, MapKey, Reason, parse_traffic_map, validate
-from publisher.source import KubeSource, Stores, WatchOptions, parse_isvc
+from publisher.core.model import Condition, parse_traffic_map, validate
+from publisher.core.values import MapKey, Reason
+from publisher.source.informer import WatchOptions
+from publisher.source.kube_source import KubeSource
+from publisher.source.objects import parse_isvc
+from publisher.source.store import Stores
 from publisher.status import ConditionSink, Report, caught_up, condition_for, condition_type, field_manager
 from tests.builders import make_condition, make_entry
 from tests.fakes.kube_api import FakeKubeAPI

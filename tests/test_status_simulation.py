@@ -32,8 +32,9 @@ from publisher.status import fleet
 from publisher import status
 from publisher.kube import Kube
 from publisher.loop import LoopOptions, Publisher
-from publisher.core.model import MapKey, Reason, parse_traffic_map
-from publisher.source import Stores
+from publisher.core.model import parse_traffic_map
+from publisher.core.values import MapKey, Reason
+from publisher.source.store import Stores
 from tests.builders import make_map
 from tests.fakes.kube_api import FakeKubeAPI, write_kubeconfig
 

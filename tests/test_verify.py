@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from publisher.core.model import Held, Reason
+from publisher.core.values import Held, Reason
 from publisher.core.verify import EntryCheck, compare, verify
 from tests.builders import make_entry, valid_map
 

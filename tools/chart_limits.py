@@ -4,7 +4,7 @@ from the sidecar's own code so that the two cannot drift (issue 27, item 17):
 - values.schema.json's definitions whose pattern is the binary's: `nginxSize` (a lua_shared_dict
   size), `labelSelector`, `envoyRouteConfig`, `nginxPath` (each on one line of the schema, which
   this tool rewrites);
-- templates/_limits.tpl: each duration value's range (publisher.core.model.DurationRange of the option
+- templates/_limits.tpl: each duration value's range (publisher.core.durations.DurationRange of the option
   it feeds), which _validate.tpl checks at render. A JSON schema cannot compare a duration such as
   `1m30s` with `10s`, and no regular expression can bound every spelling of one (`9s1000ms`).
 
@@ -29,8 +29,8 @@ from adapters.envoy.options import ROUTE_CONFIG_PATTERN  # noqa: E402
 from adapters.httproute import RESERVED_INSTANCE  # noqa: E402
 from adapters.nginx.lua_snippet import PATH_PATTERN, SIZE_PATTERN  # noqa: E402
 from publisher.cli import config  # noqa: E402
-from publisher.core.model import format_duration  # noqa: E402
-from publisher.core.model import _DNS_LABEL  # noqa: E402
+from publisher.core.durations import format_duration  # noqa: E402
+from publisher.core.addresses import DNS_LABEL  # noqa: E402
 from publisher.source.selector import BOUNDED_DNS_SUBDOMAIN, SELECTOR_PATTERN  # noqa: E402
 
 CHART = ROOT / "helm" / "ome-gateway-publisher"
@@ -44,7 +44,7 @@ PATTERNS = {
     "envoyRouteConfig": ROUTE_CONFIG_PATTERN,
     "nginxPath": PATH_PATTERN,
     # httproute's --gateway, NAMESPACE/NAME (empty: the adapter is not httproute).
-    "gatewayRef": f"^({_DNS_LABEL.pattern.strip('^$')}/{BOUNDED_DNS_SUBDOMAIN})?$",
+    "gatewayRef": f"^({DNS_LABEL.pattern.strip('^$')}/{BOUNDED_DNS_SUBDOMAIN})?$",
 }
 # Each duration the chart passes to `ome-publisher run`: its values path -> the option it feeds.
 # tests/test_chart_limits.py fails on a duration flag in _run-args.tpl that is not listed here.

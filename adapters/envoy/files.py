@@ -9,7 +9,7 @@ when a version is late), and a rejected one restores the last confirmed files; w
 rejected map are the engine's. `build` (adapters.envoy) picks this mode or the xDS server
 (adapters.envoy.xds) from `envoy_xds_listen`. It decides nothing about maps and imports no metrics.
 
-Imports adapters.base, publisher.core.model and, in this package, options, render and admin (the admin
+Imports adapters.base, publisher.core.values and, in this package, options, render and admin (the admin
 API client; adapters.envoy.lrs only when asked for). The bootstraps (adapters.envoy.bootstrap) and
 a real Envoy (adapters.envoy.process) are elsewhere.
 """
@@ -41,7 +41,7 @@ from adapters.envoy.render import (
     read_routes,
     route_timeouts,
 )
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 
 if TYPE_CHECKING:
     from adapters.envoy.lrs import LoadReportServer

@@ -33,7 +33,7 @@ from adapters.base import CountReport
 from adapters.envoy.names import parse_cluster_name
 from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label, peer_address
 from adapters.grpc_tls import ServerTls
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 
 __all__ = ["LoadReportServer", "LoadReports", "fold_clusters"]
 

@@ -4,7 +4,7 @@ admin client reads stats under it)."""
 
 from __future__ import annotations
 
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 
 __all__ = ["STAT_PREFIX", "cluster_name", "parse_cluster_name"]
 

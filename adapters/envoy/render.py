@@ -4,7 +4,7 @@ the parts join into the two xDS DiscoveryResponses Envoy watches (`cds.yaml`, `r
 valid YAML) whose `version_info` digests the content, and those documents parse back into routes.
 
 Owns no state and does no I/O. Imports the standard library, yaml, adapters.base's checks,
-adapters.route_json, adapters.timeouts, publisher.core.model and, in this package, names and options.
+adapters.route_json, adapters.timeouts, publisher.core.values and .addresses and, in this package, names and options.
 The transport writing the files is adapters.envoy.files.
 """
 
@@ -27,7 +27,8 @@ from adapters.envoy.options import EnvoyOptions
 from adapters.route_json import from_json as route_from_json
 from adapters.route_json import to_json as route_json
 from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, envoy_duration
-from publisher.core.model import MapKey, Publication, Route, parse_endpoint
+from publisher.core.addresses import parse_endpoint
+from publisher.core.values import MapKey, Publication, Route
 
 __all__ = [
     "CDS_FILE",

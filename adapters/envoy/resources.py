@@ -25,7 +25,8 @@ from google.protobuf import any_pb2, wrappers_pb2
 from adapters.base import envoy_weight_sum_problem, publication_problem
 from adapters.envoy.names import cluster_name
 from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, DEFAULT_ROUTE_TIMEOUT
-from publisher.core.model import Backend, MapKey, Publication, Route, is_canonical_ipv4, parse_endpoint
+from publisher.core.addresses import is_canonical_ipv4, parse_endpoint
+from publisher.core.values import Backend, MapKey, Publication, Route
 
 __all__ = [
     "CLUSTER_TYPE",

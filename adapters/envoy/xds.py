@@ -29,7 +29,7 @@ from adapters.envoy.resources import ROUTE_TYPE, MapResources, XdsRenderer, map_
 from adapters.envoy.xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, fleet_message, plan, served_by_most, words
 from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label
 from adapters.grpc_tls import ServerTls
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 
 # The name it had before the move into adapters/envoy/: log filters keep working.
 log = logging.getLogger("adapters.envoy_xds")

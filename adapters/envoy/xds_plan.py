@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from envoy.service.discovery.v3 import discovery_pb2
 
 from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, Resource, cluster_name, key_of, map_name, route_from_version
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 
 __all__ = ["KIND", "AwaitRequest", "EnvoyState", "Item", "Send", "fleet_message", "plan", "served_by_most", "words"]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from adapters.httproute.options import HttpRouteOptions
 from adapters.httproute.render import CLUSTER_ANNOTATION, ObjectGroup, contains_fields, render_service, route_verdict
-from publisher.core.model import Held, MapKey
+from publisher.core.values import Held, MapKey
 
 ObjectName = tuple[str, str]  # (namespace, name)
 ServiceSpec = tuple[str, str]  # (cluster, externalName): all a Service of ours varies in

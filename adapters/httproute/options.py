@@ -7,7 +7,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adapters.timeouts import RouteTimeout, route_timeout_field
-from publisher.core.model import Duration, MapKey, is_dns_label, is_dns_subdomain
+from publisher.core.addresses import is_dns_label, is_dns_subdomain
+from publisher.core.durations import Duration
+from publisher.core.values import MapKey
 
 # `<map>-global` names OME's own route for an InferenceService: an instance of this name would
 # write routes named like OME's. The chart refuses it too (tools/chart_limits.py).

@@ -18,7 +18,8 @@ from typing import Any
 from adapters.httproute.options import HttpRouteOptions
 from adapters.timeouts import unit_duration
 from publisher.kube import HTTP_ROUTES, SERVICES
-from publisher.core.model import Backend, Held, MapKey, Reason, Route, is_dns_subdomain, parse_endpoint
+from publisher.core.addresses import is_dns_subdomain, parse_endpoint
+from publisher.core.values import Backend, Held, MapKey, Reason, Route
 
 MAX_BACKEND_REFS = 16  # Gateway API v1: at most 16 backendRefs per rule.
 MAX_NAME = 63  # A DNS label: what Service names must be, and the bound the issue sets on route names.

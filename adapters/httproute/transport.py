@@ -36,7 +36,7 @@ from adapters.httproute.render import (
 )
 from adapters.timeouts import unit_duration
 from publisher.kube import HTTP_ROUTES, SERVICES, Kube, KubeError
-from publisher.core.model import Held, MapKey, Reason, Route
+from publisher.core.values import Held, MapKey, Reason, Route
 
 # The logger name JSON logs print, as before the gateway became a package.
 log = logging.getLogger("adapters.httproute")

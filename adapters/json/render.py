@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 
 from adapters.route_json import from_json, to_json
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 
 __all__ = ["NAME_MAX", "JsonRenderer", "assemble", "map_file", "parse", "temp_name"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from adapters.base import TransportDefaults, Unavailable, WriteResult, write_atomic
 from adapters.json.render import assemble, map_file, parse, temp_name
 from adapters.route_json import from_json
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 
 INDEX_FILE = "index.json"
 # Writes of at most this many map files run on the event loop; larger ones in a thread.

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from adapters.base import CountReport, Unavailable
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 
 __all__ = ["CountedTransport", "LuaRequestCounts"]
 

@@ -33,7 +33,7 @@ from adapters.nginx.lua_names import RESOLVE_INTERVAL, NameCache, rejected_maps
 from adapters.nginx.lua_render import LuaPart, LuaRenderer, entry_text
 from adapters.nginx.lua_table import Batch, ConfirmedTable, TableRead, read_table
 from adapters.nginx.options import NginxOptions
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 
 # The name it had before the move into adapters/nginx/: log filters keep working.
 log = logging.getLogger("adapters.nginx_lua")

@@ -13,7 +13,7 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 
 from adapters.nginx.lua_render import LuaPart
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 
 __all__ = ["RESOLVE_INTERVAL", "NameCache", "ip_literal", "rejected_maps"]
 

@@ -8,7 +8,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from publisher.core.model import Backend, MapKey, Route, parse_endpoint
+from publisher.core.addresses import parse_endpoint
+
+# Mirrors MAX_BACKENDS in ome_table.lua, which refuses a longer entry on every push: checked in
+
+from publisher.core.values import Backend, MapKey, Route
 
 # Mirrors MAX_BACKENDS in ome_table.lua, which refuses a longer entry on every push: checked in
 # `problem()`, so such a map is InvalidPlan up front, not ApplyFailed and retried forever.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.nginx.lua_render import CHECKSUM_MODULUS, LuaPart, decode_entry, entry_hash, map_key
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 
 __all__ = ["Batch", "ConfirmedTable", "TableRead", "read_table"]
 

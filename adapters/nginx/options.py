@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from adapters.listen import check_nginx_listen, nginx_listen_parts
 from adapters.timeouts import RouteIdleTimeout, route_idle_timeout_field
-from publisher.core.model import Interval
+from publisher.core.durations import Interval
 
 __all__ = ["VERSION_PATH", "NginxOptions"]
 

@@ -34,7 +34,7 @@ import aiohttp
 from adapters.base import Rejected, Unavailable, WriteResult, in_words, write_atomic
 from adapters.nginx.options import NginxOptions
 from adapters.nginx.reload_render import ROUTE_PREFIX, NginxPart, NginxRenderer, assemble, read_back, version_of
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 
 # The name it had before the move into adapters/nginx/: log filters keep working.
 log = logging.getLogger("adapters.nginx")

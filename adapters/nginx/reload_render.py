@@ -16,7 +16,8 @@ from adapters.nginx.options import VERSION_PATH
 from adapters.route_json import from_json as route_from_json
 from adapters.route_json import to_json as route_json
 from adapters.timeouts import DEFAULT_ROUTE_IDLE_TIMEOUT, unit_duration
-from publisher.core.model import MapKey, Publication, Route, parse_endpoint
+from publisher.core.addresses import parse_endpoint
+from publisher.core.values import MapKey, Publication, Route
 
 ROUTE_PREFIX = "# ome-route "
 # Files written before routes left provenance out carry the whole Publication; still read back.

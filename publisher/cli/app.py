@@ -25,10 +25,14 @@ from publisher.status import region_report
 from publisher.cli.config import ConfigError, RunConfig, adapter_options
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
-from publisher.core.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
+from publisher.core.model import InvalidObject, TrafficMap
+from publisher.core.values import Held, MapKey, Publication, Reason, Route
 from publisher.status.region_report import ReportSink
 from publisher.split.check import SplitVerifier
-from publisher.source import DirectorySource, KubeSource, Stores, WatchOptions
+from publisher.source.directory import DirectorySource
+from publisher.source.informer import WatchOptions
+from publisher.source.kube_source import KubeSource
+from publisher.source.store import Stores
 
 log = logging.getLogger("publisher.app")
 

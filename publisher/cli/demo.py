@@ -37,8 +37,10 @@ from publisher import loop
 from publisher.core import weights
 from publisher.loop import LoopOptions, Publisher
 from publisher.source.manifests import parse_manifests
-from publisher.core.model import TRAFFIC_MAP_KIND, MapKey, Publication, TrafficMap, object_key, parse_traffic_map
-from publisher.source import DirectorySource, Stores
+from publisher.core.model import TRAFFIC_MAP_KIND, TrafficMap, object_key, parse_traffic_map
+from publisher.core.values import MapKey, Publication
+from publisher.source.directory import DirectorySource
+from publisher.source.store import Stores
 
 log = logging.getLogger("publisher.demo")
 

@@ -14,7 +14,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from publisher.core.model import INFERENCE_SERVICE_KIND, Held, InferenceService, InvalidObject, Reason, TrafficMap
+from publisher.core.model import INFERENCE_SERVICE_KIND, InferenceService, InvalidObject, TrafficMap
+from publisher.core.values import Held, Reason
 from publisher.core.verify import verify
 
 __all__ = ["GateOptions", "PublishedGate", "decide", "describe_invalid"]

@@ -9,14 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from publisher.core.model import (
-    GLOBAL_HOST_ANNOTATION,
-    Backend,
-    Held,
-    InferenceService,
-    Publication,
-    TrafficMap,
-)
+from publisher.core.model import GLOBAL_HOST_ANNOTATION, InferenceService, TrafficMap
+from publisher.core.values import Backend, Held, Publication
 
 DEFAULT_HOST_TEMPLATE = "{name}.{namespace}"
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from publisher.core.model import Held, Reason, TrafficMap
+from publisher.core.model import TrafficMap
+from publisher.core.values import Held, Reason
 from publisher.core.quantity import canonical, parse_quantity
 from publisher.core.weights import expected_healthy, recompute_map
 

@@ -31,11 +31,12 @@ from publisher.core import gate, plan
 from publisher import metrics, status
 from publisher.split import check as split_check
 from publisher.kube import Kube, KubeError, LeaseLock
-from publisher.core.model import Held, InvalidObject, MapKey, Publication, Reason, Route, TrafficMap
+from publisher.core.model import InvalidObject, TrafficMap
+from publisher.core.values import Held, MapKey, Publication, Reason, Route
 from publisher.core.plan import Hold, Outcome, Publish, Withdraw
 from publisher.retry import Backoff
 from publisher.split.check import SplitVerifier
-from publisher.source import Stores
+from publisher.source.store import Stores
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from adapters.base import AdapterError, RequestCounter
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 from publisher.split.stats import Judgment, SplitWindows, describe
 
 log = logging.getLogger("publisher.served_split")

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 
 MIN_REQUESTS = 200
 ENOUGH_REQUESTS = 2000

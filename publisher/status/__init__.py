@@ -22,10 +22,11 @@ from pydantic import ValidationError
 
 from publisher import metrics
 from publisher.kube import TRAFFIC_MAPS, Kube, KubeError
-from publisher.core.model import API_VERSION, TRAFFIC_MAP_KIND, Condition, InvalidObject, MapKey, Reason, TrafficMap, condition_type, validate
+from publisher.core.model import API_VERSION, TRAFFIC_MAP_KIND, Condition, InvalidObject, TrafficMap, validate
+from publisher.core.values import MapKey, Reason, condition_type
 
 if TYPE_CHECKING:
-    from publisher.source import Store
+    from publisher.source.store import Store
 
 log = logging.getLogger(__name__)
 

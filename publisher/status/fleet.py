@@ -17,7 +17,7 @@ from publisher.status import region_report
 
 from publisher import status
 from publisher.kube import TRAFFIC_MAPS, Kube, KubeError
-from publisher.core.model import CONDITION_PREFIX, MapKey, condition_type
+from publisher.core.values import CONDITION_PREFIX, MapKey, condition_type
 from publisher.status.region_report import Verdict
 
 # Lists of this many maps a page, as the source reads them.

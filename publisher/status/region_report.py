@@ -37,7 +37,8 @@ from pydantic import ValidationError
 
 from publisher import metrics, status
 from publisher.kube import Kube, KubeError, Resource
-from publisher.core.model import Condition, MapKey, validate
+from publisher.core.model import Condition, validate
+from publisher.core.values import MapKey
 
 log = logging.getLogger("publisher.region_report")
 

@@ -28,7 +28,7 @@ from adapters.nginx.lua_render import LuaPart, entry_text
 from adapters.nginx.lua_snippet import LOAD_MODULES, LUA_DIR, http_snippet
 from adapters.nginx.lua_table import read_table
 from adapters.nginx.reload_render import render
-from publisher.core.model import Backend, MapKey, Publication, Route
+from publisher.core.values import Backend, MapKey, Publication, Route
 from tests.gateways import eventually, free_port
 
 NGINX = "/usr/sbin/nginx"

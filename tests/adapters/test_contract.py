@@ -21,7 +21,8 @@ from adapters.envoy.bootstrap import bootstrap, xds_bootstrap
 from adapters.envoy.process import run_envoy
 from adapters.envoy.resources import XdsRenderer
 from adapters.json import JsonOptions
-from publisher.core.model import MAX_WEIGHT, Backend, MapKey, Publication, Reason
+from publisher.core.model import MAX_WEIGHT
+from publisher.core.values import Backend, MapKey, Publication, Reason
 from tests.adapters.nginx_fixtures import running_nginx
 from tests.adapters.xds_clients import ScriptedEnvoy, holding, refuse_clusters_of
 from tests.gateways import eventually, free_port

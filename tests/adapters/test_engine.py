@@ -9,7 +9,7 @@ import pytest
 
 from adapters.base import Rejected, Unavailable, WriteResult
 from adapters.engine import Engine
-from publisher.core.model import Backend, MapKey, Publication, Reason, Route
+from publisher.core.values import Backend, MapKey, Publication, Reason, Route
 from tests.fakes.memory_adapter import MemoryGateway, memory_engine
 
 

@@ -32,7 +32,7 @@ from adapters.envoy.render import (
     render,
 )
 from adapters.envoy.process import envoy_binary, run_envoy
-from publisher.core.model import Backend, MapKey, Publication, Reason, Route
+from publisher.core.values import Backend, MapKey, Publication, Reason, Route
 from tests.gateways import Backends, assert_measured_split, free_port, measure
 
 HOST = "llama.example.com"

@@ -26,7 +26,7 @@ from adapters.envoy.process import run_envoy
 from adapters.envoy.lrs import LoadReportServer, LoadReports, fold_clusters
 from adapters.envoy.names import parse_cluster_name
 from adapters.envoy.xds import XdsTransport
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 from publisher.split.stats import MIN_REQUESTS, SplitWindows
 from tests.adapters.test_envoy_xds import HOST, KEY, RENDERER, envoy, parts, route, write
 from tests.adapters.test_nginx_lua_counts import slow_backends

@@ -30,7 +30,7 @@ from adapters.envoy.resources import CLUSTER_TYPE, MapResources, XdsRenderer, ro
 from adapters.envoy.xds import XdsTransport
 from publisher import metrics
 from publisher.cli.config import RunConfig
-from publisher.core.model import Backend, MapKey, Route
+from publisher.core.values import Backend, MapKey, Route
 from tests.builders import make_entry, make_isvc, make_map
 from tests.gateways import Backends, assert_measured_split, eventually, free_port, measure
 

@@ -16,7 +16,7 @@ from adapters.base import NotConnected, Unavailable
 from adapters.envoy.resources import MapResources, XdsRenderer
 from adapters.envoy.xds import XdsTransport
 from publisher import metrics
-from publisher.core.model import Backend, MapKey, Route
+from publisher.core.values import Backend, MapKey, Route
 from tests.adapters.test_envoy_xds import xds_server
 from tests.adapters.xds_clients import ScriptedEnvoy, holding, refuse_clusters_of
 from tests.gateways import eventually, free_port

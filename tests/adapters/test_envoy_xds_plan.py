@@ -12,7 +12,7 @@ from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapRe
 from adapters.envoy.xds_plan import WORDS_CHARS, AwaitRequest, EnvoyState, Send, fleet_message, served_by_most, words
 from adapters.envoy.xds_plan import plan as lazy_plan
 from envoy.service.discovery.v3 import discovery_pb2
-from publisher.core.model import Backend, MapKey, Route
+from publisher.core.values import Backend, MapKey, Route
 from tests.adapters.xds_clients import holding
 
 RENDERER = XdsRenderer()

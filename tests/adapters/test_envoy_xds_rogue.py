@@ -28,7 +28,7 @@ from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, MapResources, Xds
 from adapters.envoy.xds import XdsTransport
 from adapters.envoy.xds_plan import WORDS_CHARS
 from publisher import metrics
-from publisher.core.model import Backend, MapKey, Publication, Reason, Route
+from publisher.core.values import Backend, MapKey, Publication, Reason, Route
 from tests.adapters.test_envoy_xds import xds_server
 from tests.adapters.xds_clients import ScriptedEnvoy
 from tests.gateways import eventually

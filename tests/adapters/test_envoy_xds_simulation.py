@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from adapters.base import NotConnected, Unavailable
 from adapters.envoy.resources import CLUSTER_TYPE, MapResources, XdsRenderer
 from adapters.envoy.xds import XdsTransport
-from publisher.core.model import Backend, MapKey, Route
+from publisher.core.values import Backend, MapKey, Route
 from tests.adapters.xds_clients import ScriptedEnvoy
 from tests.gateways import eventually, free_port
 

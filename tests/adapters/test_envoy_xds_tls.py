@@ -28,7 +28,7 @@ from adapters.envoy.xds import XdsTransport
 from adapters.grpc_tls import ServerTls, ServerTlsFiles
 from adapters.listen import is_loopback
 from publisher.cli import main
-from publisher.core.model import Backend, MapKey, Route
+from publisher.core.values import Backend, MapKey, Route
 from tests.certs import Authority, Issued, MutualTls, mutual_tls
 from tests.gateways import Backends, eventually, free_port, measure
 

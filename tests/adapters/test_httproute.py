@@ -12,7 +12,9 @@ import pytest
 from adapters import ADAPTERS, Engine
 from publisher import loop
 from publisher.loop import LoopOptions, Publisher
-from publisher.source import KubeSource, Stores, WatchOptions
+from publisher.source.informer import WatchOptions
+from publisher.source.kube_source import KubeSource
+from publisher.source.store import Stores
 from adapters.base import Adapter, Unavailable, publication_problem
 from adapters.httproute import (
     ALL_ZERO_NOTE,
@@ -30,7 +32,7 @@ from adapters.httproute import (
     service_name,
 )
 from publisher.kube import HTTP_ROUTES, Kube
-from publisher.core.model import Backend, Held, MapKey, Publication, Reason
+from publisher.core.values import Backend, Held, MapKey, Publication, Reason
 from publisher.status import ConditionSink
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.gateways import eventually

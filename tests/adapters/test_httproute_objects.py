@@ -6,7 +6,7 @@ import copy
 
 from adapters.httproute import HttpRouteOptions, HttpRouteRenderer, render_route, render_service
 from adapters.httproute.objects import MapObjects, object_name, serves, service_spec, take_verdict
-from publisher.core.model import Backend, Held, MapKey, Reason, Route
+from publisher.core.values import Backend, Held, MapKey, Reason, Route
 
 OPTIONS = HttpRouteOptions(gateway="infra/gw", backend_port=8080)
 KEY = MapKey("prod", "llama")

@@ -8,7 +8,7 @@ from adapters import ADAPTERS
 from adapters.json import JsonOptions
 from adapters.json.render import map_file
 from adapters.json.transport import INDEX_FILE
-from publisher.core.model import Backend, MapKey, Publication, Reason
+from publisher.core.values import Backend, MapKey, Publication, Reason
 
 
 def pub(name: str, *weights: int, generation: int = 2, host: str | None = None) -> Publication:

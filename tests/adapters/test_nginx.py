@@ -26,7 +26,8 @@ from adapters.nginx.reload_render import (
     split_units,
     version_of,
 )
-from publisher.core.model import InvalidObject, MapKey, Publication, Reason, parse_traffic_map
+from publisher.core.model import InvalidObject, parse_traffic_map
+from publisher.core.values import MapKey, Publication, Reason
 from tests.adapters.nginx_fixtures import make_pub, routes, running_nginx
 from tests.gateways import Backends, assert_measured_split, eventually, measure
 

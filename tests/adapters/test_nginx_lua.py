@@ -31,7 +31,7 @@ from publisher.cli import app
 from publisher import metrics
 from publisher.cli import main
 from publisher.cli.config import RunConfig
-from publisher.core.model import Backend, MapKey, Publication, Reason, Route
+from publisher.core.values import Backend, MapKey, Publication, Reason, Route
 from tests.adapters.nginx_fixtures import RunningLuaNginx, running_lua_nginx
 from tests.gateways import Backends, assert_measured_split, eventually, free_port, measure
 

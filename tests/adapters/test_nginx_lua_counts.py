@@ -19,7 +19,7 @@ from adapters.nginx import NginxOptions
 from adapters.nginx.counts import LuaRequestCounts
 from adapters.nginx.lua import LuaTransport
 from adapters.nginx.lua_render import LuaRenderer
-from publisher.core.model import MapKey
+from publisher.core.values import MapKey
 from publisher.split.stats import MIN_REQUESTS, SplitWindows
 from tests.adapters.nginx_fixtures import confirm_parts
 from tests.adapters.test_nginx_lua import HOST, KEY, _scraped_table_series, lua_nginx, route

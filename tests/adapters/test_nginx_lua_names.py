@@ -7,7 +7,7 @@ import pytest
 
 from adapters.nginx.lua_names import NameCache, ip_literal, rejected_maps
 from adapters.nginx.lua_render import LuaRenderer
-from publisher.core.model import Backend, MapKey, Route
+from publisher.core.values import Backend, MapKey, Route
 
 A, B = MapKey("ns", "a"), MapKey("ns", "b")
 

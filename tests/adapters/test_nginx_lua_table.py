@@ -9,7 +9,7 @@ import pytest
 
 from adapters.nginx.lua_render import LuaRenderer, checksum, entry_text
 from adapters.nginx.lua_table import ConfirmedTable, TableRead, read_table
-from publisher.core.model import Backend, MapKey, Route
+from publisher.core.values import Backend, MapKey, Route
 
 A, B, C = MapKey("ns", "a"), MapKey("ns", "b"), MapKey("other", "c")
 

@@ -43,7 +43,7 @@ from adapters.nginx.reload_render import render as nginx_render
 from adapters.timeouts import envoy_duration, unit_duration
 from publisher.cli import config
 from publisher.cli import main
-from publisher.core.model import Backend, MapKey, Publication, Route
+from publisher.core.values import Backend, MapKey, Publication, Route
 from tests.adapters.nginx_fixtures import running_lua_nginx, running_nginx
 from tests.gateways import eventually, free_port
 

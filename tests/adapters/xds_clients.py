@@ -16,7 +16,7 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.rpc import status_pb2
 
 from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, cluster_name, map_name, route_from_version
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 
 TYPES = (CLUSTER_TYPE, SCOPE_TYPE, ROUTE_TYPE)
 # type_url, the names a response adds or removes -> the NACK's error text, or None to ACK it.

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from adapters.base import AdapterError, TransportDefaults, WriteResult
 from adapters.engine import Engine
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 
 
 @dataclass

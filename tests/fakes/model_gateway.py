@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from adapters.base import NotConnected, TransportDefaults, Unavailable, WriteResult
-from publisher.core.model import MapKey, Route
+from publisher.core.values import MapKey, Route
 
 # A route whose first backend has this weight cannot be rendered (the renderer raises).
 UNRENDERABLE_WEIGHT = 7
