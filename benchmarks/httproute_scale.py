@@ -36,7 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from adapters.httproute import HttpRouteOptions, build  # noqa: E402
+from publisher.loop import STARTUP_GC_THRESHOLD  # noqa: E402
 from publisher.model import Backend, MapKey, Route  # noqa: E402
+
+PYTHON_GC_THRESHOLD = gc.get_threshold()
 
 # The fake's process: prints its URL, then answers each line on stdin with its request counts by
 # verb (since the last line). With a controller, it reports Accepted/ResolvedRefs on every route
@@ -131,7 +134,7 @@ class LoopWatch:
     def __init__(self) -> None:
         self.longest = 0.0
         self.doing = "nothing"
-        self._turn = time.perf_counter()
+        self._turn, self._cpu = time.perf_counter(), time.thread_time()
         self._samples: list[str] = []  # what the late loop was doing, since its last turn
         self._collected: list[tuple[int, float]] = []  # (generation, seconds) since the last turn
         self._gc_started = 0.0
@@ -142,7 +145,7 @@ class LoopWatch:
 
     async def __aenter__(self) -> LoopWatch:
         gc.callbacks.append(self._gc)
-        self._turn = time.perf_counter()
+        self._turn, self._cpu = time.perf_counter(), time.thread_time()
         self._ticker = asyncio.create_task(self._tick())
         self._sampler.start()
         return self
@@ -161,12 +164,15 @@ class LoopWatch:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(0.001)
-            now = time.perf_counter()
+            now, cpu = time.perf_counter(), time.thread_time()
             stall = now - self._turn - 0.001
             samples, collected = self._samples, self._collected
             self._turn, self._samples, self._collected = now, [], []
             if stall > self.longest:
-                self.longest, self.doing = stall, self._describe(samples, collected)
+                # The loop's own CPU in the gap tells a busy loop from a machine that did not run it.
+                busy = f"{(cpu - self._cpu) * 1000:.0f} ms of it on the loop's CPU"
+                self.longest, self.doing = stall, "; ".join([busy, self._describe(samples, collected)])
+            self._cpu = cpu
 
     @staticmethod
     def _describe(samples: list[str], collected: list[tuple[int, float]]) -> str:
@@ -180,14 +186,16 @@ class LoopWatch:
         while not self._stop.wait(0.002):
             if time.perf_counter() - self._turn < 0.005:
                 continue
-            frame = sys._current_frames().get(self._main)
+            frame = innermost = sys._current_frames().get(self._main)
+            if frame is None:
+                continue
             where = None
             while frame is not None and where is None:
                 path = frame.f_code.co_filename
                 if path.startswith(str(ROOT)) and not path.startswith(str(ROOT / "benchmarks")):
                     where = f"{Path(path).relative_to(ROOT)}:{frame.f_lineno} {frame.f_code.co_name}"
                 frame = frame.f_back
-            self._samples.append(where or "outside the project (asyncio, aiohttp, the JSON parser)")
+            self._samples.append(where or f"{Path(innermost.f_code.co_filename).name}:{innermost.f_lineno} {innermost.f_code.co_name}")
 
     def _gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -209,7 +217,7 @@ def reset_peak_rss() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-async def main(maps: int, changes: int, controller: bool, status_timeout: float) -> None:
+async def main(maps: int, changes: int, controller: bool, status_timeout: float, sidecar_gc: bool) -> None:
     fake = await asyncio.create_subprocess_exec(
         sys.executable, "-c", FAKE_SERVER.format(root=str(ROOT), controller=controller),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
@@ -227,6 +235,8 @@ async def main(maps: int, changes: int, controller: bool, status_timeout: float)
         await counts(fake)
         print(f"before the first publish: RSS {peak_rss_mb():.0f} MB at most (the interpreter, its imports and the "
               f"{maps} groups the engine would hold)")
+        if sidecar_gc:
+            gc.set_threshold(STARTUP_GC_THRESHOLD, *PYTHON_GC_THRESHOLD[1:])
         reset_peak_rss()
         started = time.monotonic()
         async with LoopWatch() as watch:
@@ -238,6 +248,10 @@ async def main(maps: int, changes: int, controller: bool, status_timeout: float)
         print(f"first publish: {maps} maps in {took:.1f} s ({maps / took:.0f} maps/s); "
               f"requests {await counts(fake)}; {unreported} without a verdict after {status_timeout:g} s; "
               f"peak RSS {peak_rss_mb():.0f} MB; {watch}")
+        if sidecar_gc:  # as Publisher.run_applier after its first sync
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(*PYTHON_GC_THRESHOLD)
         latencies = []
         async with LoopWatch() as watch:
             for n in range(changes):
@@ -253,6 +267,9 @@ async def main(maps: int, changes: int, controller: bool, status_timeout: float)
                   f"requests per change {per_change}; {watch}")
         await transport.aclose()
         del transport  # a restarted sidecar holds no earlier transport: its memory is not the restart's
+        if sidecar_gc:  # a new process, at its start
+            gc.unfreeze()
+            gc.set_threshold(STARTUP_GC_THRESHOLD, *PYTHON_GC_THRESHOLD[1:])
         gc.collect()
         _, restarted = build(options(kubeconfig, status_timeout))
         reset_peak_rss()
@@ -282,5 +299,9 @@ if __name__ == "__main__":
     parser.add_argument("--changes", type=int, default=20)
     parser.add_argument("--controller", action="store_true", help="the fake's process plays the gateway's controller")
     parser.add_argument("--status-timeout", type=float, default=5.0, help="--route-status-timeout")
+    parser.add_argument(
+        "--gc", choices=("python", "sidecar"), default="python",
+        help="python: the collector's defaults throughout; sidecar: as the sidecar runs it (publisher.loop: "
+             "STARTUP_GC_THRESHOLD until the first sync, then gc.freeze() and the defaults; a restart starts afresh)")
     args = parser.parse_args()
-    asyncio.run(main(args.maps, args.changes, args.controller, args.status_timeout))
+    asyncio.run(main(args.maps, args.changes, args.controller, args.status_timeout, args.gc == "sidecar"))
