@@ -3,7 +3,7 @@ per backend. Its options and `build`, for the registry (adapters.ADAPTERS).
 
 - options.py: HttpRouteOptions.
 - render.py: pure; names, validation, the objects as applied, and reading a route back.
-- objects.py: pure; what the transport knows of one map's objects and how it judges them.
+- owned.py: pure; what the transport knows of one map's objects and how it judges them.
 - transport.py: HttpRouteTransport, server-side apply, verdicts from route status, garbage
   collection and read-back, all through publisher.kube.
 """

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from adapters.base import AdapterError, Rejected, TransportDefaults, Unavailable, WriteResult
-from adapters.httproute.objects import MapObjects, ObjectName, object_name, serves, service_spec, take_verdict
+from adapters.httproute.owned import MapObjects, ObjectName, object_name, serves, service_spec, take_verdict
 from adapters.httproute.options import HttpRouteOptions
 from adapters.httproute.render import (
     INSTANCE_LABEL,

@@ -1,11 +1,11 @@
-"""The Gateway API transport's pure bookkeeping (adapters/httproute/objects.py), without a cluster."""
+"""The Gateway API transport's pure bookkeeping (adapters/httproute/owned.py), without a cluster."""
 
 from __future__ import annotations
 
 import copy
 
 from adapters.httproute import HttpRouteOptions, HttpRouteRenderer, render_route, render_service
-from adapters.httproute.objects import MapObjects, object_name, serves, service_spec, take_verdict
+from adapters.httproute.owned import MapObjects, object_name, serves, service_spec, take_verdict
 from publisher.model import Backend, Held, MapKey, Reason, Route
 
 OPTIONS = HttpRouteOptions(gateway="infra/gw", backend_port=8080)
