@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import re
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -501,6 +503,42 @@ async def test_a_gateway_that_has_not_reported_yet_is_noted_not_failed(kube_api:
     chat = pub("chat", 1, 0)
     result = await publish(transport, chat)
     assert not result.rejected and result.notes == {chat.key: NOT_REPORTED_NOTE}
+
+
+class _Answer(dict):  # type: ignore[type-arg]
+    """An API answer that can be watched for: a dict a weak reference can point at."""
+
+
+@pytest.mark.parametrize("maps", [3, 40])  # status read by GETs, and by one list and a watch
+async def test_a_write_keeps_only_the_verdict_of_each_route_the_server_answered_with(kube_api: FakeKubeAPI, kube: Kube, monkeypatch: pytest.MonkeyPatch, maps: int) -> None:
+    """While a write waits for verdicts, no route the server answered with is held (10,000 whole
+    routes were, at a first publish): every status read finds them all gone."""
+    answers: list[weakref.ref[_Answer]] = []
+    held_while_waiting: list[int] = []
+    apply, get, list_ = kube.apply, kube.get, kube.list
+
+    async def tracked_apply(resource: Any, body: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        answer = _Answer(await apply(resource, body, **kwargs))
+        if resource is HTTP_ROUTES:
+            answers.append(weakref.ref(answer))
+        return answer
+
+    def counting(read: Callable[..., Any]) -> Callable[..., Any]:
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            gc.collect()
+            held_while_waiting.append(sum(answer() is not None for answer in answers))
+            return await read(*args, **kwargs)
+        return counted
+
+    transport = await restarted(kube, route_status_timeout=0.2)
+    monkeypatch.setattr(kube, "apply", tracked_apply)
+    monkeypatch.setattr(kube, "get", counting(get))
+    monkeypatch.setattr(kube, "list", counting(list_))
+    many = [pub(f"m{i:03d}", 1, 2) for i in range(maps)]
+    result = await publish(transport, *many)
+    assert set(result.notes) == {p.key for p in many}  # no controller: every map waited for its verdict
+    assert len(answers) == maps and held_while_waiting and held_while_waiting[-1] == 0
+    await transport.aclose()
 
 
 def test_a_verdict_for_an_older_generation_is_no_verdict() -> None:
