@@ -5,7 +5,7 @@ what a write must apply, move or delete."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,11 +129,14 @@ class OwnedObjects:
         state.services[object_name(service)] = service_spec(service, state.group, self._options)
         return key
 
-    def served(self) -> dict[MapKey, Route]:
+    def served(self) -> Iterator[tuple[MapKey, Route]]:
         """Once everything is added: what each map with a route of ours serves (UNKNOWN_ROUTE when
-        its objects are not as we render them); maps with Services but no route become orphans."""
+        its objects are not as we render them), one map at a time; maps with Services but no route
+        become orphans."""
         self._orphans = {key for key, state in self._maps.items() if state.route is None}
-        return {key: state.group.served if serves(state) else UNKNOWN_ROUTE for key, state in self._maps.items() if state.route is not None}
+        for key, state in self._maps.items():
+            if state.route is not None:
+                yield key, state.group.served if state.group is not None and serves(state) else UNKNOWN_ROUTE
 
     # --- planning a write --------------------------------------------------------------------------
 

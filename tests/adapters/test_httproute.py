@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import json
@@ -31,6 +32,7 @@ from adapters.httproute import (
     route_verdict,
     service_name,
 )
+from adapters.httproute.owned import OwnedObjects
 from publisher.kube import HTTP_ROUTES, Kube
 from publisher.model import Backend, Held, MapKey, Publication, Reason
 from publisher.status import ConditionSink
@@ -503,6 +505,47 @@ async def test_a_gateway_that_has_not_reported_yet_is_noted_not_failed(kube_api:
     chat = pub("chat", 1, 0)
     result = await publish(transport, chat)
     assert not result.rejected and result.notes == {chat.key: NOT_REPORTED_NOTE}
+
+
+async def test_a_restart_read_takes_pages_of_at_most_100_objects_with_a_turn_of_the_loop_between(kube_api: FakeKubeAPI, kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page is decoded in one call and parsed in one go: at 500 objects that held the event loop
+    20-60 ms (issue 29). Every list asks for at most 100, and the loop turns between two pages."""
+    transport = await restarted(kube, route_status_timeout=0.1)
+    await publish(transport, *(pub(f"m{i:03d}", 1) for i in range(130)))  # 130 routes, 130 Services
+    await transport.aclose()
+    turns = 0
+    limits: list[int | None] = []
+    parsed_in_turn: collections.Counter[int] = collections.Counter()
+
+    async def ticker() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    list_ = kube.list
+
+    async def counted_list(*args: Any, **kwargs: Any) -> Any:
+        limits.append(kwargs.get("limit"))
+        return await list_(*args, **kwargs)
+
+    def counted(add: Callable[..., Any]) -> Callable[..., Any]:
+        def add_counted(self: Any, obj: Any) -> Any:
+            parsed_in_turn[turns] += 1
+            return add(self, obj)
+        return add_counted
+
+    monkeypatch.setattr(kube, "list", counted_list)
+    monkeypatch.setattr(OwnedObjects, "add_route", counted(OwnedObjects.add_route))
+    monkeypatch.setattr(OwnedObjects, "add_service", counted(OwnedObjects.add_service))
+    ticking = asyncio.create_task(ticker())
+    try:
+        fresh = await restarted(kube)
+    finally:
+        ticking.cancel()
+    assert len(limits) == 4 and all(limit is not None and limit <= 100 for limit in limits)  # 2 pages of each kind
+    assert sum(parsed_in_turn.values()) == 260 and max(parsed_in_turn.values()) <= 100
+    await fresh.aclose()
 
 
 class _Answer(dict):  # type: ignore[type-arg]

@@ -117,8 +117,8 @@ def _listed(owned: OwnedObjects, group=GROUP, *, services: bool = True) -> Owned
 
 def test_a_read_of_objects_as_rendered_serves_their_route_and_a_differing_one_is_unknown():
     owned = _listed(OwnedObjects(OPTIONS))
-    assert owned.served() == {KEY: GROUP.served}
-    assert _listed(OwnedObjects(OPTIONS), services=False).served() == {KEY: UNKNOWN_ROUTE}
+    assert dict(owned.served()) == {KEY: GROUP.served}
+    assert dict(_listed(OwnedObjects(OPTIONS), services=False).served()) == {KEY: UNKNOWN_ROUTE}
 
 
 def test_objects_that_name_no_map_are_not_taken_in():
@@ -127,7 +127,7 @@ def test_objects_that_name_no_map_are_not_taken_in():
     del stranger["metadata"]["annotations"]
     stranger["metadata"]["labels"] = {}
     assert owned.add_route(stranger) is None and owned.add_service(stranger) is None
-    assert owned.served() == {}
+    assert dict(owned.served()) == {}
 
 
 def test_what_a_read_keeps_of_a_listed_route_is_a_few_fields_not_the_object():
@@ -144,7 +144,7 @@ def test_services_without_a_route_are_withdrawn_unless_a_write_keeps_their_map()
     owned = OwnedObjects(OPTIONS)
     for ref in GROUP.refs:
         owned.add_service(render_service(GROUP, ref, OPTIONS))
-    assert owned.served() == {}
+    assert dict(owned.served()) == {}
     assert owned.withdrawals({}, {}) == [KEY]
     assert owned.withdrawals({KEY: GROUP}, {}) == []
     assert owned.withdrawals({}, {OTHER.key: None}) == sorted([KEY, OTHER.key])
@@ -194,7 +194,7 @@ def test_a_refusal_is_remembered_until_the_next_verdict():
     owned = _listed(OwnedObjects(OPTIONS))
     assert not owned.refused(KEY)
     owned.judged(KEY, Held(Reason.APPLY_FAILED, "no"))
-    assert owned.refused(KEY) and owned.served() == {KEY: UNKNOWN_ROUTE}
+    assert owned.refused(KEY) and dict(owned.served()) == {KEY: UNKNOWN_ROUTE}
     owned.judged(KEY, True)
     assert not owned.refused(KEY)
 
@@ -210,4 +210,4 @@ def test_a_withdrawal_zeroes_the_weights_first_then_deletes_route_and_services()
     for name in services:
         owned.service_deleted(KEY, name)
     owned.forget(KEY)
-    assert owned.withdrawal(KEY) is None and owned.served() == {}
+    assert owned.withdrawal(KEY) is None and dict(owned.served()) == {}
