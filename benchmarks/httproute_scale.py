@@ -8,20 +8,26 @@
    the write waits for real verdicts instead of its status timeout.
 2. `--changes` single-map weight changes, one `write()` each as the engine would, then a restart:
    a fresh transport's `read()` of all N.
-Prints times and the API requests each step cost, by verb, as the fake counted them. Everything
-listens on 127.0.0.1; the fake's process is stopped at the end.
+Prints times and the API requests each step cost, by verb, as the fake counted them; for each step
+the peak RSS of this process (the transport, and the groups the engine would hold) and the longest
+event-loop stall with what the loop was doing (a sampled stack, or the garbage collector).
+Everything listens on 127.0.0.1; the fake's process is stopped at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import gc
 import json
 import os
+import resource
 import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from adapters.httproute import HttpRouteOptions, build  # noqa: E402
+from publisher.loop import STARTUP_GC_THRESHOLD  # noqa: E402
 from publisher.core.values import Backend, MapKey, Route  # noqa: E402
+
+PYTHON_GC_THRESHOLD = gc.get_threshold()
 
 # The fake's process: prints its URL, then answers each line on stdin with its request counts by
 # verb (since the last line). With a controller, it reports Accepted/ResolvedRefs on every route
@@ -115,20 +124,100 @@ async def counts(fake: Any) -> dict[str, Any]:
     return found
 
 
-STALL = [0.0]  # the longest gap between two turns of longest_stall(), in seconds
+class LoopWatch:
+    """The longest event-loop stall while it runs, and what the loop was doing then.
+
+    A 1 ms ticker on the loop measures each gap between two of its turns; a thread samples the
+    main thread's stack while a turn is late (the innermost frame in the project's code), and
+    gc.callbacks time the collector, which no stack shows."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self.doing = "nothing"
+        self._turn, self._cpu = time.perf_counter(), time.thread_time()
+        self._samples: list[str] = []  # what the late loop was doing, since its last turn
+        self._collected: list[tuple[int, float]] = []  # (generation, seconds) since the last turn
+        self._gc_started = 0.0
+        self._main = threading.get_ident()
+        self._stop = threading.Event()
+        self._ticker: asyncio.Task[None] | None = None
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+
+    async def __aenter__(self) -> LoopWatch:
+        gc.callbacks.append(self._gc)
+        self._turn, self._cpu = time.perf_counter(), time.thread_time()
+        self._ticker = asyncio.create_task(self._tick())
+        self._sampler.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._ticker is not None
+        self._ticker.cancel()
+        await asyncio.gather(self._ticker, return_exceptions=True)
+        self._stop.set()
+        self._sampler.join()
+        gc.callbacks.remove(self._gc)
+
+    def __str__(self) -> str:
+        return f"longest event-loop stall {self.longest * 1000:.0f} ms ({self.doing})"
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(0.001)
+            now, cpu = time.perf_counter(), time.thread_time()
+            stall = now - self._turn - 0.001
+            samples, collected = self._samples, self._collected
+            self._turn, self._samples, self._collected = now, [], []
+            if stall > self.longest:
+                # The loop's own CPU in the gap tells a busy loop from a machine that did not run it.
+                busy = f"{(cpu - self._cpu) * 1000:.0f} ms of it on the loop's CPU"
+                self.longest, self.doing = stall, "; ".join([busy, self._describe(samples, collected)])
+            self._cpu = cpu
+
+    @staticmethod
+    def _describe(samples: list[str], collected: list[tuple[int, float]]) -> str:
+        parts = [f"gc generation {gen} {took * 1000:.0f} ms" for gen, took in collected if took > 0.002]
+        if samples:
+            where, count = collections.Counter(samples).most_common(1)[0]
+            parts.append(f"{count} of {len(samples)} samples in {where}")
+        return "; ".join(parts) or "no sample: one call into C"
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            if time.perf_counter() - self._turn < 0.005:
+                continue
+            frame = innermost = sys._current_frames().get(self._main)
+            if frame is None:
+                continue
+            where = None
+            while frame is not None and where is None:
+                path = frame.f_code.co_filename
+                if path.startswith(str(ROOT)) and not path.startswith(str(ROOT / "benchmarks")):
+                    where = f"{Path(path).relative_to(ROOT)}:{frame.f_lineno} {frame.f_code.co_name}"
+                frame = frame.f_back
+            self._samples.append(where or f"{Path(innermost.f_code.co_filename).name}:{innermost.f_lineno} {innermost.f_code.co_name}")
+
+    def _gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self._collected.append((info["generation"], time.perf_counter() - self._gc_started))
 
 
-async def longest_stall() -> None:
-    """Measures how long the event loop is held between two of its turns, until cancelled."""
-    last = time.monotonic()
-    while True:
-        await asyncio.sleep(0.001)
-        now = time.monotonic()
-        STALL[0] = max(STALL[0], now - last - 0.001)
-        last = now
+def peak_rss_mb() -> float:
+    """This process's peak resident set since the last reset_peak_rss() (Linux's VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-async def main(maps: int, changes: int, controller: bool, status_timeout: float) -> None:
+def reset_peak_rss() -> None:
+    """Starts a new peak: 5 written to clear_refs resets VmHWM to the current resident set."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+async def main(maps: int, changes: int, controller: bool, status_timeout: float, sidecar_gc: bool) -> None:
     fake = await asyncio.create_subprocess_exec(
         sys.executable, "-c", FAKE_SERVER.format(root=str(ROOT), controller=controller),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
@@ -144,39 +233,56 @@ async def main(maps: int, changes: int, controller: bool, status_timeout: float)
         keys = [MapKey("prod", f"m{i:05d}") for i in range(maps)]
         parts = {key: renderer.render(key, route(i)) for i, key in enumerate(keys)}
         await counts(fake)
+        print(f"before the first publish: RSS {peak_rss_mb():.0f} MB at most (the interpreter, its imports and the "
+              f"{maps} groups the engine would hold)")
+        if sidecar_gc:
+            gc.set_threshold(STARTUP_GC_THRESHOLD, *PYTHON_GC_THRESHOLD[1:])
+        reset_peak_rss()
         started = time.monotonic()
-        assert await transport.read() == {}
-        result = await transport.write(parts, parts)
+        async with LoopWatch() as watch:
+            assert await transport.read() == {}
+            result = await transport.write(parts, parts)
         took = time.monotonic() - started
         assert not result.rejected, list(result.rejected.items())[:3]
         unreported = sum(1 for note in result.notes.values() if "not reported" in note)
         print(f"first publish: {maps} maps in {took:.1f} s ({maps / took:.0f} maps/s); "
-              f"requests {await counts(fake)}; {unreported} without a verdict after {status_timeout:g} s")
+              f"requests {await counts(fake)}; {unreported} without a verdict after {status_timeout:g} s; "
+              f"peak RSS {peak_rss_mb():.0f} MB; {watch}")
+        if sidecar_gc:  # as Publisher.run_applier after its first sync
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(*PYTHON_GC_THRESHOLD)
         latencies = []
-        for n in range(changes):
-            i = (n * 7919) % maps
-            parts[keys[i]] = renderer.render(keys[i], route(i, first_weight=2 + n))
-            started = time.monotonic()
-            result = await transport.write(parts, {keys[i]: parts[keys[i]]})
-            latencies.append(time.monotonic() - started)
-            assert not result.rejected
+        async with LoopWatch() as watch:
+            for n in range(changes):
+                i = (n * 7919) % maps
+                parts[keys[i]] = renderer.render(keys[i], route(i, first_weight=2 + n))
+                started = time.monotonic()
+                result = await transport.write(parts, {keys[i]: parts[keys[i]]})
+                latencies.append(time.monotonic() - started)
+                assert not result.rejected
         if changes:
             per_change = {verb: count / changes if isinstance(count, int) else count for verb, count in (await counts(fake)).items()}
             print(f"one change: p50 {statistics.median(latencies) * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms; "
-                  f"requests per change {per_change}")
+                  f"requests per change {per_change}; {watch}")
         await transport.aclose()
+        del transport  # a restarted sidecar holds no earlier transport: its memory is not the restart's
+        if sidecar_gc:  # a new process, at its start
+            gc.unfreeze()
+            gc.set_threshold(STARTUP_GC_THRESHOLD, *PYTHON_GC_THRESHOLD[1:])
+        gc.collect()
         _, restarted = build(options(kubeconfig, status_timeout))
+        reset_peak_rss()
         started = time.monotonic()
-        stalls = asyncio.create_task(longest_stall())
-        served = await restarted.read()
+        async with LoopWatch() as watch:
+            served = await restarted.read()
         took = time.monotonic() - started
-        stalls.cancel()
-        await asyncio.gather(stalls, return_exceptions=True)
         nothing = await restarted.write(parts, {key: parts[key] for key in keys[:100]})
-        print(f"restart: read {len(served)} maps in {took:.1f} s (longest event-loop stall {STALL[0] * 1000:.0f} ms), "
+        print(f"restart: read {len(served)} maps in {took:.1f} s, peak RSS {peak_rss_mb():.0f} MB, {watch}; "
               f"requests {await counts(fake)}; "
               f"100 unchanged maps written again: {nothing.rejected or 'no refusals'}, requests {await counts(fake)}")
         await restarted.aclose()
+        print(f"peak RSS of this process over the run: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     finally:
         if fake.returncode is None:
             fake.send_signal(signal.SIGTERM)
@@ -193,5 +299,9 @@ if __name__ == "__main__":
     parser.add_argument("--changes", type=int, default=20)
     parser.add_argument("--controller", action="store_true", help="the fake's process plays the gateway's controller")
     parser.add_argument("--status-timeout", type=float, default=5.0, help="--route-status-timeout")
+    parser.add_argument(
+        "--gc", choices=("python", "sidecar"), default="python",
+        help="python: the collector's defaults throughout; sidecar: as the sidecar runs it (publisher.loop: "
+             "STARTUP_GC_THRESHOLD until the first sync, then gc.freeze() and the defaults; a restart starts afresh)")
     args = parser.parse_args()
-    asyncio.run(main(args.maps, args.changes, args.controller, args.status_timeout))
+    asyncio.run(main(args.maps, args.changes, args.controller, args.status_timeout, args.gc == "sidecar"))

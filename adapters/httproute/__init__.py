@@ -3,9 +3,12 @@ per backend. Its options and `build`, for the registry (adapters.ADAPTERS).
 
 - options.py: HttpRouteOptions.
 - render.py: pure; names, validation, the objects as applied, and reading a route back.
-- objects.py: pure; what the transport knows of one map's objects and how it judges them.
+- owned.py: pure; the transport's ownership bookkeeping: which objects are ours, by map (and
+  how each map's are judged), which route names are claimed, what a write applies or deletes.
+- cluster.py: the gateway's cluster as the transport talks to it, through publisher.kube: the
+  connection, requests in flight, pages, errors as adapter errors.
 - transport.py: HttpRouteTransport, server-side apply, verdicts from route status, garbage
-  collection and read-back, all through publisher.kube.
+  collection and read-back.
 """
 
 from __future__ import annotations

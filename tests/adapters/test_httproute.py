@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import gc
 import json
 import re
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -31,6 +34,7 @@ from adapters.httproute import (
     route_verdict,
     service_name,
 )
+from adapters.httproute.owned import OwnedObjects
 from publisher.kube import HTTP_ROUTES, Kube
 from publisher.core.values import Backend, Held, MapKey, Publication, Reason
 from publisher.status import ConditionSink
@@ -503,6 +507,83 @@ async def test_a_gateway_that_has_not_reported_yet_is_noted_not_failed(kube_api:
     chat = pub("chat", 1, 0)
     result = await publish(transport, chat)
     assert not result.rejected and result.notes == {chat.key: NOT_REPORTED_NOTE}
+
+
+async def test_a_restart_read_takes_pages_of_at_most_100_objects_with_a_turn_of_the_loop_between(kube_api: FakeKubeAPI, kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page is decoded in one call and parsed in one go: at 500 objects that held the event loop
+    20-60 ms (issue 29). Every list asks for at most 100, and the loop turns between two pages."""
+    transport = await restarted(kube, route_status_timeout=0.1)
+    await publish(transport, *(pub(f"m{i:03d}", 1) for i in range(130)))  # 130 routes, 130 Services
+    await transport.aclose()
+    turns = 0
+    limits: list[int | None] = []
+    parsed_in_turn: collections.Counter[int] = collections.Counter()
+
+    async def ticker() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    list_ = kube.list
+
+    async def counted_list(*args: Any, **kwargs: Any) -> Any:
+        limits.append(kwargs.get("limit"))
+        return await list_(*args, **kwargs)
+
+    def counted(add: Callable[..., Any]) -> Callable[..., Any]:
+        def add_counted(self: Any, obj: Any) -> Any:
+            parsed_in_turn[turns] += 1
+            return add(self, obj)
+        return add_counted
+
+    monkeypatch.setattr(kube, "list", counted_list)
+    monkeypatch.setattr(OwnedObjects, "add_route", counted(OwnedObjects.add_route))
+    monkeypatch.setattr(OwnedObjects, "add_service", counted(OwnedObjects.add_service))
+    ticking = asyncio.create_task(ticker())
+    try:
+        fresh = await restarted(kube)
+    finally:
+        ticking.cancel()
+    assert len(limits) == 4 and all(limit is not None and limit <= 100 for limit in limits)  # 2 pages of each kind
+    assert sum(parsed_in_turn.values()) == 260 and max(parsed_in_turn.values()) <= 100
+    await fresh.aclose()
+
+
+class _Answer(dict):  # type: ignore[type-arg]
+    """An API answer that can be watched for: a dict a weak reference can point at."""
+
+
+@pytest.mark.parametrize("maps", [3, 40])  # status read by GETs, and by one list and a watch
+async def test_a_write_keeps_only_the_verdict_of_each_route_the_server_answered_with(kube_api: FakeKubeAPI, kube: Kube, monkeypatch: pytest.MonkeyPatch, maps: int) -> None:
+    """While a write waits for verdicts, no route the server answered with is held (10,000 whole
+    routes were, at a first publish): every status read finds them all gone."""
+    answers: list[weakref.ref[_Answer]] = []
+    held_while_waiting: list[int] = []
+    apply, get, list_ = kube.apply, kube.get, kube.list
+
+    async def tracked_apply(resource: Any, body: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        answer = _Answer(await apply(resource, body, **kwargs))
+        if resource is HTTP_ROUTES:
+            answers.append(weakref.ref(answer))
+        return answer
+
+    def counting(read: Callable[..., Any]) -> Callable[..., Any]:
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            gc.collect()
+            held_while_waiting.append(sum(answer() is not None for answer in answers))
+            return await read(*args, **kwargs)
+        return counted
+
+    transport = await restarted(kube, route_status_timeout=0.2)
+    monkeypatch.setattr(kube, "apply", tracked_apply)
+    monkeypatch.setattr(kube, "get", counting(get))
+    monkeypatch.setattr(kube, "list", counting(list_))
+    many = [pub(f"m{i:03d}", 1, 2) for i in range(maps)]
+    result = await publish(transport, *many)
+    assert set(result.notes) == {p.key for p in many}  # no controller: every map waited for its verdict
+    assert len(answers) == maps and held_while_waiting and held_while_waiting[-1] == 0
+    await transport.aclose()
 
 
 def test_a_verdict_for_an_older_generation_is_no_verdict() -> None:
