@@ -22,9 +22,9 @@ from publisher.cli.config import RunConfig
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
 from publisher.core.model import MapKey, Reason
-from publisher.status.region_report import MAX_MESSAGE, SHARD_ENTRIES, ReportSink, forget_region
+from publisher.status.region_report import MAX_MESSAGE, SHARD_ENTRIES, RegionReportSink, forget_region
 from publisher.source import KubeSource, Stores, WatchOptions
-from publisher.status import Report
+from publisher.status import Verdict
 from tests.builders import make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI, write_kubeconfig
 from tests.gateways import eventually, free_port
@@ -34,12 +34,12 @@ NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 LATER = datetime(2026, 12, 1, 12, 5, 0, tzinfo=UTC)
 
 
-def published(generation: int = 1, message: str = "served") -> Report:
-    return Report(True, Reason.PUBLISHED, message, generation)
+def published(generation: int = 1, message: str = "served") -> Verdict:
+    return Verdict(True, Reason.PUBLISHED, message, generation)
 
 
-def held(generation: int = 1) -> Report:
-    return Report(False, Reason.ROUTABLE_OUTDATED, "waiting for Routable", generation)
+def held(generation: int = 1) -> Verdict:
+    return Verdict(False, Reason.ROUTABLE_OUTDATED, "waiting for Routable", generation)
 
 
 def keys(n: int, namespace: str = "prod") -> list[MapKey]:
@@ -56,8 +56,8 @@ async def kube(kubeconfig: Path) -> AsyncIterator[Kube]:
 
 
 def sink_for(kube: Kube, region: str = "eu", *, known: Callable[[MapKey], bool] = lambda key: True,
-             clock: Callable[[], datetime] = lambda: NOW) -> ReportSink:
-    return ReportSink(kube, region, known=known, wall_clock=clock)
+             clock: Callable[[], datetime] = lambda: NOW) -> RegionReportSink:
+    return RegionReportSink(kube, region, known=known, wall_clock=clock)
 
 
 def writes(api: FakeKubeAPI) -> int:
@@ -102,7 +102,7 @@ async def test_only_a_changed_verdict_is_written_and_its_time_moves_with_status(
     chat = MapKey("prod", "chat")
     await sink.write({chat: held(1)})
     now[0] = LATER
-    await sink.write({chat: Report(False, Reason.ROUTABLE_OUTDATED, "still waiting", 1)})
+    await sink.write({chat: Verdict(False, Reason.ROUTABLE_OUTDATED, "still waiting", 1)})
     assert stored(kube_api)[("prod", "chat")]["lastTransitionTime"] == "2026-12-01T12:00:00Z"
     await sink.write({chat: published(2)})
     entry = stored(kube_api)[("prod", "chat")]
@@ -260,9 +260,9 @@ async def test_a_running_sidecar_removes_a_deleted_maps_verdict(kube_api, kubeco
     seed_maps(kube_api, ["chat", "embed"])
     client = await Kube.connect(kubeconfig)
     stores = Stores.empty()
-    sink = ReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
+    sink = RegionReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
     publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=tmp_path / "out.json")),
-                          LoopOptions(instance="eu", resync=3600), status_sink=sink)
+                          LoopOptions(region="eu", resync=3600), status_sink=sink)
     source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
     task = asyncio.create_task(loop.run(publisher, source, kube=client))
     try:
@@ -278,13 +278,13 @@ async def test_a_running_sidecar_removes_a_deleted_maps_verdict(kube_api, kubeco
 
 
 @contextlib.asynccontextmanager
-async def sidecar(kubeconfig: Path, out: Path, *, leader: LeaderOptions | None = None) -> AsyncIterator[tuple[Publisher, ReportSink]]:
+async def sidecar(kubeconfig: Path, out: Path, *, leader: LeaderOptions | None = None) -> AsyncIterator[tuple[Publisher, RegionReportSink]]:
     """Region eu's sidecar in report mode, running until the block ends."""
     client = await Kube.connect(kubeconfig)
     stores = Stores.empty()
-    sink = ReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
+    sink = RegionReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
     publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)),
-                          LoopOptions(instance="eu", resync=3600), status_sink=sink)
+                          LoopOptions(region="eu", resync=3600), status_sink=sink)
     source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
     task = asyncio.create_task(loop.run(publisher, source, leader=leader, kube=client))
     try:
@@ -373,10 +373,10 @@ async def test_report_mode_keeps_serving_the_gateway_when_its_reports_cannot_be_
         client = await Kube.connect(kubeconfig)
         await brk(reports_api)
         stores = Stores.empty()
-        sink = ReportSink(reports_client, "eu", known=lambda key: stores.maps.get(key) is not None)
+        sink = RegionReportSink(reports_client, "eu", known=lambda key: stores.maps.get(key) is not None)
         out = tmp_path / "out.json"
         publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)),
-                              LoopOptions(instance="eu", resync=3600, backoff_base=0.05, backoff_cap=0.2), status_sink=sink)
+                              LoopOptions(region="eu", resync=3600, backoff_base=0.05, backoff_cap=0.2), status_sink=sink)
         source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
         port = free_port()
         task = asyncio.create_task(loop.run(publisher, source, kube=client, listen=("127.0.0.1", port)))
@@ -464,9 +464,9 @@ async def test_a_running_sidecar_repairs_a_report_deleted_or_edited_by_hand_at_i
     seed_maps(kube_api, ["chat"])
     client = await Kube.connect(kubeconfig)
     stores = Stores.empty()
-    sink = ReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
+    sink = RegionReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
     publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=tmp_path / "out.json")),
-                          LoopOptions(instance="eu", resync=0.5), status_sink=sink)
+                          LoopOptions(region="eu", resync=0.5), status_sink=sink)
     source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
     task = asyncio.create_task(loop.run(publisher, source, kube=client))
     try:

@@ -114,7 +114,7 @@ class HttpRouteTransport(TransportDefaults):
 
     @property
     def _selector(self) -> str:
-        return f"{MANAGED_BY_LABEL}={MANAGED_BY},{INSTANCE_LABEL}={self._options.name}"
+        return f"{MANAGED_BY_LABEL}={MANAGED_BY},{INSTANCE_LABEL}={self._options.region}"
 
     # --- read -------------------------------------------------------------------------------------
 
@@ -131,7 +131,7 @@ class HttpRouteTransport(TransportDefaults):
         async for routes, _ in self._pages(HTTP_ROUTES, self._selector):
             for count, route in enumerate(routes, 1):
                 metadata = route["metadata"]
-                key = map_of(route, options.name)
+                key = map_of(route, options.region)
                 if key is None:
                     log.warning("unreadable route left alone", extra={"route": f"{metadata['namespace']}/{metadata['name']}"})
                     continue
@@ -145,7 +145,7 @@ class HttpRouteTransport(TransportDefaults):
                     await asyncio.sleep(0)
         async for services, _ in self._pages(SERVICES, self._selector):
             for count, service in enumerate(services, 1):
-                key = map_of(service, options.name)
+                key = map_of(service, options.region)
                 if key is None:
                     log.warning("unreadable service left alone", extra={"service": "/".join(object_name(service))})
                     continue
@@ -243,9 +243,9 @@ class HttpRouteTransport(TransportDefaults):
             if route is None:
                 continue
             where = f"route {name[0]}/{name[1]}"
-            if not is_ours(route, self._options.name):
+            if not is_ours(route, self._options.region):
                 problem = f"{where} exists without this publisher's labels; it is left untouched"
-            elif (owner := map_of(route, self._options.name)) != key:
+            elif (owner := map_of(route, self._options.region)) != key:
                 problem = f"{where} already publishes {owner or 'an unreadable map'}"
             else:
                 continue  # ours for this map, written since we last read: the apply takes it as it is

@@ -349,7 +349,7 @@ class WatchOptions:
     # This sidecar's instance name: a TrafficMap event that changes only other instances'
     # conditions is not parsed or decided (with R regions, R - 1 of every R status events).
     # None: every event is.
-    instance: str | None = None
+    region: str | None = None
 
 
 class Informer(Generic[T]):
@@ -578,8 +578,8 @@ class KubeSource:
         namespaces: tuple[str | None, ...] = self._options.namespaces or (None,)
         informers: list[Informer[Any]] = []
         isvc_sink = _MappedOnly(self._sink, self._stores.maps)
-        instance = self._options.instance
-        map_digest = functools.partial(relevant_digest, own_condition=condition_type(instance)) if instance is not None else None
+        region = self._options.region
+        map_digest = functools.partial(relevant_digest, own_condition=condition_type(region)) if region is not None else None
         for namespace in namespaces:
             for resource, store, parse, sink, digest in (
                 (TRAFFIC_MAPS, self._stores.maps, parse_traffic_map, self._sink, map_digest),
