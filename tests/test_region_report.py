@@ -242,7 +242,7 @@ def seed_maps(api: FakeKubeAPI, names: list[str], namespace: str = "prod") -> No
 
 async def test_the_sidecar_in_report_mode_writes_reports_and_no_condition(kube_api, kubeconfig, tmp_path):
     seed_maps(kube_api, ["chat", "embed"])
-    config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, name="eu", status_mode="report")
+    config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, region="eu", status_mode="report")
     summary = await app.run(config)
     assert summary is not None and summary.all_published
     assert kube_api.count("patch", path="/apis/ome.io/v1beta1/namespaces/prod/trafficmaps/chat/status") == 0
@@ -413,7 +413,7 @@ async def test_report_mode_keeps_serving_the_gateway_when_its_reports_cannot_be_
 async def test_once_in_report_mode_without_the_crd_publishes_and_says_why_no_status(kube_api, kubeconfig, tmp_path, caplog):
     kube_api.uninstall("regionreports")
     seed_maps(kube_api, ["chat"])
-    config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, name="eu", status_mode="report")
+    config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, region="eu", status_mode="report")
     summary = await app.run(config)
     assert summary is not None and summary.all_published
     warnings = [r for r in caplog.records if r.getMessage() == "status not written, retrying"]
@@ -443,7 +443,7 @@ async def test_each_mode_removes_what_its_region_left_in_the_other(kube_api, kub
     mine = "gateway-publisher.ome.io/eu"
 
     async def run_in(mode: str) -> None:
-        config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, name="eu", status_mode=mode)
+        config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, region="eu", status_mode=mode)
         summary = await app.run(config)
         assert summary is not None and summary.all_published
 

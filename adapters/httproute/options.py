@@ -73,7 +73,7 @@ class HttpRouteOptions(BaseModel):
 
     @property
     def field_manager(self) -> str:
-        return f"ome-gateway-publisher-{self.name}"
+        return f"ome-gateway-publisher-{self.region}"
 
     def namespace_for(self, key: MapKey) -> str:
         return self.route_namespace or key.namespace
