@@ -70,7 +70,7 @@ def in_words(exc: BaseException) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class CountReport:
+class RequestCounts:
     """One interval of requests per map backend, counted when the gateway picked the backend, as
     one gateway instance counted them. The interval began at the instance's previous report."""
 
@@ -93,7 +93,7 @@ class RequestCounter(Protocol):
 
     def enable(self, interval: float) -> None: ...
 
-    async def collect(self) -> list[CountReport]:
+    async def collect(self) -> list[RequestCounts]:
         """The reports that arrived since the last call. Raises AdapterError."""
         ...
 

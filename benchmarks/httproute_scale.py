@@ -98,7 +98,7 @@ asyncio.run(main())
 
 def options(kubeconfig: Path, status_timeout: float) -> HttpRouteOptions:
     return HttpRouteOptions(
-        gateway_kubeconfig=kubeconfig, gateway="gateways/global", backend_port=8080, name="eu",
+        gateway_kubeconfig=kubeconfig, gateway="gateways/global", backend_port=8080, region="eu",
         route_status_timeout=status_timeout,
     )
 

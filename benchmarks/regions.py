@@ -7,7 +7,7 @@
 Per R, all on 127.0.0.1, every process stopped at the end (the pieces are compare.py's):
 1. The fake API server in its own process, loaded by server-side apply as OME writes (N
    InferenceServices and N TrafficMaps of 4 entries, with managedFields).
-2. R sidecars, `ome-publisher run --name region-<i> --adapter json --json-dir DIR_i` with status on
+2. R sidecars, `ome-publisher run --region region-<i> --adapter json --json-dir DIR_i` with status on
    (and `--status-mode X` when given), compare.py's bare watcher, and an observer here: a raw watch
    of TrafficMaps that counts events and their bytes and reads every region's condition from them.
 3. Start: until every sidecar serves every map, every region's condition says Published (condition
@@ -188,7 +188,7 @@ async def run_once(regions: int, maps: int, rate: int, seconds: float, status_mo
             directory.mkdir()
             ports.append(free_port())
             sidecars.append(await spawn_sidecar(stack, root, ["--source", "kube", "--kubeconfig", str(kubeconfig), "--namespace", NAMESPACE,
-                                                              "--listen", f"127.0.0.1:{ports[-1]}", "--log-level", "warning", "--name", name,
+                                                              "--listen", f"127.0.0.1:{ports[-1]}", "--log-level", "warning", "--region", name,
                                                               "--adapter", "json", "--json-dir", str(directory), *mode],
                                                 work / f"{name}.log"))
             peak.watch(name, sidecars[-1].pid)
@@ -430,7 +430,7 @@ def per_event_costs(raw: dict[str, Any], rounds: int = 2000, repeats: int = 5) -
         assert isvc is not None
         stores.isvcs.upsert(key, isvc, "1")
         engine, _ = memory_engine()
-        publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name, instance="region-0"))
+        publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name, region="region-0"))
 
         class Decides:
             """The loop's part of an event: decide each changed map."""

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.base import CountReport  # noqa: E402
+from adapters.base import RequestCounts  # noqa: E402
 from adapters.envoy.bootstrap import xds_bootstrap  # noqa: E402
 from adapters.envoy.process import run_envoy  # noqa: E402
 from adapters.envoy.resources import XdsRenderer  # noqa: E402
@@ -183,7 +183,7 @@ async def _judge_run(maps: int, rounds: int = 4) -> dict[str, float]:
                   for i, key in enumerate(keys)}  # fmt: skip
         with LoopLag() as lag:
             started = time.perf_counter()
-            await verifier.fold([CountReport("nginx-1", counts)], 60.0 * (round_ + 1))
+            await verifier.fold([RequestCounts("nginx-1", counts)], 60.0 * (round_ + 1))
             seconds.append(time.perf_counter() - started)
         held.append(lag.worst)
     gc.unfreeze()

@@ -253,7 +253,7 @@ SPLIT_STATES = ("verified", "off", "few_requests", "unsupported")
 class SplitView(Protocol):
     """What publisher.split.check.SplitVerifier knows, read at scrape time."""
 
-    reports: Mapping[str, int]
+    folded: Mapping[str, int]
     fold_seconds: float
     map_states: Mapping[str, int]
 
@@ -281,11 +281,11 @@ class _SplitCollector:
         )
         for key, instance in view.off():
             off.add_metric([key.namespace, key.name, instance], 1)
-        reports = CounterMetricFamily(PREFIX + "split_reports", "Request-count reports folded, by gateway instance.", labels=["gateway"])
-        for instance, count in sorted(view.reports.items()):
-            reports.add_metric([instance], count)
+        folded = CounterMetricFamily(PREFIX + "split_reports", "Request counts folded (one per gateway instance and interval), by gateway instance.", labels=["gateway"])
+        for instance, count in sorted(view.folded.items()):
+            folded.add_metric([instance], count)
         fold = CounterMetricFamily(PREFIX + "split_fold_seconds", "Time spent folding and judging request counts.", value=view.fold_seconds)
-        return [states, off, reports, fold]
+        return [states, off, folded, fold]
 
 
 _SPLIT = _SplitCollector()

@@ -92,7 +92,7 @@ async def test_the_notes_commands_read_the_maps_on_the_control_plane(kube_api: F
     isvc = kube_api.create(make_isvc())
     kube_api.create(make_map(generation=1, isvc_uid=isvc["metadata"]["uid"], observed_isvc_generation=1, metadata={"labels": {"tier": "prod"}}))
     control_plane = write_kubeconfig(tmp_path / "control-plane", kube_api.url)
-    await app.run(RunConfig(kubeconfig=control_plane, adapter="json", json_path=tmp_path / "out.json", once=True, name=RELEASE))
+    await app.run(RunConfig(kubeconfig=control_plane, adapter="json", json_path=tmp_path / "out.json", once=True, region=RELEASE))
 
     work = tmp_path / "work"
     work.mkdir()

@@ -46,7 +46,7 @@ def bump(api: FakeKubeAPI, name: str, namespace: str = "prod") -> int:
 async def sidecar_pass(kubeconfig: Path, tmp_path: Path, region: str) -> None:
     """One full pass of region `region`'s sidecar, in its status mode."""
     config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / f"{region}.json", once=True,
-                       name=region, status_mode=MODES[region])
+                       region=region, status_mode=MODES[region])
     await app.run(config)
 
 

@@ -24,7 +24,7 @@ def test_flags_beat_environment_which_beats_the_file(tmp_path):
     file.write_text("listen: 127.0.0.1:9000\nlog-format: json\nresync: 5m\nname: from-file\n")
     environ = {"OME_PUBLISHER_LISTEN": "127.0.0.1:9001", "OME_PUBLISHER_NAME": "from-env"}
     cfg = load(parse_flags("--config", str(file), "--name", "from-flag"), environ=environ)
-    assert cfg.name == "from-flag"
+    assert cfg.name == "from-flag" and cfg.region == "from-flag"
     assert cfg.listen == "127.0.0.1:9001"
     assert cfg.log_format == "json"
     assert cfg.resync == 300.0
@@ -51,6 +51,7 @@ def test_repeated_namespace_and_negated_boolean():
     ("flags", "named"),
     [
         ({"name": "Not_A_Label"}, "--name"),
+        ({"region": "Not_A_Label"}, "--region"),
         ({"source": "s3://bucket"}, "--source"),
         ({"adapter": "haproxy"}, "--adapter"),
         ({"resync": "soon"}, "--resync"),
@@ -58,7 +59,7 @@ def test_repeated_namespace_and_negated_boolean():
         ({"host_template": "{name}.{cluster}"}, "--host-template"),
         ({"ome_published_gate": "sometimes"}, "--ome-published-gate"),
     ],
-    ids=["name", "source", "adapter", "resync", "listen", "host-template", "gate"],
+    ids=["name", "region", "source", "adapter", "resync", "listen", "host-template", "gate"],
 )
 def test_bad_option_names_the_flag(flags, named):
     with pytest.raises(ConfigError, match=named):
@@ -129,3 +130,12 @@ def test_once_with_leader_election_is_allowed_when_the_status_mode_is_off():
     assert load({"once": True, "leader_elect": True, "status_mode": "off"}, environ={}).once
     with pytest.raises(ConfigError, match="--once cannot be combined with --leader-elect"):
         load({"once": True, "leader_elect": True, "status_mode": "report"}, environ={})
+
+
+def test_name_is_the_old_spelling_of_region():
+    assert load(parse_flags("--region", "eu"), environ={}).region == "eu"
+    assert load(parse_flags("--name", "eu"), environ={}).region == "eu"
+    assert load({}, environ={"OME_PUBLISHER_NAME": "eu"}).region == "eu"
+    assert load(parse_flags("--name", "eu", "--region", "eu"), environ={}).region == "eu"
+    with pytest.raises(ConfigError, match="--name is the old spelling of --region"):
+        load(parse_flags("--name", "eu", "--region", "us"), environ={})

@@ -81,7 +81,7 @@ async def _process(log: Path, *argv: str) -> AsyncIterator[asyncio.subprocess.Pr
 
 
 def _sidecar(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "publisher.cli", "run", f"--name={INSTANCE}", *argv]
+    return [sys.executable, "-m", "publisher.cli", "run", f"--region={INSTANCE}", *argv]
 
 
 async def _get_json(session: aiohttp.ClientSession, url: str, **params: str) -> Any:

@@ -47,7 +47,7 @@ async def test_a_trafficmap_change_is_live_in_envoy_within_a_second(kube_api, ku
         adapter = ADAPTERS["envoy"].engine("envoy", EnvoyOptions(envoy_dir=directory, envoy_admin=f"http://127.0.0.1:{admin}"))
         kube = await Kube.connect(kubeconfig)
         stores = Stores.empty()
-        publisher = Publisher(stores, adapter, LoopOptions(adapter_name="envoy", instance="e2e"),
+        publisher = Publisher(stores, adapter, LoopOptions(adapter_name="envoy", region="e2e"),
                               status_sink=ConditionSink(kube, stores.maps, "e2e"))
         source = KubeSource(kube, stores, publisher, WatchOptions(), clock=publisher.clock)
         await adapter.start()  # the empty files Envoy starts from

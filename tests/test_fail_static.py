@@ -46,7 +46,7 @@ FIELD_MANAGER = "ome-gateway-publisher-eu"
 # Fast but in client-go's proportions: every attempt ends before the renew deadline, which ends
 # well before the lease does.
 FAST_LEASE = {"lease_duration": 6, "renew_deadline": 2, "retry_period": 1}
-FAST_WATCH = WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5, refusal_retry=0.2, instance="eu")
+FAST_WATCH = WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5, refusal_retry=0.2, region="eu")
 
 
 @contextlib.asynccontextmanager
@@ -63,7 +63,7 @@ async def sidecar(
     """The long-running loop (kube source, JSON gateway, status), and its task to check it lives."""
     kube = await Kube.connect(kubeconfig)
     stores = Stores.empty()
-    options = LoopOptions(instance="eu", resync=resync, probe_max_age=probe_max_age)
+    options = LoopOptions(region="eu", resync=resync, probe_max_age=probe_max_age)
     extra: dict[str, Any] = {"wall_clock": wall_clock} if wall_clock is not None else {}
     sink = status.ConditionSink(kube, stores.maps, "eu", **extra)
     publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)), options, status_sink=sink, **extra)
@@ -240,7 +240,7 @@ async def test_the_lease_is_released_on_shutdown(kube_api, kubeconfig, tmp_path)
 
 async def test_once_with_leader_election_is_refused_and_writes_no_status(kube_api, kubeconfig, tmp_path):
     seed(kube_api)
-    code, stderr = await run_cli("--kubeconfig", str(kubeconfig), "--json-path", str(tmp_path / "out.json"), "--name", "eu",
+    code, stderr = await run_cli("--kubeconfig", str(kubeconfig), "--json-path", str(tmp_path / "out.json"), "--region", "eu",
                                  "--once", "--leader-elect", "--lease-namespace", "prod", within=30)
     assert code == 2, stderr
     assert "--once cannot be combined with --leader-elect" in last_line(stderr)

@@ -398,22 +398,22 @@ def test_what_the_sink_writes_passes_the_crds_schema() -> None:
 def test_instance_name_defaults_to_the_release_name() -> None:
     objects = _objects({}, name="us-east")
     pod = _one(objects, "Deployment")["spec"]["template"]
-    assert "--name=us-east" in _container(pod, "publisher")["args"]
+    assert "--region=us-east" in _container(pod, "publisher")["args"]
     assert pod["metadata"]["labels"]["ome.io/gateway-publisher-instance"] == "us-east"
     notes = _render({}, name="us-east")["templates/NOTES.txt"]
     assert 'gateway-publisher.ome.io/us-east' in notes
-    assert "--name=eu-west" in _container(_pod({"instanceName": "eu-west"}, name="us-east"), "publisher")["args"]
+    assert "--region=eu-west" in _container(_pod({"instanceName": "eu-west"}, name="us-east"), "publisher")["args"]
 
 
 def test_two_region_installs_do_not_collide() -> None:
     first = _container(_pod({}, name="eu-west"), "publisher")["args"]
     second = _container(_pod({}, name="us-east"), "publisher")["args"]
-    assert [arg for arg in first if arg.startswith("--name=")] != [arg for arg in second if arg.startswith("--name=")]
+    assert [arg for arg in first if arg.startswith("--region=")] != [arg for arg in second if arg.startswith("--region=")]
 
 
 def test_a_release_name_that_is_no_dns_label_needs_an_instance_name() -> None:
     assert "not a DNS label" in _refused_at_render({}, name="eu.west")
-    assert "--name=eu" in _container(_pod({"instanceName": "eu"}, name="eu.west"), "publisher")["args"]
+    assert "--region=eu" in _container(_pod({"instanceName": "eu"}, name="eu.west"), "publisher")["args"]
 
 
 def test_notes_list_the_namespace_of_each_map() -> None:

@@ -83,9 +83,9 @@ async def running(kubeconfig: Path, out: Path, *, instance: str = "eu", leader: 
     stores = Stores.empty()
     sink = status.ConditionSink(kube, stores.maps, instance) if report_status else None
     publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)),
-                          LoopOptions(instance=instance, resync=3600), status_sink=sink)
+                          LoopOptions(region=instance, resync=3600), status_sink=sink)
     # Short backoff: the fake answers at once, and tests wait on reconnects.
-    watch = watch or WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5, instance=instance)
+    watch = watch or WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5, region=instance)
     source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
     task = asyncio.create_task(loop.run(publisher, source, leader=leader, kube=kube))
     try:

@@ -58,7 +58,7 @@ def ome_publisher(*argv: str) -> list[str]:
 
 async def sidecar_once(kubeconfig: Path, out: Path) -> None:
     """One full pass of the sidecar (instance `eu`): publishes and writes its conditions."""
-    await app.run(RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=out, once=True, name="eu"))
+    await app.run(RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=out, once=True, region="eu"))
 
 
 async def test_guide_commands_read_the_sidecars_condition(kube_api, kubeconfig, tmp_path):

@@ -147,7 +147,7 @@ async def test_held_map_keeps_its_publication_while_others_move():
     assert adapter.held[CHAT] == before
     assert publisher.states[CHAT].reason == Reason.VERIFICATION_FAILED
     assert weights(adapter, embed) == [1, 0]
-    assert publisher.reports == {}  # no kube: nothing to report to
+    assert publisher.verdicts == {}  # no kube: nothing to report to
 
 
 async def test_nothing_is_withdrawn_before_the_first_sync():
@@ -712,11 +712,11 @@ async def test_maps_wait_pending_while_no_gateway_client_is_connected():
     assert publisher.states[CHAT].state == "pending" and publisher.states[CHAT].reason is None
     assert "no Envoy connected" in publisher.states[CHAT].message
     assert publications("failed") == failed
-    assert CHAT not in publisher.reports  # no condition is written, so none flips
+    assert CHAT not in publisher.verdicts  # no condition is written, so none flips
     assert publisher.ready() == (False, "waiting for the gateway: no Envoy connected")
     clock.now += loop.PENDING_RETRY_CAP
     await publisher.sync_once(publisher.queue.take_ready())
-    assert publisher.states[CHAT].state == "published" and publisher.reports[CHAT].reason == Reason.PUBLISHED
+    assert publisher.states[CHAT].state == "published" and publisher.verdicts[CHAT].reason == Reason.PUBLISHED
     assert publisher.ready() == (True, "ready")
 
 
@@ -807,7 +807,7 @@ async def test_a_map_held_back_on_some_clients_is_apply_failed_yet_its_served_we
     await publisher.sync_once(publisher.queue.take_ready())
     assert publisher.states[CHAT].reason == Reason.APPLY_FAILED
     # The condition says where the older weights stay: on the refusers alone.
-    assert publisher.reports[CHAT].message.endswith("envoy rogue refused the route: no; held back on those; 1 other Envoy serves it; "
+    assert publisher.verdicts[CHAT].message.endswith("envoy rogue refused the route: no; held back on those; 1 other Envoy serves it; "
                                                     "where refused, the gateway keeps generation 3")
     new = gateway.held[CHAT]
     assert split.routes[-1] == new  # the others serve it: the check follows them

@@ -22,11 +22,11 @@ from publisher.cli.config import RunConfig
 from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
 from publisher.core.values import MapKey, Reason
-from publisher.status.region_report import MAX_MESSAGE, SHARD_ENTRIES, ReportSink, forget_region
+from publisher.status.region_report import MAX_MESSAGE, SHARD_ENTRIES, RegionReportSink, forget_region
 from publisher.source.informer import WatchOptions
 from publisher.source.kube_source import KubeSource
 from publisher.source.store import Stores
-from publisher.status import Report
+from publisher.status import Verdict
 from tests.builders import make_isvc, make_map
 from tests.fakes.kube_api import FakeKubeAPI, write_kubeconfig
 from tests.gateways import eventually, free_port
@@ -36,12 +36,12 @@ NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 LATER = datetime(2026, 12, 1, 12, 5, 0, tzinfo=UTC)
 
 
-def published(generation: int = 1, message: str = "served") -> Report:
-    return Report(True, Reason.PUBLISHED, message, generation)
+def published(generation: int = 1, message: str = "served") -> Verdict:
+    return Verdict(True, Reason.PUBLISHED, message, generation)
 
 
-def held(generation: int = 1) -> Report:
-    return Report(False, Reason.ROUTABLE_OUTDATED, "waiting for Routable", generation)
+def held(generation: int = 1) -> Verdict:
+    return Verdict(False, Reason.ROUTABLE_OUTDATED, "waiting for Routable", generation)
 
 
 def keys(n: int, namespace: str = "prod") -> list[MapKey]:
@@ -58,8 +58,8 @@ async def kube(kubeconfig: Path) -> AsyncIterator[Kube]:
 
 
 def sink_for(kube: Kube, region: str = "eu", *, known: Callable[[MapKey], bool] = lambda key: True,
-             clock: Callable[[], datetime] = lambda: NOW) -> ReportSink:
-    return ReportSink(kube, region, known=known, wall_clock=clock)
+             clock: Callable[[], datetime] = lambda: NOW) -> RegionReportSink:
+    return RegionReportSink(kube, region, known=known, wall_clock=clock)
 
 
 def writes(api: FakeKubeAPI) -> int:
@@ -104,7 +104,7 @@ async def test_only_a_changed_verdict_is_written_and_its_time_moves_with_status(
     chat = MapKey("prod", "chat")
     await sink.write({chat: held(1)})
     now[0] = LATER
-    await sink.write({chat: Report(False, Reason.ROUTABLE_OUTDATED, "still waiting", 1)})
+    await sink.write({chat: Verdict(False, Reason.ROUTABLE_OUTDATED, "still waiting", 1)})
     assert stored(kube_api)[("prod", "chat")]["lastTransitionTime"] == "2026-12-01T12:00:00Z"
     await sink.write({chat: published(2)})
     entry = stored(kube_api)[("prod", "chat")]
@@ -244,7 +244,7 @@ def seed_maps(api: FakeKubeAPI, names: list[str], namespace: str = "prod") -> No
 
 async def test_the_sidecar_in_report_mode_writes_reports_and_no_condition(kube_api, kubeconfig, tmp_path):
     seed_maps(kube_api, ["chat", "embed"])
-    config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, name="eu", status_mode="report")
+    config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, region="eu", status_mode="report")
     summary = await app.run(config)
     assert summary is not None and summary.all_published
     assert kube_api.count("patch", path="/apis/ome.io/v1beta1/namespaces/prod/trafficmaps/chat/status") == 0
@@ -262,9 +262,9 @@ async def test_a_running_sidecar_removes_a_deleted_maps_verdict(kube_api, kubeco
     seed_maps(kube_api, ["chat", "embed"])
     client = await Kube.connect(kubeconfig)
     stores = Stores.empty()
-    sink = ReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
+    sink = RegionReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
     publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=tmp_path / "out.json")),
-                          LoopOptions(instance="eu", resync=3600), status_sink=sink)
+                          LoopOptions(region="eu", resync=3600), status_sink=sink)
     source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
     task = asyncio.create_task(loop.run(publisher, source, kube=client))
     try:
@@ -280,13 +280,13 @@ async def test_a_running_sidecar_removes_a_deleted_maps_verdict(kube_api, kubeco
 
 
 @contextlib.asynccontextmanager
-async def sidecar(kubeconfig: Path, out: Path, *, leader: LeaderOptions | None = None) -> AsyncIterator[tuple[Publisher, ReportSink]]:
+async def sidecar(kubeconfig: Path, out: Path, *, leader: LeaderOptions | None = None) -> AsyncIterator[tuple[Publisher, RegionReportSink]]:
     """Region eu's sidecar in report mode, running until the block ends."""
     client = await Kube.connect(kubeconfig)
     stores = Stores.empty()
-    sink = ReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
+    sink = RegionReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
     publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)),
-                          LoopOptions(instance="eu", resync=3600), status_sink=sink)
+                          LoopOptions(region="eu", resync=3600), status_sink=sink)
     source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
     task = asyncio.create_task(loop.run(publisher, source, leader=leader, kube=client))
     try:
@@ -375,10 +375,10 @@ async def test_report_mode_keeps_serving_the_gateway_when_its_reports_cannot_be_
         client = await Kube.connect(kubeconfig)
         await brk(reports_api)
         stores = Stores.empty()
-        sink = ReportSink(reports_client, "eu", known=lambda key: stores.maps.get(key) is not None)
+        sink = RegionReportSink(reports_client, "eu", known=lambda key: stores.maps.get(key) is not None)
         out = tmp_path / "out.json"
         publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=out)),
-                              LoopOptions(instance="eu", resync=3600, backoff_base=0.05, backoff_cap=0.2), status_sink=sink)
+                              LoopOptions(region="eu", resync=3600, backoff_base=0.05, backoff_cap=0.2), status_sink=sink)
         source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
         port = free_port()
         task = asyncio.create_task(loop.run(publisher, source, kube=client, listen=("127.0.0.1", port)))
@@ -415,7 +415,7 @@ async def test_report_mode_keeps_serving_the_gateway_when_its_reports_cannot_be_
 async def test_once_in_report_mode_without_the_crd_publishes_and_says_why_no_status(kube_api, kubeconfig, tmp_path, caplog):
     kube_api.uninstall("regionreports")
     seed_maps(kube_api, ["chat"])
-    config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, name="eu", status_mode="report")
+    config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, region="eu", status_mode="report")
     summary = await app.run(config)
     assert summary is not None and summary.all_published
     warnings = [r for r in caplog.records if r.getMessage() == "status not written, retrying"]
@@ -445,7 +445,7 @@ async def test_each_mode_removes_what_its_region_left_in_the_other(kube_api, kub
     mine = "gateway-publisher.ome.io/eu"
 
     async def run_in(mode: str) -> None:
-        config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, name="eu", status_mode=mode)
+        config = RunConfig(kubeconfig=kubeconfig, adapter="json", json_path=tmp_path / "out.json", once=True, region="eu", status_mode=mode)
         summary = await app.run(config)
         assert summary is not None and summary.all_published
 
@@ -466,9 +466,9 @@ async def test_a_running_sidecar_repairs_a_report_deleted_or_edited_by_hand_at_i
     seed_maps(kube_api, ["chat"])
     client = await Kube.connect(kubeconfig)
     stores = Stores.empty()
-    sink = ReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
+    sink = RegionReportSink(client, "eu", known=lambda key: stores.maps.get(key) is not None)
     publisher = Publisher(stores, ADAPTERS["json"].engine("json", JsonOptions(json_path=tmp_path / "out.json")),
-                          LoopOptions(instance="eu", resync=0.5), status_sink=sink)
+                          LoopOptions(region="eu", resync=0.5), status_sink=sink)
     source = KubeSource(client, stores, publisher, WatchOptions(backoff_initial=0.05, silence_timeout=5), clock=publisher.clock)
     task = asyncio.create_task(loop.run(publisher, source, kube=client))
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from adapters.base import CountReport
+from adapters.base import RequestCounts
 from publisher import metrics
 from publisher.core.values import Backend, MapKey, Route
 from publisher.split.check import SplitVerifier
@@ -18,12 +18,12 @@ class ScriptedCounter:
 
     def __init__(self) -> None:
         self.interval: float | None = None
-        self.pending: list[CountReport] = []
+        self.pending: list[RequestCounts] = []
 
     def enable(self, interval: float) -> None:
         self.interval = interval
 
-    async def collect(self) -> list[CountReport]:
+    async def collect(self) -> list[RequestCounts]:
         pending, self.pending = self.pending, []
         return pending
 
@@ -48,20 +48,20 @@ async def test_a_correct_split_is_verified_and_a_skewed_one_named_in_the_conditi
     publisher, verifier, changed, route = await published_chat()
     assert [b.weight for b in route.backends] == [2, 3]
     right = {"worker-a": 0.4, "worker-b": 0.6}
-    await verifier.fold([CountReport("gw-1", restarted=True)], 0.0)
-    await verifier.fold([CountReport("gw-1", served(route, right, 500))], 1.0)  # the first interval is skipped
+    await verifier.fold([RequestCounts("gw-1", restarted=True)], 0.0)
+    await verifier.fold([RequestCounts("gw-1", served(route, right, 500))], 1.0)  # the first interval is skipped
     for t in (2.0, 3.0):
-        await verifier.fold([CountReport("gw-1", served(route, right, 2000))], t)
+        await verifier.fold([RequestCounts("gw-1", served(route, right, 2000))], t)
     assert verifier.debug(CHAT)["instances"]["gw-1"]["verdict"] == "verified"
     assert verifier.map_states == {"verified": 1}
 
     skewed = {"worker-a": 0.5, "worker-b": 0.5}
-    await verifier.fold([CountReport("gw-1", served(route, skewed, 2000))], 4.0)
+    await verifier.fold([RequestCounts("gw-1", served(route, skewed, 2000))], 4.0)
     assert changed == [] and verifier.note(CHAT) is None  # one off window is not enough
-    await verifier.fold([CountReport("gw-1", served(route, skewed, 2000))], 5.0)
+    await verifier.fold([RequestCounts("gw-1", served(route, skewed, 2000))], 5.0)
     assert changed == [CHAT]
     await publisher.sync_once(publisher.queue.take_ready())
-    report = publisher.reports[CHAT]
+    report = publisher.verdicts[CHAT]
     assert report.published and report.reason == "Published"
     assert report.message.endswith("served split on memory gw-1 over 2,000 requests: worker-a 50%, worker-b 50% (weights 2/3)")
     assert publisher.states[CHAT].state == "published"
@@ -75,7 +75,7 @@ async def test_a_correct_split_is_verified_and_a_skewed_one_named_in_the_conditi
         assert 'ome_gateway_publisher_split_off{gateway="gw-1",name="chat",namespace="prod"} 1.0' in scrape
         assert 'ome_gateway_publisher_split_maps{state="off"} 1.0' in scrape
         # One fine window clears it (issue 27: it took two, 28 minutes on a quiet map).
-        await verifier.fold([CountReport("gw-1", served(route, right, 2000))], 6.0)
+        await verifier.fold([RequestCounts("gw-1", served(route, right, 2000))], 6.0)
         assert changed == [CHAT, CHAT] and verifier.note(CHAT) is None
         scrape = generate_latest(metrics.REGISTRY).decode()
         assert "split_off{" not in scrape
@@ -83,14 +83,14 @@ async def test_a_correct_split_is_verified_and_a_skewed_one_named_in_the_conditi
     finally:
         metrics.watch_split(None)
     await publisher.sync_once(publisher.queue.take_ready())
-    assert "served split" not in publisher.reports[CHAT].message
+    assert "served split" not in publisher.verdicts[CHAT].message
 
 
 async def test_a_confirmed_weight_change_restarts_the_windows():
     publisher, verifier, changed, route = await published_chat()
-    await verifier.fold([CountReport("gw-1", restarted=True)], 0.0)
-    await verifier.fold([CountReport("gw-1", served(route, {"worker-a": 0.4, "worker-b": 0.6}, 100))], 1.0)
-    await verifier.fold([CountReport("gw-1", served(route, {"worker-a": 0.4, "worker-b": 0.6}, 1500))], 2.0)
+    await verifier.fold([RequestCounts("gw-1", restarted=True)], 0.0)
+    await verifier.fold([RequestCounts("gw-1", served(route, {"worker-a": 0.4, "worker-b": 0.6}, 100))], 1.0)
+    await verifier.fold([RequestCounts("gw-1", served(route, {"worker-a": 0.4, "worker-b": 0.6}, 1500))], 2.0)
     assert verifier.debug(CHAT)["instances"]["gw-1"]["counting"] == 1500
     moved = Route(route.hostname, (Backend("worker-a", route.backends[0].endpoint, 1), Backend("worker-b", route.backends[1].endpoint, 1)))
     verifier.route_confirmed(CHAT, moved)
@@ -100,11 +100,11 @@ async def test_a_confirmed_weight_change_restarts_the_windows():
 async def test_an_instance_that_leaves_is_forgotten_and_a_withdrawn_map_loses_its_note():
     publisher, verifier, changed, route = await published_chat()
     skewed = {"worker-a": 0.9, "worker-b": 0.1}
-    await verifier.fold([CountReport("gw-1", restarted=True), CountReport("gw-2", restarted=True)], 0.0)
+    await verifier.fold([RequestCounts("gw-1", restarted=True), RequestCounts("gw-2", restarted=True)], 0.0)
     for t in (1.0, 2.0, 3.0):
-        await verifier.fold([CountReport("gw-1", served(route, skewed, 2000))], t)
+        await verifier.fold([RequestCounts("gw-1", served(route, skewed, 2000))], t)
     assert verifier.note(CHAT) is not None
-    await verifier.fold([CountReport("gw-2", left=True)], 4.0)
+    await verifier.fold([RequestCounts("gw-2", left=True)], 4.0)
     assert sorted(verifier.debug(CHAT)["instances"]) == ["gw-1"]
     verifier.route_confirmed(CHAT, None)
     assert verifier.note(CHAT) is None and changed == [CHAT, CHAT]
@@ -142,7 +142,7 @@ async def test_a_fold_of_many_busy_maps_gives_the_event_loop_back_between_slices
         for t in (1.0, 2.0):  # the first interval after a route is skipped; the second is judged
             await asyncio.sleep(0)
             before = ticks
-            await verifier.fold([CountReport("gw-1", {key: {"worker-0": 1000 + i % 7, "worker-1": 1000} for i, key in enumerate(keys)})], t)
+            await verifier.fold([RequestCounts("gw-1", {key: {"worker-0": 1000 + i % 7, "worker-1": 1000} for i, key in enumerate(keys)})], t)
             assert ticks - before >= 4, f"the fold at {t} let other tasks run {ticks - before} times"
     finally:
         task.cancel()
@@ -157,9 +157,9 @@ async def test_an_instance_that_leaves_takes_its_report_series_with_it():
     try:
         for n in range(100):
             label = f"gw@10.0.0.1:{40000 + n}"
-            await verifier.fold([CountReport(label, restarted=True), CountReport(label, {})], float(n))
-            await verifier.fold([CountReport(label, left=True)], n + 0.5)
-        await verifier.fold([CountReport("gw", restarted=True), CountReport("gw", {})], 200.0)
+            await verifier.fold([RequestCounts(label, restarted=True), RequestCounts(label, {})], float(n))
+            await verifier.fold([RequestCounts(label, left=True)], n + 0.5)
+        await verifier.fold([RequestCounts("gw", restarted=True), RequestCounts("gw", {})], 200.0)
         scrape = generate_latest(metrics.REGISTRY).decode()
     finally:
         metrics.watch_split(None)
@@ -178,11 +178,11 @@ async def test_a_map_whose_counter_went_down_restarts_alone():
     for i, key in enumerate(keys):
         verifier.route_confirmed(key, Route(f"model-{i}.example.com", backends))
     even = {key: {"worker-0": 1000, "worker-1": 1000} for key in keys}
-    await verifier.fold([CountReport("nginx-1", restarted=True)], 0.0)
-    await verifier.fold([CountReport("nginx-1", {key: {"worker-0": 500} for key in keys})], 10.0)
-    await verifier.fold([CountReport("nginx-1", {keys[0]: {"worker-0": 700}})], 15.0)
-    await verifier.fold([CountReport("nginx-1", {k: v for k, v in even.items() if k != keys[0]}, recounted=frozenset({keys[0]}))], 20.0)
+    await verifier.fold([RequestCounts("nginx-1", restarted=True)], 0.0)
+    await verifier.fold([RequestCounts("nginx-1", {key: {"worker-0": 500} for key in keys})], 10.0)
+    await verifier.fold([RequestCounts("nginx-1", {keys[0]: {"worker-0": 700}})], 15.0)
+    await verifier.fold([RequestCounts("nginx-1", {k: v for k, v in even.items() if k != keys[0]}, recounted=frozenset({keys[0]}))], 20.0)
     assert [verifier.windows.state(key, "nginx-1")[0] for key in keys] == ["few_requests", "verified", "verified"]
     assert verifier.windows.state(keys[0], "nginx-1")[2] == 0  # its 700 were dropped with its count
-    await verifier.fold([CountReport("nginx-1", even)], 30.0)
+    await verifier.fold([RequestCounts("nginx-1", even)], 30.0)
     assert [verifier.windows.state(key, "nginx-1")[0] for key in keys] == ["verified"] * 3

@@ -202,7 +202,7 @@ async def test_the_running_sidecar_verifies_envoys_split_names_a_skewed_envoy_an
         kube_api.create(make_map(generation=1, isvc_uid=isvc["metadata"]["uid"], observed_isvc_generation=1, entries=entries))
         xds, listen = free_port(), free_port()
         process = await start_run(
-            "--source", "kube", "--kubeconfig", str(kubeconfig), "--name", "e2e", "--adapter", "envoy",
+            "--source", "kube", "--kubeconfig", str(kubeconfig), "--region", "e2e", "--adapter", "envoy",
             "--envoy-xds-listen", f"127.0.0.1:{xds}", "--split-verify", "on", "--split-interval", "10s",
             "--listen", f"127.0.0.1:{listen}",
         )  # fmt: skip

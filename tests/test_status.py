@@ -17,7 +17,7 @@ from publisher.source.informer import WatchOptions
 from publisher.source.kube_source import KubeSource
 from publisher.source.objects import parse_isvc
 from publisher.source.store import Stores
-from publisher.status import ConditionSink, Report, caught_up, condition_for, condition_type, field_manager
+from publisher.status import ConditionSink, Verdict, caught_up, condition_for, condition_type, field_manager
 from tests.builders import make_condition, make_entry
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.fakes.memory_adapter import memory_engine
@@ -41,22 +41,22 @@ def test_names_follow_the_instance():
 
 
 def test_new_condition_is_complete_and_valid():
-    condition = condition_for(Report(True, Reason.PUBLISHED, "m", 3), "eu", None, NOW)
+    condition = condition_for(Verdict(True, Reason.PUBLISHED, "m", 3), "eu", None, NOW)
     assert condition == {"type": "gateway-publisher.ome.io/eu", "status": "True", "reason": "Published", "message": "m",
                          "observedGeneration": 3, "lastTransitionTime": "2026-11-30T12:00:00Z"}
     assert RFC3339.match(condition["lastTransitionTime"])
 
 
 def test_same_condition_is_not_written_again():
-    assert condition_for(Report(True, Reason.PUBLISHED, "m", 3), "eu", existing(), NOW) is None
+    assert condition_for(Verdict(True, Reason.PUBLISHED, "m", 3), "eu", existing(), NOW) is None
 
 
 @pytest.mark.parametrize(
     ("report", "moves"),
     [
-        (Report(True, Reason.PUBLISHED, "other message", 3), False),
-        (Report(True, Reason.PUBLISHED, "m", 4), False),
-        (Report(False, Reason.VERIFICATION_FAILED, "m", 3), True),
+        (Verdict(True, Reason.PUBLISHED, "other message", 3), False),
+        (Verdict(True, Reason.PUBLISHED, "m", 4), False),
+        (Verdict(False, Reason.VERIFICATION_FAILED, "m", 3), True),
     ],
     ids=["message", "generation", "status"],
 )
@@ -82,7 +82,7 @@ async def decide_and_report(publisher: Publisher, keys: list[MapKey]) -> None:
     """One pass over `keys`, as an event for each would give, and the status writes it queues."""
     publisher.changed(keys, at=0.0)
     await publisher.sync_once(publisher.queue.take_ready())
-    await publisher.write_reports(publisher.status_queue.take_ready())
+    await publisher.write_verdicts(publisher.status_queue.take_ready())
 
 
 class FakeClock:
@@ -101,7 +101,7 @@ async def driven(kubeconfig: Path, instance: str = "eu", clock: FakeClock | None
         stores = Stores.empty()
         engine, _ = memory_engine()
         sink = ConditionSink(kube, stores.maps, instance)
-        publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name, instance=instance), status_sink=sink,
+        publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name, region=instance), status_sink=sink,
                               clock=clock or FakeClock())
         await publisher.start()
         publisher.synced()
@@ -170,7 +170,7 @@ async def test_a_hold_between_omes_two_writes_is_not_written(kube_api, kubeconfi
         await decide_and_report(publisher, [key])  # published, generation 2: written at once
         assert ours(kube_api)["observedGeneration"] == 2
         clock.now += 1
-        await publisher.write_reports(publisher.status_queue.take_ready())
+        await publisher.write_verdicts(publisher.status_queue.take_ready())
     assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 2
     assert ours(kube_api)["status"] == "True"
 
@@ -184,7 +184,7 @@ async def test_a_hold_that_stands_is_written_after_the_delay_with_its_latest_ver
         clock.now += 0.3
         await decide_and_report(publisher, [key])  # decided again while held: the delay runs from the first
         clock.now += 0.2
-        await publisher.write_reports(publisher.status_queue.take_ready())
+        await publisher.write_verdicts(publisher.status_queue.take_ready())
         condition = ours(kube_api)
         assert (condition["status"], condition["reason"]) == ("False", "RoutableOutdated")
         assert publisher.adapter.confirmed[key] is not None  # the gateway keeps generation 1 meanwhile
@@ -203,7 +203,7 @@ async def test_an_invalid_maps_condition_is_read_back_not_written_on_every_pass(
         cache(stores, kube_api)
         await decide_and_report(publisher, [key])
         clock.now += 1
-        await publisher.write_reports(publisher.status_queue.take_ready())
+        await publisher.write_verdicts(publisher.status_queue.take_ready())
         assert ours(kube_api)["reason"] == "InvalidMap"
         cache(stores, kube_api)  # the watch delivers our write
         await decide_and_report(publisher, [key])
@@ -216,9 +216,9 @@ async def test_once_writes_a_hold_without_waiting_for_the_delay(kube_api, kubeco
     try:
         stores = Stores.empty()
         engine, _ = memory_engine()
-        publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name, instance="eu", status_delay=3600),
+        publisher = Publisher(stores, engine, LoopOptions(adapter_name=engine.name, region="eu", status_delay=3600),
                               status_sink=ConditionSink(kube, stores.maps, "eu"))
-        await loop.once(publisher, KubeSource(kube, stores, publisher, WatchOptions(instance="eu"), clock=publisher.clock), timeout=30)
+        await loop.once(publisher, KubeSource(kube, stores, publisher, WatchOptions(region="eu"), clock=publisher.clock), timeout=30)
     finally:
         await kube.close()
     assert (ours(kube_api)["status"], ours(kube_api)["reason"]) == ("False", "RoutableOutdated")

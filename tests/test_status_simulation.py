@@ -59,7 +59,7 @@ class Replica:
         self.stores = Stores.empty()
         sink = app.status_sink(mode, kube, self.stores, REGION, ())
         adapter = ADAPTERS["json"].engine("json", JsonOptions(json_path=out))
-        self.publisher = Publisher(self.stores, adapter, LoopOptions(instance=REGION, status_delay=0.0, resync=3600),
+        self.publisher = Publisher(self.stores, adapter, LoopOptions(region=REGION, status_delay=0.0, resync=3600),
                                    status_sink=sink, clock=lambda: clock[0])
         self.publisher.leading = False
 
@@ -78,7 +78,7 @@ class StatusSimulation(RuleBasedStateMachine):
         self.replicas = self._start_replicas()
         # What the region decided, by map name: (uid the verdict is about, the verdict); a map it
         # has not decided since it was (re)created has no entry.
-        self.decided: dict[str, tuple[str, status.Report]] = {}
+        self.decided: dict[str, tuple[str, status.Verdict]] = {}
         # Whether a report was removed or edited behind the region since the last resync: until the
         # next one, only a new leader's first writes are checked, and only when this is False.
         self.tampered = False
@@ -105,7 +105,7 @@ class StatusSimulation(RuleBasedStateMachine):
         self._watch()
         for name, (_, report) in sorted(self.decided.items()):
             for replica in replicas:
-                replica.publisher._queue_report(MapKey(NAMESPACE, name), report)
+                replica.publisher._queue_verdict(MapKey(NAMESPACE, name), report)
 
     # --- the world ---------------------------------------------------------------------------------
 
@@ -129,7 +129,7 @@ class StatusSimulation(RuleBasedStateMachine):
             keys = publisher.status_queue.take_ready()
             if not keys:
                 return
-            self.run(publisher.write_reports(keys))
+            self.run(publisher.write_verdicts(keys))
 
     @initialize()
     def published_everywhere(self) -> None:
@@ -144,10 +144,10 @@ class StatusSimulation(RuleBasedStateMachine):
         if raw is None:
             return
         published, reason, message = verdict
-        report = status.Report(published, reason, message, raw["metadata"]["generation"], raw["metadata"]["uid"])
+        report = status.Verdict(published, reason, message, raw["metadata"]["generation"], raw["metadata"]["uid"])
         self.decided[name] = (raw["metadata"]["uid"], report)
         for replica in self.replicas.values():
-            replica.publisher._queue_report(MapKey(NAMESPACE, name), report)
+            replica.publisher._queue_verdict(MapKey(NAMESPACE, name), report)
         if write:
             self._flush()
 
@@ -222,7 +222,7 @@ class StatusSimulation(RuleBasedStateMachine):
         self._watch()
         publisher.resync_now()
         for name, (_, report) in sorted(self.decided.items()):  # the applier re-decides every map
-            publisher._queue_report(MapKey(NAMESPACE, name), report)
+            publisher._queue_verdict(MapKey(NAMESPACE, name), report)
         self._flush()
         self.tampered = False
         self._check()

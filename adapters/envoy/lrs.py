@@ -29,7 +29,7 @@ import grpc
 from envoy.service.load_stats.v3 import lrs_pb2, lrs_pb2_grpc
 from google.protobuf import duration_pb2
 
-from adapters.base import CountReport
+from adapters.base import RequestCounts
 from adapters.envoy.names import parse_cluster_name
 from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label, peer_address
 from adapters.grpc_tls import ServerTls
@@ -86,8 +86,8 @@ class _Waiting:
     left: bool = False
     at: float | None = None
 
-    def report(self) -> CountReport:
-        return CountReport(self.label, self.counts, restarted=self.restarted, left=self.left, at=self.at)
+    def report(self) -> RequestCounts:
+        return RequestCounts(self.label, self.counts, restarted=self.restarted, left=self.left, at=self.at)
 
 
 class LoadReports:
@@ -111,7 +111,7 @@ class LoadReports:
         self.interval = interval
         self._enabled.set()
 
-    async def collect(self) -> list[CountReport]:
+    async def collect(self) -> list[RequestCounts]:
         pending, self._pending = self._pending, []
         self._summing.clear()
         return [waiting.report() for waiting in pending]

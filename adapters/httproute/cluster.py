@@ -63,7 +63,7 @@ class GatewayCluster:
     @property
     def selector(self) -> str:
         """Our objects: this publisher's, of this instance."""
-        return f"{MANAGED_BY_LABEL}={MANAGED_BY},{INSTANCE_LABEL}={self._options.name}"
+        return f"{MANAGED_BY_LABEL}={MANAGED_BY},{INSTANCE_LABEL}={self._options.region}"
 
     async def connected(self) -> Kube:
         if self._kube is None:

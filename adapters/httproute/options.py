@@ -33,7 +33,7 @@ class HttpRouteOptions(BaseModel):
         default=None,
         description="Namespace of the routes and Services; none keeps each beside its map, as OME's own publisher does.",
     )
-    name: str = Field(default="default", description="The publisher instance (--name); 'default' as the CLI's default.")
+    region: str = Field(default="default", description="This region (--region); 'default' as the CLI's default.")
     route_status_timeout: Duration = Field(
         default=5.0,
         description="How long to wait for the gateway to report on a route; covers a healthy controller's reconcile.",
@@ -55,7 +55,7 @@ class HttpRouteOptions(BaseModel):
             raise ValueError(f"{value!r} is not a DNS label")
         return value
 
-    @field_validator("name")
+    @field_validator("region")
     @classmethod
     def _instance(cls, value: str) -> str:
         if not is_dns_label(value):
@@ -75,7 +75,7 @@ class HttpRouteOptions(BaseModel):
 
     @property
     def field_manager(self) -> str:
-        return f"ome-gateway-publisher-{self.name}"
+        return f"ome-gateway-publisher-{self.region}"
 
     def namespace_for(self, key: MapKey) -> str:
         return self.route_namespace or key.namespace

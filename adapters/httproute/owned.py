@@ -83,9 +83,9 @@ def claim_problem(route: Mapping[str, Any], key: MapKey, options: HttpRouteOptio
     """Why `key` may not take `route`, which holds the name its route would have: None when the
     route is ours for this map already (written since we last read)."""
     where = f"route {'/'.join(object_name(route))}"
-    if not is_ours(route, options.name):
+    if not is_ours(route, options.region):
         return f"{where} exists without this publisher's labels; it is left untouched"
-    if (owner := map_of(route, options.name)) != key:
+    if (owner := map_of(route, options.region)) != key:
         return f"{where} already publishes {owner or 'an unreadable map'}"
     return None
 
@@ -108,7 +108,7 @@ class OwnedObjects:
     def add_route(self, route: Mapping[str, Any]) -> MapKey | None:
         """Take in one listed route of ours, keeping only what a later write needs; its map, or
         None when the route names no map we can read (it is then left alone)."""
-        key = map_of(route, self._options.name)
+        key = map_of(route, self._options.region)
         if key is None:
             return None
         try:
@@ -122,7 +122,7 @@ class OwnedObjects:
 
     def add_service(self, service: Mapping[str, Any]) -> MapKey | None:
         """Take in one listed Service of ours (after every route): its map, or None as add_route."""
-        key = map_of(service, self._options.name)
+        key = map_of(service, self._options.region)
         if key is None:
             return None
         state = self._maps.setdefault(key, MapObjects())

@@ -137,7 +137,7 @@ class HttpRouteRenderer:
         return None
 
     def render(self, key: MapKey, route: Route) -> ObjectGroup:
-        instance = self._options.name
+        instance = self._options.region
         refs = tuple(_ref(key, b.cluster, b.endpoint, b.weight, instance) for b in route.backends)
         return ObjectGroup(key, self._options.namespace_for(key), route_name(key, instance), route.hostname, refs)
 
@@ -159,7 +159,7 @@ def render_service(group: ObjectGroup, ref: BackendRef, options: HttpRouteOption
         "metadata": {
             "name": ref.service,
             "namespace": group.namespace,
-            "labels": _labels(group.key, options.name),
+            "labels": _labels(group.key, options.region),
             "annotations": {MAP_ANNOTATION: str(group.key), CLUSTER_ANNOTATION: ref.cluster},
         },
         "spec": {
@@ -192,7 +192,7 @@ def render_route(group: ObjectGroup, options: HttpRouteOptions) -> dict[str, Any
         "metadata": {
             "name": group.route,
             "namespace": group.namespace,
-            "labels": _labels(group.key, options.name),
+            "labels": _labels(group.key, options.region),
             "annotations": {
                 MAP_ANNOTATION: str(group.key),
                 ENDPOINTS_ANNOTATION: json.dumps(endpoints, separators=(",", ":")),
@@ -258,9 +258,9 @@ def parse_route(obj: Mapping[str, Any], options: HttpRouteOptions) -> tuple[Obje
     refs_by_name = {ref.get("name"): ref for rule in spec.get("rules") or [] for ref in rule.get("backendRefs") or []}
     refs = []
     for cluster, endpoint in endpoints:
-        service = service_name(key, str(cluster), options.name)
+        service = service_name(key, str(cluster), options.region)
         if service in refs_by_name:
-            refs.append(_ref(key, str(cluster), str(endpoint), int(refs_by_name[service].get("weight", 1)), options.name))
+            refs.append(_ref(key, str(cluster), str(endpoint), int(refs_by_name[service].get("weight", 1)), options.region))
     hostname = str(hostnames[0]) if len(hostnames) == 1 else ""
     group = ObjectGroup(key, str(metadata["namespace"]), str(metadata["name"]), hostname, tuple(refs))
     return group, contains_fields(obj, render_route(group, options))

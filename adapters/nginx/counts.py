@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from adapters.base import CountReport, Unavailable
+from adapters.base import RequestCounts, Unavailable
 from publisher.core.values import MapKey
 
 __all__ = ["CountedTransport", "LuaRequestCounts"]
@@ -90,7 +90,7 @@ class LuaRequestCounts:
         if page:
             yield page, [f"{k.namespace}/{k.name}|{cluster}" for k, cluster in page]
 
-    async def collect(self) -> list[CountReport]:
+    async def collect(self) -> list[RequestCounts]:
         if not self._enabled:
             return []
         transport = self._transport
@@ -132,12 +132,12 @@ class LuaRequestCounts:
             self._boot = next(iter(boots)) if len(boots) == 1 else None
         self._seen, self._generations = seen, seen_generations
         if restarted:
-            return [CountReport(self.instance, restarted=True, at=at)]
+            return [RequestCounts(self.instance, restarted=True, at=at)]
         if evicted:
             self._note_evictions(evicted)
         for key in went_down:
             deltas.pop(key, None)  # its other counters' deltas are of a count that starts over
-        return [CountReport(self.instance, deltas, recounted=frozenset(went_down), at=at)]
+        return [RequestCounts(self.instance, deltas, recounted=frozenset(went_down), at=at)]
 
     def _note_evictions(self, evicted: int) -> None:
         self._transport.stats.counters_evicted += evicted

@@ -27,7 +27,7 @@ from publisher.kube import Kube
 from publisher.loop import LeaderOptions, LoopOptions, Publisher
 from publisher.core.model import InvalidObject, TrafficMap
 from publisher.core.values import Held, MapKey, Publication, Reason, Route
-from publisher.status.region_report import ReportSink
+from publisher.status.region_report import RegionReportSink
 from publisher.split.check import SplitVerifier
 from publisher.source.directory import DirectorySource
 from publisher.source.informer import WatchOptions
@@ -156,6 +156,8 @@ async def run_until_signalled(config: RunConfig) -> Summary | None:
 
 async def run(config: RunConfig) -> Summary | None:
     """Run as configured. Returns a Summary for --once and --dry-run; runs forever otherwise."""
+    if config.name is not None:
+        log.warning("--name is deprecated (one release): use --region", extra={"region": config.region})
     adapter: Adapter = build_adapter(config)
     if config.dry_run:
         adapter = DryRunAdapter(adapter)
@@ -224,7 +226,7 @@ async def verify_cluster(config: RunConfig, names: frozenset[str] = frozenset(),
 def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[Publisher, loop.Source]:
     """The loop and the source of `run`, wired as `config` says."""
     options = LoopOptions(
-        instance=config.name,
+        region=config.region,
         adapter_name=config.adapter,
         gate=gate.GateOptions(published_gate=config.ome_published_gate),
         host_template=config.host_template,
@@ -235,7 +237,7 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
     )
     stores = Stores.empty()
     mode = "off" if config.dry_run or kube is None else config.effective_status_mode
-    sink = status_sink(mode, kube, stores, config.name, config.namespace) if kube is not None else None
+    sink = status_sink(mode, kube, stores, config.region, config.namespace) if kube is not None else None
     publisher = Publisher(stores, adapter, options, status_sink=sink)
     source: loop.Source
     source_dir = config.source_dir
@@ -247,19 +249,19 @@ def _assemble(config: RunConfig, adapter: Adapter, kube: Kube | None) -> tuple[P
         assert kube is not None
         one_pass = config.once or config.dry_run
         watch = WatchOptions(namespaces=config.namespace, label_selector=config.label_selector,
-                             refusals_fatal=one_pass, stale_after=config.source_stale_after, instance=config.name)
+                             refusals_fatal=one_pass, stale_after=config.source_stale_after, region=config.region)
         source = KubeSource(kube, stores, publisher, watch, clock=publisher.clock)
     return publisher, source
 
 
-def status_sink(mode: str, kube: Kube, stores: Stores, name: str, namespaces: tuple[str, ...]) -> status.StatusSink | None:
-    """Where region `name`'s verdicts go in `mode` (None: off). Each mode's sink removes what the
+def status_sink(mode: str, kube: Kube, stores: Stores, region: str, namespaces: tuple[str, ...]) -> status.StatusSink | None:
+    """Where `region`'s verdicts go in `mode` (None: off). Each mode's sink removes what the
     region left in the other mode, so `status` reads the region's current mode alone."""
     if mode == "condition":
-        return status.ConditionSink(kube, stores.maps, name, drop_leftovers=lambda: region_report.drop_leftovers(kube, name, namespaces))
+        return status.ConditionSink(kube, stores.maps, region, drop_leftovers=lambda: region_report.drop_leftovers(kube, region, namespaces))
     if mode == "report":
-        return ReportSink(kube, name, known=lambda key: stores.maps.get(key) is not None, namespaces=namespaces,
-                          has_condition=lambda key: status.own_condition(stores.maps.get(key), name) is not None)
+        return RegionReportSink(kube, region, known=lambda key: stores.maps.get(key) is not None, namespaces=namespaces,
+                                has_condition=lambda key: status.own_condition(stores.maps.get(key), region) is not None)
     return None
 
 

@@ -58,7 +58,8 @@ class _RunCore(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     config: Path | None = Field(None, description="YAML file of options, keyed by long option name (e.g. `listen: 127.0.0.1:9000`).")
-    name: str = Field("default", description="Instance name, a DNS label (e.g. the region): names the status condition, field manager and Lease.")
+    region: str = Field("default", description="This region's name, a DNS label: names the status condition, its RegionReports, the field manager and the Lease.")
+    name: str | None = Field(None, description="Deprecated (one release): the old spelling of --region.")
     source: str = Field("kube", description="Where TrafficMaps come from: `kube` (watch the API server) or `dir:PATH` (manifests in a directory).")
     kubeconfig: Path | None = Field(None, description="Kubeconfig of the OME control-plane cluster; default: in-cluster, else $KUBECONFIG or ~/.kube/config.")
     namespace: Annotated[tuple[str, ...], BeforeValidator(_split_list)] = Field((), description="Namespace to watch; repeat for several (default: all namespaces).")
@@ -104,9 +105,22 @@ class _RunCore(BaseModel):
     # Set by `load`: each option not given as a flag -> where its value came from, for messages.
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
-    @field_validator("name")
+    @model_validator(mode="before")
     @classmethod
-    def _name_is_dns_label(cls, value: str) -> str:
+    def _name_is_the_old_region(cls, values: Any) -> Any:
+        # --name, OME_PUBLISHER_NAME and the file's `name` were this option's spelling until --region.
+        if isinstance(values, dict) and values.get("name") is not None:
+            if not isinstance(values["name"], str) or not is_dns_label(values["name"]):
+                raise ValueError(f"--name (deprecated, the old spelling of --region): {values['name']!r} is not a DNS label (lower case letters, digits, '-', at most 63)")
+            region = values.get("region")
+            if region is not None and region != values["name"]:
+                raise ValueError(f"--name is the old spelling of --region: {values['name']!r} contradicts --region {region!r}; drop --name")
+            values = {**values, "region": values["name"]}
+        return values
+
+    @field_validator("region")
+    @classmethod
+    def _region_is_dns_label(cls, value: str) -> str:
         if not is_dns_label(value):
             raise ValueError(f"{value!r} is not a DNS label (lower case letters, digits, '-', at most 63)")
         return value
@@ -283,7 +297,7 @@ def _with_adapter_options(core: type[_RunCore]) -> type[_RunCore]:
     for adapter_name, spec in sorted(ADAPTERS.items()):
         for name, info in spec.options.model_fields.items():
             if name in core.model_fields:
-                continue  # httproute's `name` is the instance's --name
+                continue  # httproute's `region` is this --region
             users.setdefault(name, []).append(adapter_name)
             infos.setdefault(name, info)
     fields: dict[str, Any] = {}

@@ -78,7 +78,7 @@ class _Row:
 
 
 @dataclass(frozen=True, slots=True)
-class _Report:
+class _Verification:
     key: MapKey
     verdict: str  # ok | held | withdrawn
     reason: str | None
@@ -122,7 +122,7 @@ def _verify(args: argparse.Namespace) -> int:
     return EXIT_HELD if any(report.verdict == "held" for report in reports) else EXIT_OK
 
 
-def _file_reports(args: argparse.Namespace) -> list[_Report]:
+def _file_reports(args: argparse.Namespace) -> list[_Verification]:
     maps, isvcs = _load(args.items)
     gate = PublishedGate(args.ome_published_gate)
     reports = []
@@ -135,7 +135,7 @@ def _file_reports(args: argparse.Namespace) -> list[_Report]:
             problem = publication_problem(publication_for(item, isvc, DEFAULT_HOST_TEMPLATE))
             held = Held(Reason.INVALID_PLAN, problem) if problem is not None else None
         reports.append(
-            _Report(
+            _Verification(
                 key=item.key,
                 verdict="ok" if held is None else "held",
                 reason=None if held is None else str(held.reason),
@@ -147,7 +147,7 @@ def _file_reports(args: argparse.Namespace) -> list[_Report]:
     return reports
 
 
-def _cluster_reports(args: argparse.Namespace) -> list[_Report]:
+def _cluster_reports(args: argparse.Namespace) -> list[_Verification]:
     """The sidecar's own decision for each map on the cluster (app.verify_cluster)."""
     from publisher.cli import app, config
     from publisher.kube import KubeError
@@ -178,7 +178,7 @@ def _cluster_reports(args: argparse.Namespace) -> list[_Report]:
         raise InputError(f"no {TRAFFIC_MAP_KIND} on the cluster")
     verdict_names = {"published": "ok"}
     return [
-        _Report(
+        _Verification(
             key=verdict.item.key,
             verdict=verdict_names.get(verdict.state, verdict.state),
             reason=None if verdict.state == "published" else verdict.reason,
@@ -259,7 +259,7 @@ def _rows(item: TrafficMap | InvalidObject) -> tuple[_Row, ...]:
 _HEADER = ("CLUSTER", "ALLOCATED", "READY", "FACTOR", "WEIGHT", "RECOMPUTED", "HEALTHY")
 
 
-def _text(report: _Report) -> str:
+def _text(report: _Verification) -> str:
     table = [_HEADER] + [
         (
             row.cluster,

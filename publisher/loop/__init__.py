@@ -111,7 +111,7 @@ class KeyQueue:
 
 @dataclass(frozen=True)
 class LoopOptions:
-    instance: str = "default"
+    region: str = "default"
     adapter_name: str = "json"
     gate: gate.GateOptions = field(default_factory=gate.GateOptions)
     host_template: str = plan.DEFAULT_HOST_TEMPLATE
@@ -171,7 +171,7 @@ class Publisher:
         self.status_backoff = Backoff(options.backoff_base, options.backoff_cap)
         self.provenance: dict[MapKey, Publication] = {}
         self.states: dict[MapKey, MapState] = {}
-        self.reports: dict[MapKey, status.Report] = {}
+        self.verdicts: dict[MapKey, status.Verdict] = {}
         # Since when each map's verdict has been other than published, for status_delay.
         self._unpublished_since: dict[MapKey, float] = {}
         self.is_synced = False
@@ -376,7 +376,7 @@ class Publisher:
             metrics.PUBLICATIONS.labels(adapter=self.adapter.name, result="failed").inc()
             self.queue.add_after(key, self.backoff.delay(key))
             self._set_state(key, MapState("failed", str(failed.reason), failed.message))
-            report = status.Report(False, failed.reason, self._keeping(key, failed.message), generation, uid)
+            verdict = status.Verdict(False, failed.reason, self._keeping(key, failed.message), generation, uid)
         else:
             self.backoff.forget(key)
             if isinstance(outcome, Publish):
@@ -385,28 +385,28 @@ class Publisher:
                 split_note = self.split.note(key) if self.split is not None else None
                 message = _published_message(self.adapter.name, pub, result.notes.get(key), self._stale_probes(item), split_note)
                 self._set_state(key, MapState("published"))
-                report = status.Report(True, Reason.PUBLISHED, message, pub.generation, uid)
+                verdict = status.Verdict(True, Reason.PUBLISHED, message, pub.generation, uid)
             elif isinstance(outcome, Hold):
                 held = outcome.held
                 if held.reason == Reason.VERIFICATION_FAILED and self._state(key).reason != held.reason:
                     metrics.VERIFICATION_FAILURES.inc()
                 self._set_state(key, MapState("held", str(held.reason), held.message))
-                report = status.Report(False, held.reason, self._keeping(key, held.message), generation, uid)
+                verdict = status.Verdict(False, held.reason, self._keeping(key, held.message), generation, uid)
             else:
                 self.provenance.pop(key, None)
                 self._set_state(key, MapState("withdrawn", str(Reason.WITHDRAWN), outcome.message))
-                report = status.Report(False, Reason.WITHDRAWN, f"withdrawn from the {self.adapter.name} gateway: {outcome.message}", generation, uid)
+                verdict = status.Verdict(False, Reason.WITHDRAWN, f"withdrawn from the {self.adapter.name} gateway: {outcome.message}", generation, uid)
         if item is None:
             if failed is None:
                 self._forget(key)
         elif self.status_sink is not None:
-            self._queue_report(key, report)
+            self._queue_verdict(key, verdict)
 
-    def _queue_report(self, key: MapKey, report: status.Report) -> None:
+    def _queue_verdict(self, key: MapKey, verdict: status.Verdict) -> None:
         """The latest verdict wins; a published one is written at once, any other once it has
         stood for status_delay (the gateway is not waiting: this is only what the status says)."""
-        self.reports[key] = report
-        if report.published:
+        self.verdicts[key] = verdict
+        if verdict.published:
             self._unpublished_since.pop(key, None)
             self.status_queue.add(key)
             return
@@ -432,7 +432,7 @@ class Publisher:
         state = self.states.pop(key, None)
         if state is not None:
             self._count(state.state, -1)
-        if self.reports.pop(key, None) is not None:
+        if self.verdicts.pop(key, None) is not None:
             self.status_queue.add(key)  # the sink forgets it
         self._unpublished_since.pop(key, None)
         self.provenance.pop(key, None)
@@ -484,22 +484,22 @@ class Publisher:
 
     # --- status ---------------------------------------------------------------------------------
 
-    async def write_reports(self, keys: Iterable[MapKey], *, at_once: bool = False) -> None:
+    async def write_verdicts(self, keys: Iterable[MapKey], *, at_once: bool = False) -> None:
         """Hand the sink the current verdict of each key (None: the map is gone); a verdict that
         has not stood for status_delay yet waits, unless `at_once`; what fails is retried with
         backoff. Only the leader writes."""
         if self.status_sink is None or not self.leading:
             return
-        batch: dict[MapKey, status.Report | None] = {}
+        batch: dict[MapKey, status.Verdict | None] = {}
         now = self.clock()
         for key in keys:
-            report = self.reports.get(key)
-            if report is not None and not report.published and not at_once:
+            verdict = self.verdicts.get(key)
+            if verdict is not None and not verdict.published and not at_once:
                 wait = self._unpublished_since.get(key, now) + self.options.status_delay - now
                 if wait > 0:
                     self.status_queue.add_after(key, wait)
                     continue
-            batch[key] = report
+            batch[key] = verdict
         if not batch:
             return
         try:
@@ -610,7 +610,7 @@ class Publisher:
         if self.status_sink is None:
             return
         self.status_sink.stale()
-        for key in self.reports:
+        for key in self.verdicts:
             self.status_queue.add(key)
 
     async def run_status_writer(self) -> None:
@@ -618,7 +618,7 @@ class Publisher:
         that cannot be read is retried with backoff, never an end of the process)."""
         while True:
             keys = await self.status_queue.take()
-            await self.write_reports(keys)
+            await self.write_verdicts(keys)
 
     async def run_resync(self) -> None:
         """Periodically ask the applier to repair drift and re-decide every map."""
@@ -772,7 +772,7 @@ _LEASE_FAULTS = (KubeError, OSError, TimeoutError, aiohttp.ClientError)
 async def run_leader_election(publisher: Publisher, kube: Kube, options: LeaderOptions) -> None:
     """Compete for the Lease forever; only while holding it does `publisher` write status. API
     faults are retried every retry period; the Lease is released when this task is cancelled."""
-    lock = LeaseLock(kube, options.lease_namespace, status.field_manager(publisher.options.instance), options.identity)
+    lock = LeaseLock(kube, options.lease_namespace, status.field_manager(publisher.options.region), options.identity)
     last_renew: float | None = None
     problem: str | None = None
 
@@ -939,4 +939,4 @@ async def _one_pass(publisher: Publisher, source: Source, gateway: asyncio.Task[
         await _gateway_ready(publisher, gateway)
     await publisher.sync_once(publisher.queue.take_ready())
     if publisher.status_sink is not None and publisher.leading:
-        await publisher.write_reports(list(publisher.reports), at_once=True)
+        await publisher.write_verdicts(list(publisher.verdicts), at_once=True)

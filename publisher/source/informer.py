@@ -60,7 +60,7 @@ class WatchOptions:
     # This sidecar's instance name: a TrafficMap event that changes only other instances'
     # conditions is not parsed or decided (with R regions, R - 1 of every R status events).
     # None: every event is.
-    instance: str | None = None
+    region: str | None = None
 
 
 class Informer(Generic[T]):

@@ -37,8 +37,8 @@ class KubeSource:
         namespaces: tuple[str | None, ...] = self._options.namespaces or (None,)
         informers: list[Informer[Any]] = []
         isvc_sink = MappedOnly(self._sink, self._stores.maps)
-        instance = self._options.instance
-        map_digest = functools.partial(relevant_digest, own_condition=condition_type(instance)) if instance is not None else None
+        region = self._options.region
+        map_digest = functools.partial(relevant_digest, own_condition=condition_type(region)) if region is not None else None
         for namespace in namespaces:
             for resource, store, parse, sink, digest in (
                 (TRAFFIC_MAPS, self._stores.maps, parse_traffic_map, self._sink, map_digest),

@@ -39,7 +39,7 @@ class SplitVerifier:
         self.gateway = gateway
         self.changed = changed
         self.windows = SplitWindows()
-        self.reports: Counter[str] = Counter()
+        self.folded: Counter[str] = Counter()
         self.instances: set[str] = set()
         self.fold_seconds = 0.0
         self.map_states: Counter[str] = Counter()
@@ -67,14 +67,14 @@ class SplitVerifier:
         while True:
             await asyncio.sleep(self.interval)
             try:
-                reports = await self.counter.collect()
+                batch = await self.counter.collect()
             except AdapterError as exc:
                 log.warning("request counts not read", extra={"gateway": self.gateway, "error": str(exc)})
                 continue
-            await self.fold(reports, self.clock())
+            await self.fold(batch, self.clock())
 
-    async def fold(self, reports: list[Any], now: float) -> None:
-        """Add one round of reports, judge what is due, and say which maps turned off or back.
+    async def fold(self, batch: list[Any], now: float) -> None:
+        """Add one round of request counts, judge what is due, and say which maps turned off or back.
 
         In slices of `SLICE` maps or windows, yielding between: at 10,000 busy maps one round
         held the event loop 160 ms (judging every map), and every change waited behind it. A
@@ -87,23 +87,23 @@ class SplitVerifier:
             await asyncio.sleep(0)
             started = time.perf_counter()
 
-        for report in reports:
-            instance, at = report.instance, now if report.at is None else report.at
-            if report.restarted or report.left:
+        for counted in batch:
+            instance, at = counted.instance, now if counted.at is None else counted.at
+            if counted.restarted or counted.left:
                 self.windows.forget_instance(instance)
-            if report.left:
+            if counted.left:
                 # Its series go with it: Envoys that reconnect under new labels must not grow them.
                 self.instances.discard(instance)
-                self.reports.pop(instance, None)
+                self.folded.pop(instance, None)
                 self._since.pop(instance, None)
                 continue
             self.instances.add(instance)
-            if not report.restarted:
-                self.reports[instance] += 1
-            for key in report.recounted:
+            if not counted.restarted:
+                self.folded[instance] += 1
+            for key in counted.recounted:
                 self.windows.restart(key, instance, at)
             start = self._since.get(instance)
-            for done, (key, counts) in enumerate(report.counts.items(), 1):
+            for done, (key, counts) in enumerate(counted.counts.items(), 1):
                 self.windows.add(key, instance, counts, start, at)
                 if done % SLICE == 0:
                     await pause()

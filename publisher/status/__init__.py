@@ -36,12 +36,12 @@ _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 _MAX_MESSAGE = 32768
 
 
-def field_manager(instance: str) -> str:
-    return FIELD_MANAGER_PREFIX + instance
+def field_manager(region: str) -> str:
+    return FIELD_MANAGER_PREFIX + region
 
 
 @dataclass(frozen=True, slots=True)
-class Report:
+class Verdict:
     """What the gateway holds for a map, as its condition will say it."""
 
     published: bool
@@ -55,34 +55,34 @@ def rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def condition_for(report: Report, instance: str, existing: Condition | None, now: datetime) -> dict[str, Any] | None:
+def condition_for(verdict: Verdict, region: str, existing: Condition | None, now: datetime) -> dict[str, Any] | None:
     """The condition to apply, or None when `existing` already says the same.
     lastTransitionTime moves only when status changes."""
-    status = "True" if report.published else "False"
-    reason = str(report.reason)
+    status = "True" if verdict.published else "False"
+    reason = str(verdict.reason)
     if not _REASON.match(reason):
         raise ValueError(f"reason {reason!r} is not a valid condition reason")
-    message = report.message[:_MAX_MESSAGE]
+    message = verdict.message[:_MAX_MESSAGE]
     if (
         existing is not None
         and existing.status == status
         and existing.reason == reason
         and existing.message == message
-        and existing.observed_generation == report.generation
+        and existing.observed_generation == verdict.generation
     ):
         return None
     transition = existing.last_transition_time if existing is not None and existing.status == status and existing.last_transition_time else rfc3339(now)
     return {
-        "type": condition_type(instance),
+        "type": condition_type(region),
         "status": status,
         "reason": reason,
         "message": message,
-        "observedGeneration": report.generation,
+        "observedGeneration": verdict.generation,
         "lastTransitionTime": transition,
     }
 
 
-async def write_condition(kube: Kube, key: MapKey, condition: dict[str, Any], instance: str) -> str:
+async def write_condition(kube: Kube, key: MapKey, condition: dict[str, Any], region: str) -> str:
     """Server-side apply of this one condition to trafficmaps/status; the resourceVersion the
     server gave the map. Raises KubeError."""
     body = {
@@ -91,11 +91,11 @@ async def write_condition(kube: Kube, key: MapKey, condition: dict[str, Any], in
         "metadata": {"name": key.name, "namespace": key.namespace},
         "status": {"conditions": [condition]},
     }
-    applied = await kube.apply(TRAFFIC_MAPS, body, field_manager=field_manager(instance), subresource="status")
+    applied = await kube.apply(TRAFFIC_MAPS, body, field_manager=field_manager(region), subresource="status")
     return str((applied.get("metadata") or {}).get("resourceVersion", ""))
 
 
-async def remove_condition(kube: Kube, key: MapKey, instance: str) -> bool:
+async def remove_condition(kube: Kube, key: MapKey, region: str) -> bool:
     """Take `instance`'s condition off a map: an apply of no conditions under its field manager
     removes only what it owned. False when the map is gone. Raises KubeError."""
     body = {
@@ -105,7 +105,7 @@ async def remove_condition(kube: Kube, key: MapKey, instance: str) -> bool:
         "status": {"conditions": []},
     }
     try:
-        await kube.apply(TRAFFIC_MAPS, body, field_manager=field_manager(instance), subresource="status")
+        await kube.apply(TRAFFIC_MAPS, body, field_manager=field_manager(region), subresource="status")
     except KubeError as exc:
         if exc.not_found:
             return False
@@ -126,7 +126,7 @@ class StatusSink(Protocol):
         resync is due): read it again before the next write, and repair what differs."""
         ...
 
-    async def write(self, reports: Mapping[MapKey, Report | None]) -> Mapping[MapKey, str]:
+    async def write(self, verdicts: Mapping[MapKey, Verdict | None]) -> Mapping[MapKey, str]:
         """Write each verdict that changed (None: the map is gone; forget it). Returns the keys that
         failed, each with a one-line reason; the caller retries them with backoff. Raises
         SinkUnavailable when nothing can be written."""
@@ -159,7 +159,7 @@ class ConditionSink:
         self,
         kube: Kube,
         maps: Store[TrafficMap | InvalidObject],
-        instance: str,
+        region: str,
         *,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         concurrency: int = 8,
@@ -170,8 +170,8 @@ class ConditionSink:
         self._leftovers_due = drop_leftovers is not None
         self._leftovers_problem: str | None = None
         self._maps = maps
-        self._instance = instance
-        self._type = condition_type(instance)
+        self._region = region
+        self._type = condition_type(region)
         self._wall_clock = wall_clock
         # A few concurrent writes keep 10,000 first-time conditions to seconds without flooding
         # the API server.
@@ -197,19 +197,19 @@ class ConditionSink:
         if dropped:
             log.info("removed this region's RegionReports left from report mode", extra={"reports": dropped})
 
-    async def write(self, reports: Mapping[MapKey, Report | None]) -> Mapping[MapKey, str]:
+    async def write(self, verdicts: Mapping[MapKey, Verdict | None]) -> Mapping[MapKey, str]:
         if self._leftovers_due:
             await self._leftovers()
         failed: dict[MapKey, str] = {}
         semaphore = asyncio.Semaphore(self._concurrency)
 
-        async def one(key: MapKey, report: Report) -> None:
-            condition = condition_for(report, self._instance, self._current(key), self._wall_clock())
+        async def one(key: MapKey, verdict: Verdict) -> None:
+            condition = condition_for(verdict, self._region, self._current(key), self._wall_clock())
             if condition is None:
                 return
             async with semaphore:
                 try:
-                    version = await write_condition(self._kube, key, condition, self._instance)
+                    version = await write_condition(self._kube, key, condition, self._region)
                 except KubeError as exc:
                     if exc.not_found:  # the map is gone; its deletion event follows
                         self._written.pop(key, None)
@@ -220,11 +220,11 @@ class ConditionSink:
             metrics.STATUS_WRITES.labels(result="written").inc()
 
         async with asyncio.TaskGroup() as group:
-            for key, report in reports.items():
-                if report is None:
+            for key, verdict in verdicts.items():
+                if verdict is None:
                     self._written.pop(key, None)
                 else:
-                    group.create_task(one(key, report))
+                    group.create_task(one(key, verdict))
         return failed
 
     def _current(self, key: MapKey) -> Condition | None:
@@ -239,12 +239,12 @@ class ConditionSink:
         return self._seen(self._maps.get(key))
 
     def _seen(self, item: TrafficMap | InvalidObject | None) -> Condition | None:
-        return own_condition(item, self._instance)
+        return own_condition(item, self._region)
 
 
-def own_condition(item: TrafficMap | InvalidObject | None, instance: str) -> Condition | None:
+def own_condition(item: TrafficMap | InvalidObject | None, region: str) -> Condition | None:
     """The condition `instance` wrote on a map, as the watch cache holds the map."""
-    kind = condition_type(instance)
+    kind = condition_type(region)
     if isinstance(item, TrafficMap):
         return item.status.condition(kind)
     if isinstance(item, InvalidObject):

@@ -18,7 +18,7 @@ from publisher.status import region_report
 from publisher import status
 from publisher.kube import TRAFFIC_MAPS, Kube, KubeError
 from publisher.core.values import CONDITION_PREFIX, MapKey, condition_type
-from publisher.status.region_report import Verdict
+from publisher.status.region_report import RecordedVerdict
 
 # Lists of this many maps a page, as the source reads them.
 _PAGE = 500
@@ -31,7 +31,7 @@ class MapStatus:
 
     key: MapKey
     generation: int
-    verdicts: Mapping[str, Verdict | None]
+    verdicts: Mapping[str, RecordedVerdict | None]
 
     @property
     def published(self) -> bool:
@@ -48,7 +48,7 @@ class MapStatus:
         }
 
 
-def _verdict_json(region: str, verdict: Verdict | None, generation: int) -> dict[str, Any]:
+def _verdict_json(region: str, verdict: RecordedVerdict | None, generation: int) -> dict[str, Any]:
     if verdict is None:
         return {"region": region, "mode": None, "published": False, "observedGeneration": None, "status": None,
                 "reason": None, "message": None, "lastTransitionTime": None}
@@ -64,7 +64,7 @@ def _verdict_json(region: str, verdict: Verdict | None, generation: int) -> dict
     }
 
 
-def _newer(a: Verdict | None, b: Verdict) -> Verdict:
+def _newer(a: RecordedVerdict | None, b: RecordedVerdict) -> RecordedVerdict:
     """Of a region's two verdicts on one map (it changed modes), the one about the later generation,
     then the later transition; a report wins a tie, being the mode a region switches to."""
     if a is None:
@@ -83,7 +83,7 @@ def fleet_view(
 ) -> list[MapStatus]:
     """Every map (only those named, when `names` is given) with a verdict per region, in key order.
     The regions are `regions` and every region seen on any map or report read."""
-    found: dict[MapKey, dict[str, Verdict]] = {}
+    found: dict[MapKey, dict[str, RecordedVerdict]] = {}
     generations: dict[MapKey, int] = {}
     uids: dict[MapKey, str] = {}
     known_regions = set(regions)

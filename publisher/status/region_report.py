@@ -12,7 +12,7 @@ No sidecar watches RegionReports, so a verdict is one write that reaches no side
 whatever the number of regions; a TrafficMap stays the size OME makes it. `maps` is atomic
 (x-kubernetes-map-type), so managedFields name one field, not every map.
 
-`ReportSink` is a region's one writer, driven by the Publisher's status-writer task while it
+`RegionReportSink` is a region's one writer, driven by the Publisher's status-writer task while it
 leads. It remembers each shard as last read or written (entries and resourceVersion) and writes a
 shard only when a verdict in it changed, once per batch: a create (POST, 409 if another instance of
 the region made it first), an apply under the region's field manager with the resourceVersion it
@@ -77,7 +77,7 @@ def report_object(region: str, namespace: str, index: int, entries: Mapping[str,
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class RecordedVerdict:
     """One region's verdict on one map, as a condition or a RegionReport entry says it."""
 
     region: str
@@ -98,7 +98,7 @@ class Verdict:
         return not self.uid or not uid or self.uid == uid
 
 
-def parse_entry(region: str, raw: Any, mode: str = "report") -> Verdict | None:
+def parse_entry(region: str, raw: Any, mode: str = "report") -> RecordedVerdict | None:
     """A RegionReport entry (or a condition) as a Verdict; None for one this module did not write."""
     if not isinstance(raw, dict):
         return None
@@ -107,11 +107,11 @@ def parse_entry(region: str, raw: Any, mode: str = "report") -> Verdict | None:
     except ValidationError:
         return None
     uid = raw.get(_UID)
-    return Verdict(region, mode, condition.status, condition.reason, condition.message,
+    return RecordedVerdict(region, mode, condition.status, condition.reason, condition.message,
                    condition.observed_generation, condition.last_transition_time, uid if isinstance(uid, str) else "")
 
 
-def parse_report(raw: Mapping[str, Any]) -> tuple[str, int, dict[str, Verdict]] | None:
+def parse_report(raw: Mapping[str, Any]) -> tuple[str, int, dict[str, RecordedVerdict]] | None:
     """(region, shard index, verdict by map name) of a RegionReport; None when it is not one of ours."""
     metadata = raw.get("metadata") or {}
     region = (metadata.get("labels") or {}).get(REGION_LABEL)
@@ -193,7 +193,7 @@ class _Shard:
 ShardId = tuple[str, int]  # (namespace, index)
 
 
-class ReportSink:
+class RegionReportSink:
     """One region's RegionReports: the report mode's status sink (see the module docstring).
 
     `known` says whether the source still holds a map; the first write after each read (which comes
@@ -204,7 +204,7 @@ class ReportSink:
     def __init__(
         self,
         kube: Kube,
-        instance: str,
+        region: str,
         *,
         known: Callable[[MapKey], bool],
         has_condition: Callable[[MapKey], bool] = lambda key: False,
@@ -213,7 +213,7 @@ class ReportSink:
         concurrency: int = 8,
     ) -> None:
         self._kube = kube
-        self.region = instance
+        self.region = region
         self._known = known
         self._has_condition = has_condition
         # Maps whose leftover condition was taken off (the watch shows it until its event comes).
@@ -222,7 +222,7 @@ class ReportSink:
         self._namespaces = namespaces
         self._wall_clock = wall_clock
         self._concurrency = concurrency
-        self._field_manager = status.field_manager(instance)
+        self._field_manager = status.field_manager(region)
         self._shards: dict[ShardId, _Shard] = {}
         self._where: dict[MapKey, int] = {}
         self._started = False
@@ -262,7 +262,7 @@ class ReportSink:
             # place; the other shard drops it at its next write.
             self._where.setdefault(MapKey(namespace, name), index)
 
-    def verdict(self, key: MapKey) -> Verdict | None:
+    def verdict(self, key: MapKey) -> RecordedVerdict | None:
         """What this region's report says of `key`, as last read or written."""
         index = self._where.get(key)
         entry = self._shards[(key.namespace, index)].entries.get(key.name) if index is not None else None
@@ -270,7 +270,7 @@ class ReportSink:
 
     # --- writing ------------------------------------------------------------------------------
 
-    async def write(self, reports: Mapping[MapKey, status.Report | None]) -> Mapping[MapKey, str]:
+    async def write(self, verdicts: Mapping[MapKey, status.Verdict | None]) -> Mapping[MapKey, str]:
         """Write the shards whose verdicts changed, one request each (None: the map is gone).
         Returns the keys that failed, with a one-line reason; the caller retries them. Reads this
         region's RegionReports first when they may have changed (`stale`, and at start); raises
@@ -279,23 +279,23 @@ class ReportSink:
             await self.start()
         if not self._swept:
             self._swept = True
-            gone = {key: None for key in self._where if key not in reports and not self._known(key)}
-            reports = {**gone, **reports}
+            gone = {key: None for key in self._where if key not in verdicts and not self._known(key)}
+            verdicts = {**gone, **verdicts}
         now = self._wall_clock()
         drafts: dict[ShardId, dict[str, dict[str, Any]]] = {}
         placed: dict[ShardId, set[str]] = {}
         members: dict[ShardId, list[MapKey]] = {}
-        for key, report in reports.items():
+        for key, verdict in verdicts.items():
             index = self._where.get(key)
-            if report is None:
+            if verdict is None:
                 if index is not None:
                     self._draft(drafts, key.namespace, index).pop(key.name, None)
                     members.setdefault((key.namespace, index), []).append(key)
                 continue
             existing = self._shards[(key.namespace, index)].entries.get(key.name) if index is not None else None
-            if existing is not None and report.uid and existing.get(_UID) not in (None, report.uid):
+            if existing is not None and verdict.uid and existing.get(_UID) not in (None, verdict.uid):
                 existing = None  # about a map of the same name deleted before this one was made
-            entry = _entry_for(report, self.region, existing, now)
+            entry = _entry_for(verdict, self.region, existing, now)
             if entry is None:
                 continue
             if index is None:
@@ -319,8 +319,8 @@ class ReportSink:
         async with asyncio.TaskGroup() as group:
             for shard_id in drafts:
                 group.create_task(write_shard(shard_id))
-            for key, report in reports.items():
-                if report is not None and key not in self._conditions_removed and self._has_condition(key):
+            for key, verdict in verdicts.items():
+                if verdict is not None and key not in self._conditions_removed and self._has_condition(key):
                     group.create_task(remove_condition(key))
         return failed
 
@@ -426,10 +426,10 @@ class ReportSink:
         self._remember(shard_id, _Shard(entries, raw["metadata"].get("resourceVersion")), set())
 
 
-def _entry_for(report: status.Report, region: str, existing: Mapping[str, Any] | None, now: datetime) -> dict[str, Any] | None:
+def _entry_for(verdict: status.Verdict, region: str, existing: Mapping[str, Any] | None, now: datetime) -> dict[str, Any] | None:
     """The entry to store, or None when `existing` already says the same of the same map: the
     condition mode's rules (status.condition_for), with the message cut to MAX_MESSAGE."""
-    short = status.Report(report.published, report.reason, report.message[:MAX_MESSAGE], report.generation, report.uid)
+    short = status.Verdict(verdict.published, verdict.reason, verdict.message[:MAX_MESSAGE], verdict.generation, verdict.uid)
     current = None
     if existing is not None:
         try:
@@ -438,10 +438,10 @@ def _entry_for(report: status.Report, region: str, existing: Mapping[str, Any] |
             current = None
     condition = status.condition_for(short, region, current, now)
     if condition is None:
-        if existing is None or not report.uid or existing.get(_UID) == report.uid:
+        if existing is None or not verdict.uid or existing.get(_UID) == verdict.uid:
             return None
         condition = dict(existing)  # the same facts, now with the map's uid
     entry = {name: condition[name] for name in _ENTRY_FIELDS if name in condition}
-    if report.uid:
-        entry[_UID] = report.uid
+    if verdict.uid:
+        entry[_UID] = verdict.uid
     return entry

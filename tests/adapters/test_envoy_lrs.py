@@ -16,7 +16,7 @@ import pytest
 import yaml
 from envoy.config.endpoint.v3 import load_report_pb2
 
-from adapters.base import CountReport, RequestCounter
+from adapters.base import RequestCounts, RequestCounter
 from adapters.envoy import EnvoyOptions
 from adapters.envoy.bootstrap import bootstrap, xds_bootstrap
 from adapters.envoy.files import build_files
@@ -90,7 +90,7 @@ class Collected:
     def __init__(self, counter: LoadReports) -> None:
         self.counter = counter
         self.counts: dict[str, dict[MapKey, dict[str, int]]] = defaultdict(dict)
-        self.reports: list[CountReport] = []
+        self.reports: list[RequestCounts] = []
 
     async def collect(self) -> None:
         for report in await self.counter.collect():

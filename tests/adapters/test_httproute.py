@@ -49,7 +49,7 @@ PARENT = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": 
 
 
 def options(**overrides: Any) -> HttpRouteOptions:
-    values: dict[str, Any] = {"gateway": "gateways/global", "backend_port": 8080, "name": "eu", "route_status_timeout": 5.0}
+    values: dict[str, Any] = {"gateway": "gateways/global", "backend_port": 8080, "region": "eu", "route_status_timeout": 5.0}
     return HttpRouteOptions(**{**values, **overrides})
 
 
@@ -360,7 +360,7 @@ def test_options_refuse_a_gateway_without_namespace_and_the_instance_name_global
     with pytest.raises(ValueError, match="NAMESPACE/NAME"):
         options(gateway="global")
     with pytest.raises(ValueError, match="global"):
-        options(name="global")
+        options(region="global")
     with pytest.raises(ValueError):
         options(backend_port=0)
 
@@ -733,7 +733,7 @@ async def test_a_traffic_map_reaches_its_route_through_the_loop(kube_api: FakeKu
     seed(kube_api)
     stores = Stores.empty()
     gateway = ADAPTERS["httproute"].engine("httproute", options(gateway_kubeconfig=kubeconfig, route_status_timeout=0.5))
-    publisher = Publisher(stores, gateway, LoopOptions(instance="eu", resync=3600), status_sink=ConditionSink(kube, stores.maps, "eu"))
+    publisher = Publisher(stores, gateway, LoopOptions(region="eu", resync=3600), status_sink=ConditionSink(kube, stores.maps, "eu"))
     source = KubeSource(kube, stores, publisher, WatchOptions(backoff_initial=0.05, backoff_max=0.5, silence_timeout=5), clock=publisher.clock)
     async with gateway_controller(kube_api):
         task = asyncio.create_task(loop.run(publisher, source))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from adapters.base import CountReport
+from adapters.base import RequestCounts
 from adapters.nginx import NginxOptions
 from adapters.nginx.counts import LuaRequestCounts
 from adapters.nginx.lua import LuaTransport
@@ -26,7 +26,7 @@ from tests.adapters.test_nginx_lua import HOST, KEY, _scraped_table_series, lua_
 from tests.gateways import BACKEND_HEADER, Backends, measure
 
 
-async def collect(counter: LuaRequestCounts) -> CountReport:
+async def collect(counter: LuaRequestCounts) -> RequestCounts:
     (report,) = await counter.collect()
     return report
 
@@ -176,7 +176,7 @@ async def test_nginx_counts_each_backend_it_served_and_the_split_is_judged(tmp_p
         counter.enable(60.0)
         counter.page_backends = 3  # two pages: a map's backends stay in one
         counter.clock = lambda: 5.0
-        assert await collect(counter) == CountReport(counter.instance, restarted=True, at=5.0)  # the baseline
+        assert await collect(counter) == RequestCounts(counter.instance, restarted=True, at=5.0)  # the baseline
 
         got = await measure(lua.nginx.url, HOST, 1000)
         assert sum(got.values()) == 1000
