@@ -37,7 +37,7 @@ async def published_chat():
     changed: list[MapKey] = []
     verifier = SplitVerifier(ScriptedCounter(), 60.0, "memory", lambda key: (changed.append(key), publisher.split_changed(key)))
     verifier.clock = lambda: 0.0  # routes confirmed at 0 s: intervals that begin from 1 s count
-    publisher.split.stats = verifier
+    publisher.split = verifier
     publisher.status_sink = object()  # reports are kept (no status writer runs here)
     put_map(stores, make_map())
     await publisher.sync_once({CHAT: None})

@@ -61,8 +61,8 @@ async def test_the_demo_map_is_verified_on_nginx_and_a_ten_point_skew_is_named_w
         publisher = Publisher(Stores.empty(), engine, LoopOptions(adapter_name="nginx", resync=3600))
         counter = engine.transport.request_counter
         # One second between reads instead of the CLI's floor of 10: the test's time, not the rule's.
-        publisher.split.stats = SplitVerifier(counter, 1.0, "nginx", publisher.split_changed)
-        metrics.watch_split(publisher.split.stats)
+        publisher.split = SplitVerifier(counter, 1.0, "nginx", publisher.split_changed)
+        metrics.watch_split(publisher.split)
         source = DirectorySource(maps, publisher.stores, publisher, clock=publisher.clock, poll_interval=0.1)
         running = asyncio.create_task(loop.run(publisher, source))
         try:
@@ -91,9 +91,9 @@ async def test_the_demo_map_is_verified_on_nginx_and_a_ten_point_skew_is_named_w
             for _ in range(3):  # the interval that mixes both tables, then two windows
                 await measure(nginx.url, host, WINDOW)
                 await asyncio.sleep(1.5)
-            await eventually(lambda: publisher.split.stats.note(CHAT) is not None, timeout=15)
-            assert publisher.split.stats.note(CHAT).startswith(f"served split on nginx {counter.instance} over ")
-            assert "(weights 2/3)" in publisher.split.stats.note(CHAT)
+            await eventually(lambda: publisher.split.note(CHAT) is not None, timeout=15)
+            assert publisher.split.note(CHAT).startswith(f"served split on nginx {counter.instance} over ")
+            assert "(weights 2/3)" in publisher.split.note(CHAT)
             assert _instance_view(publisher)[counter.instance]["verdict"] == "off"
             assert publisher.states[CHAT].state == "published"  # a report, never a hold
             scrape = generate_latest(metrics.REGISTRY).decode()
@@ -289,8 +289,8 @@ async def test_envoy_in_file_mode_reports_to_the_sidecars_lrs_server_and_the_dem
         publisher = Publisher(Stores.empty(), engine, LoopOptions(adapter_name="envoy", resync=3600))
         counter = engine.transport.request_counter
         # One second between reports instead of the CLI's floor of 10: the test's time, not the rule's.
-        publisher.split.stats = SplitVerifier(counter, 1.0, "envoy", publisher.split_changed)
-        metrics.watch_split(publisher.split.stats)
+        publisher.split = SplitVerifier(counter, 1.0, "envoy", publisher.split_changed)
+        metrics.watch_split(publisher.split)
         source = DirectorySource(maps, publisher.stores, publisher, clock=publisher.clock, poll_interval=0.1)
         await engine.start()  # the empty files Envoy starts from
         running = asyncio.create_task(loop.run(publisher, source))

@@ -171,8 +171,8 @@ async def run(config: RunConfig) -> Summary | None:
         publisher, source = _assemble(config, adapter, kube)
         counter = getattr(transport, "request_counter", None)
         if config.split_verify == "on" and isinstance(counter, RequestCounter) and not (config.once or config.dry_run):
-            publisher.split.stats = SplitVerifier(counter, config.split_interval, config.adapter, publisher.split_changed)
-        metrics.watch_split(publisher.split.stats)
+            publisher.split = SplitVerifier(counter, config.split_interval, config.adapter, publisher.split_changed)
+        metrics.watch_split(publisher.split)
         if config.once or config.dry_run:
             await loop.once(publisher, source, read_gateway=not config.dry_run, timeout=config.timeout)
             return _summary(publisher, adapter)

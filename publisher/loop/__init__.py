@@ -852,8 +852,8 @@ async def run(
             await publisher.start()
             group.create_task(publisher.run_applier())
             group.create_task(publisher.run_resync())
-            if publisher.split.stats is not None:
-                group.create_task(publisher.split.stats.run())
+            if publisher.split is not None:
+                group.create_task(publisher.split.run())
             if publisher.status_sink is not None:
                 group.create_task(publisher.run_status_writer())
                 if leader is not None:
