@@ -8,7 +8,8 @@ import pytest
 
 from adapters.base import Unavailable
 from publisher import loop
-from publisher.loop import Backoff, KeyQueue, LoopOptions, Publisher
+from publisher.loop import KeyQueue, LoopOptions, Publisher
+from publisher.retry import Backoff
 from publisher.core.model import MapKey, Reason, parse_traffic_map
 from publisher.source import Stores, parse_isvc
 from tests.builders import make_entry, make_isvc, make_map
@@ -320,7 +321,7 @@ async def test_held_map_is_logged_once_per_reason(caplog):
 
 
 def test_published_message_names_the_weights_and_what_an_all_zero_map_gets():
-    from publisher.loop import _published_message
+    from publisher.loop.pipeline import _published_message
     from publisher.core.model import Backend, Publication
 
     zero = Publication("prod", "chat", "chat.example.com", 4, 6, (Backend("worker-a", "http://a", 0),))

@@ -1,0 +1,67 @@
+"""The applier's dirty keys: deduplicated, with backoff. Owns the ready and the delayed keys."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import time
+from collections.abc import Callable
+
+from publisher.core.model import MapKey
+
+
+class KeyQueue:
+    """Dirty keys, deduplicated. A key added again before it is taken is processed once; one added
+    while its batch is being processed is processed once more afterwards. `add_after` parks a key
+    until a delay passes (backoff). Remembers the earliest event time of each pending key."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._ready: dict[MapKey, float | None] = {}
+        self._delayed: list[tuple[float, int, MapKey]] = []
+        self._sequence = 0
+        self._wakeup = asyncio.Event()
+
+    def add(self, key: MapKey, at: float | None = None) -> None:
+        previous = self._ready.get(key)
+        if key not in self._ready or (previous is None and at is not None):
+            self._ready[key] = at
+        self._wakeup.set()
+
+    def add_after(self, key: MapKey, delay: float) -> None:
+        self._sequence += 1
+        heapq.heappush(self._delayed, (self._clock() + delay, self._sequence, key))
+        self._wakeup.set()
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def _promote_due(self) -> float | None:
+        """Move due delayed keys to ready; return seconds until the next one is due."""
+        now = self._clock()
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, key = heapq.heappop(self._delayed)
+            self._ready.setdefault(key, None)
+        return self._delayed[0][0] - now if self._delayed else None
+
+    def take_ready(self) -> dict[MapKey, float | None]:
+        self._promote_due()
+        ready, self._ready = self._ready, {}
+        return ready
+
+    async def wait(self) -> None:
+        """Until at least one key is ready."""
+        while True:
+            wait = self._promote_due()
+            if self._ready:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
+            except TimeoutError:
+                pass
+
+    async def take(self) -> dict[MapKey, float | None]:
+        """Every ready key with its earliest event time; waits until there is at least one."""
+        await self.wait()
+        return self.take_ready()
