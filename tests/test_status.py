@@ -14,7 +14,7 @@ from publisher.loop import LoopOptions, Publisher
 from publisher.core.model import Condition, MapKey, Reason, parse_traffic_map, validate
 from publisher.source import KubeSource, Stores, WatchOptions, parse_isvc
 from publisher.status import ConditionSink, Report, caught_up, condition_for, condition_type, field_manager
-from tests.builders import make_condition, make_entry
+from tests.builders import make_condition, make_entry, make_map
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.fakes.memory_adapter import memory_engine
 from tests.test_kube_integration import ISVC, TM, ours, seed
@@ -224,3 +224,25 @@ async def test_once_writes_a_hold_without_waiting_for_the_delay(kube_api, kubeco
                                                           ("", "42", False), ("abc", "abc", True), ("abd", "abc", False)])
 def test_the_cache_has_caught_up_with_a_write_at_its_version_or_a_newer_one(seen, written, expected):
     assert caught_up(seen, written) is expected
+
+
+async def test_a_verdict_about_a_deleted_map_is_not_written_on_the_one_made_again(kube_api, kubeconfig):
+    # Found by the status simulation (a leader change after a map was deleted and made again under
+    # its name): the new leader wrote the verdict it held about the deleted map onto the new one.
+    seed(kube_api)
+    kube = await Kube.connect(kubeconfig)
+    try:
+        stores = Stores.empty()
+        deleted_uid = kube_api.get(TM, "prod", "chat")["metadata"]["uid"]
+        kube_api.delete(TM, "prod", "chat")
+        kube_api.create(make_map("chat", generation=1, isvc_uid=kube_api.get(ISVC, "prod", "chat")["metadata"]["uid"]))
+        key = cache(stores, kube_api)
+        sink = ConditionSink(kube, stores.maps, "eu")
+        assert await sink.write({key: Report(True, Reason.PUBLISHED, "served", 1, deleted_uid)}) == {}
+        assert ours(kube_api) == {}
+        # A verdict about the map that is there now is written.
+        made_again = Report(True, Reason.PUBLISHED, "served", 1, kube_api.get(TM, "prod", "chat")["metadata"]["uid"])
+        assert await sink.write({key: made_again}) == {}
+        assert ours(kube_api)["reason"] == "Published"
+    finally:
+        await kube.close()
