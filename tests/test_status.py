@@ -78,7 +78,7 @@ async def decide_and_report(publisher: Publisher, keys: list[MapKey]) -> None:
     """One pass over `keys`, as an event for each would give, and the status writes it queues."""
     publisher.changed(keys, at=0.0)
     await publisher.sync_once(publisher.queue.take_ready())
-    await publisher.write_reports(publisher.status_queue.take_ready())
+    await publisher.outbox.write(publisher.outbox.due.take_ready())
 
 
 class FakeClock:
@@ -166,7 +166,7 @@ async def test_a_hold_between_omes_two_writes_is_not_written(kube_api, kubeconfi
         await decide_and_report(publisher, [key])  # published, generation 2: written at once
         assert ours(kube_api)["observedGeneration"] == 2
         clock.now += 1
-        await publisher.write_reports(publisher.status_queue.take_ready())
+        await publisher.outbox.write(publisher.outbox.due.take_ready())
     assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 2
     assert ours(kube_api)["status"] == "True"
 
@@ -180,7 +180,7 @@ async def test_a_hold_that_stands_is_written_after_the_delay_with_its_latest_ver
         clock.now += 0.3
         await decide_and_report(publisher, [key])  # decided again while held: the delay runs from the first
         clock.now += 0.2
-        await publisher.write_reports(publisher.status_queue.take_ready())
+        await publisher.outbox.write(publisher.outbox.due.take_ready())
         condition = ours(kube_api)
         assert (condition["status"], condition["reason"]) == ("False", "RoutableOutdated")
         assert publisher.adapter.confirmed[key] is not None  # the gateway keeps generation 1 meanwhile
@@ -199,7 +199,7 @@ async def test_an_invalid_maps_condition_is_read_back_not_written_on_every_pass(
         cache(stores, kube_api)
         await decide_and_report(publisher, [key])
         clock.now += 1
-        await publisher.write_reports(publisher.status_queue.take_ready())
+        await publisher.outbox.write(publisher.outbox.due.take_ready())
         assert ours(kube_api)["reason"] == "InvalidMap"
         cache(stores, kube_api)  # the watch delivers our write
         await decide_and_report(publisher, [key])

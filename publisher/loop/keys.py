@@ -1,13 +1,17 @@
-"""The applier's dirty keys: deduplicated, with backoff. Owns the ready and the delayed keys."""
+"""The applier's work: dirty keys, deduplicated, with backoff (`KeyQueue`, which owns the ready and
+the delayed keys), and a resync's backlog (`ResyncBacklog`, which owns the keys a resync has yet to
+hand the queue and whether a read-back of the gateway is due).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from publisher.core.model import MapKey
+from publisher.loop.options import DECIDE_SLICE
 
 
 class KeyQueue:
@@ -65,3 +69,36 @@ class KeyQueue:
         """Every ready key with its earliest event time; waits until there is at least one."""
         await self.wait()
         return self.take_ready()
+
+
+class ResyncBacklog:
+    """A resync's work for the applier: read the gateway back (repair drift), and decide every map
+    again, its keys fed to `queue` a slice at a time when it has nothing else, so a resync of 10,000
+    maps never holds a fresh event back or the event loop up."""
+
+    def __init__(self, queue: KeyQueue) -> None:
+        self._queue = queue
+        self._keys: list[MapKey] = []
+        self._reconcile_due = False
+
+    def request(self, keys: Iterable[MapKey]) -> None:
+        """A resync fell due: a read-back, then `keys` decided again."""
+        self._reconcile_due = True
+        self._keys = sorted(keys, reverse=True)
+        self.feed()
+
+    def take_reconcile(self) -> bool:
+        """Whether a read-back is due; it is not any more."""
+        due, self._reconcile_due = self._reconcile_due, False
+        return due
+
+    def feed(self) -> None:
+        """The next slice of keys, when the queue holds none."""
+        if self._keys and not len(self._queue):
+            for key in self._keys[-DECIDE_SLICE:]:
+                self._queue.add(key)
+            del self._keys[-DECIDE_SLICE:]
+
+    def __len__(self) -> int:
+        """Keys not yet fed to the queue."""
+        return len(self._keys)

@@ -1,4 +1,8 @@
-"""Lease-based leader election for status writes."""
+"""Lease-based leader election for status writes.
+
+Owns the Lease while it runs (its last renewal lives in the task); what it wins or loses it tells
+the Publisher's status outbox (`lead`, `follow`), which owns whether this replica writes.
+"""
 
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ async def run_leader_election(publisher: Publisher, kube: Kube, options: LeaderO
     def stop(why: str) -> None:
         nonlocal last_renew
         last_renew = None
-        publisher.leading = False
+        publisher.outbox.follow()
         log.warning("lost the lease: status writes stop", extra={"identity": options.identity, "reason": why})
 
     try:
@@ -67,14 +71,14 @@ async def run_leader_election(publisher: Publisher, kube: Kube, options: LeaderO
             if held:
                 if last_renew is None:
                     log.info("leading: writing status", extra={"identity": options.identity})
-                    publisher.lead()
+                    publisher.outbox.lead()
                 last_renew = now
             elif last_renew is not None and (problem is None or now - last_renew >= options.renew_deadline):
                 stop("another replica holds the lease" if problem is None else f"not renewed within {options.renew_deadline}s: {problem}")
             await asyncio.sleep(max(0.0, options.retry_period - (now - attempt_started)))
     finally:
         if last_renew is not None:
-            publisher.leading = False
+            publisher.outbox.follow()
             with contextlib.suppress(*_LEASE_FAULTS):
                 async with asyncio.timeout(options.retry_period):
                     await lock.release()

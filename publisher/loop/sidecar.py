@@ -1,4 +1,8 @@
-"""Running the loop: the sidecar's tasks (`run`), one full pass (`once`), and the HTTP server."""
+"""Running the loop: the sidecar's tasks (`run`), one full pass (`once`), and the HTTP server.
+
+Owns no state: the tasks it starts are the Publisher's and its parts', and the garbage collector's
+start-up threshold is set here and given back here.
+"""
 
 from __future__ import annotations
 
@@ -82,11 +86,11 @@ async def run(
             group.create_task(publisher.run_resync())
             if publisher.split is not None:
                 group.create_task(publisher.split.run())
-            if publisher.status_sink is not None:
-                group.create_task(publisher.run_status_writer())
+            if publisher.outbox.sink is not None:
+                group.create_task(publisher.outbox.run())
                 if leader is not None:
                     assert kube is not None, "leader election needs the API server"
-                    publisher.leading = False
+                    publisher.outbox.follow()
                     group.create_task(run_leader_election(publisher, kube, leader))
     finally:
         gc.set_threshold(*publisher.gc_threshold)  # also when stopped before the first sync
@@ -107,7 +111,7 @@ async def once(publisher: Publisher, source: Source, *, read_gateway: bool = Tru
         why = f": {problem}" if problem else ""
         unready = publisher.adapter.unready()
         if not publisher.started:
-            waiting = publisher.gateway_waiting or unready
+            waiting = publisher.gateway.waiting or unready
             stage = f"the gateway's read-back ({waiting})" if waiting else "the gateway's read-back"
         elif not publisher.is_synced:
             stage = "the source's first full view"
@@ -156,5 +160,4 @@ async def _one_pass(publisher: Publisher, source: Source, gateway: asyncio.Task[
     if gateway is not None:
         await _gateway_ready(publisher, gateway)
     await publisher.sync_once(publisher.queue.take_ready())
-    if publisher.status_sink is not None and publisher.leading:
-        await publisher.write_reports(list(publisher.reports), at_once=True)
+    await publisher.outbox.write_all()
