@@ -60,6 +60,7 @@ def test_model_and_quantity_import_nothing_else_of_ours(module):
     assert ours <= {"publisher.core.quantity", "publisher.core.quantity.QuantityError", "publisher.core.quantity.parse_quantity"}, ours
 
 
-def test_loop_uses_no_concrete_adapter():
+@pytest.mark.parametrize("loop_module", sorted(m for m in MODULES if m == "publisher.loop" or m.startswith("publisher.loop.")))
+def test_loop_uses_no_concrete_adapter(loop_module):
     concrete = sorted(m for m in MODULES if m.startswith("adapters.") and m != "adapters.base")
-    assert not [m for m in concrete if imported("publisher.loop", m)]
+    assert not [m for m in concrete if imported(loop_module, m)]
