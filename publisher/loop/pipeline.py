@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
@@ -31,8 +30,6 @@ from publisher.loop.settle import Settler
 from publisher.loop.states import MapStates
 from publisher.source import Stores
 from publisher.split.check import SplitVerifier
-
-log = logging.getLogger("publisher.loop")
 
 
 class Publisher:
