@@ -1,5 +1,6 @@
-"""The loop's pure parts, without I/O: deciding a map, a pass's batch for the engine, map states
-and their counts, a resync's backlog and the /debug/maps view."""
+"""The loop's parts without I/O: deciding a map, a pass's batch for the engine, map states and
+their counts, a resync's backlog, the /debug/maps view, and the status outbox against a sink in
+memory."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from publisher.loop.debug import debug_maps, probe_ages
 from publisher.loop.decide import decide, engine_batch
 from publisher.loop.keys import ResyncBacklog
 from publisher.loop.options import DECIDE_SLICE
+from publisher.loop.outbox import StatusOutbox
 from publisher.loop.states import MapStates, StateChange
 from publisher.source import Stores, parse_isvc
+from publisher.status import Report
 from tests.builders import make_entry, make_isvc, make_map
 
 CHAT = MapKey("prod", "chat")
@@ -147,3 +150,56 @@ def test_the_debug_view_says_per_map_what_was_decided_and_what_is_served():
     assert maps[0]["weights"] == {"worker-a": 1} and maps[0]["probeAgeSeconds"] == {"worker-a": 30}
     assert "envoys" not in maps[0] and maps[1]["hostname"] is None
     assert probe_ages(None, now) is None
+
+
+# --- the status outbox: its delay and leader gate, against a sink in memory -----------------------
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.written: list[dict] = []
+        self.stale_calls = 0
+
+    def stale(self) -> None:
+        self.stale_calls += 1
+
+    async def write(self, reports):
+        self.written.append(dict(reports))
+        return {}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_outbox_holds_back_a_verdict_other_than_published_and_only_the_leader_writes():
+    sink, clock = RecordingSink(), Clock()
+    outbox = StatusOutbox(sink, LoopOptions(status_delay=0.5), clock)
+    held = Report(False, Reason.ROUTABLE_OUTDATED, "m", 3, "uid")
+    served = Report(True, Reason.PUBLISHED, "served", 3, "uid")
+    outbox.put(CHAT, held)
+    outbox.put(EMBED, served)
+    await outbox.write(outbox.due.take_ready())
+    assert sink.written == [{EMBED: served}]  # the hold has not stood long enough
+    clock.now += 0.5
+    await outbox.write(outbox.due.take_ready())
+    assert sink.written[-1] == {CHAT: held}
+    outbox.follow()
+    outbox.put(CHAT, served)
+    await outbox.write(outbox.due.take_ready())
+    assert len(sink.written) == 2 and outbox.reports[CHAT] == served  # a follower keeps, never writes
+    outbox.lead()
+    assert sink.stale_calls == 1 and set(outbox.due.take_ready()) == {CHAT, EMBED}
+    outbox.forget(CHAT)
+    await outbox.write(outbox.due.take_ready())
+    assert sink.written[-1] == {CHAT: None} and CHAT not in outbox.reports
+
+
+async def test_without_a_sink_the_outbox_keeps_nothing():
+    outbox = StatusOutbox(None, LoopOptions(), Clock())
+    outbox.put(CHAT, Report(True, Reason.PUBLISHED, "served", 3, "uid"))
+    assert outbox.reports == {} and not outbox.leading and len(outbox.due) == 0
