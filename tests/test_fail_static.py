@@ -202,11 +202,11 @@ async def test_leader_election_survives_an_api_restart(kube_api, kubeconfig, tmp
     async with sidecar(kubeconfig, out, leader=LeaderOptions("prod", "replica-a", **FAST_LEASE)) as (publisher, task):
         await eventually(lambda: (published(out) and holder(kube_api) == "replica-a") or task.done())
         await kube_api.go_down()
-        await eventually(lambda: not publisher.leading or task.done())  # no renew: status writes stop
+        await eventually(lambda: not publisher.outbox.leading or task.done())  # no renew: status writes stop
         assert not task.done(), task
         assert published(out) == {"chat": [2, 3]}  # the gateway keeps serving
         await kube_api.come_back()
-        await eventually(lambda: publisher.leading or task.done(), timeout=20)
+        await eventually(lambda: publisher.outbox.leading or task.done(), timeout=20)
         assert not task.done(), task
         rescale(kube_api, "chat", 4)
         await eventually(lambda: ours(kube_api).get("observedGeneration") == 2)
@@ -217,7 +217,7 @@ async def test_a_leader_whose_renew_hangs_stops_writing_before_its_lease_expires
     async with sidecar(kubeconfig, tmp_path / "out.json", leader=LeaderOptions("prod", "replica-a", **FAST_LEASE)) as (publisher, task):
         await eventually(lambda: holder(kube_api) == "replica-a" or task.done())
         kube_api.set_latency(120)  # every call from now on hangs, the renews included
-        await eventually(lambda: not publisher.leading or task.done(), interval=0.01)
+        await eventually(lambda: not publisher.outbox.leading or task.done(), interval=0.01)
         stopped = datetime.now(UTC)
         assert not task.done(), task
         lease = kube_api.get(LEASES, "prod", LEASE_NAME)
@@ -231,7 +231,7 @@ async def test_the_lease_is_released_on_shutdown(kube_api, kubeconfig, tmp_path)
     seed(kube_api)
     async with sidecar(kubeconfig, tmp_path / "out.json", leader=LeaderOptions("prod", "replica-a", **FAST_LEASE)) as (publisher, task):
         await eventually(lambda: holder(kube_api) == "replica-a" or task.done())
-        assert publisher.leading
+        assert publisher.outbox.leading
     assert holder(kube_api) == ""
 
 
@@ -268,7 +268,7 @@ async def test_a_stalled_prober_is_written_once_not_on_every_pass(kube_api, kube
             version = kube_api.get(TM, "prod", "chat")["metadata"]["resourceVersion"]
             start = next(reads)
             await eventually(lambda: next(reads) > start + 20)  # ten passes or more
-            await eventually(lambda: len(publisher.status_queue) == 0)
+            await eventually(lambda: len(publisher.outbox.due) == 0)
             debug = {m["name"]: m for m in publisher.debug_maps()}
     # The condition never changed again (a write racing the watch event of the first one may
     # repeat it word for word, which the server takes as a no-op).

@@ -216,12 +216,12 @@ async def test_of_two_leader_elected_replicas_only_one_writes_status(kube_api, k
     async with running(kubeconfig, tmp_path / "a.json", leader=LeaderOptions("prod", "replica-a", **fast)) as a, \
             running(kubeconfig, tmp_path / "b.json", leader=LeaderOptions("prod", "replica-b", **fast)) as b:
         await eventually(lambda: published(tmp_path / "a.json") and published(tmp_path / "b.json"))
-        await eventually(lambda: a.leading or b.leading)
+        await eventually(lambda: a.outbox.leading or b.outbox.leading)
         await eventually(lambda: kube_api.count("patch", field_manager="ome-gateway-publisher-eu") >= 1)
         rescale(kube_api, "chat", 4)
         await eventually(lambda: published(tmp_path / "a.json") == {"chat": [1, 3]} == published(tmp_path / "b.json"))
         await eventually(lambda: ours(kube_api).get("observedGeneration") == 2)
-        assert a.leading != b.leading
+        assert a.outbox.leading != b.outbox.leading
     assert kube_api.get("coordination.k8s.io/v1/leases", "prod", "ome-gateway-publisher-eu") is not None
 
 

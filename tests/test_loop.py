@@ -8,7 +8,8 @@ import pytest
 
 from adapters.base import Unavailable
 from publisher import loop
-from publisher.loop import Backoff, KeyQueue, LoopOptions, Publisher
+from publisher.loop import KeyQueue, LoopOptions, Publisher
+from publisher.retry import Backoff
 from publisher.core.model import parse_traffic_map
 from publisher.core.values import MapKey, Reason
 from publisher.source.objects import parse_isvc
@@ -147,7 +148,7 @@ async def test_held_map_keeps_its_publication_while_others_move():
     assert adapter.held[CHAT] == before
     assert publisher.states[CHAT].reason == Reason.VERIFICATION_FAILED
     assert weights(adapter, embed) == [1, 0]
-    assert publisher.verdicts == {}  # no kube: nothing to report to
+    assert publisher.outbox.verdicts == {}  # no kube: nothing to report to
 
 
 async def test_nothing_is_withdrawn_before_the_first_sync():
@@ -291,7 +292,7 @@ def test_ready_needs_start_sync_and_a_recent_success():
     publisher.started = True
     publisher.is_synced = True
     assert publisher.ready() == (False, "no successful sync yet")
-    publisher.last_success = clock.now
+    publisher.gateway.last_success = clock.now
     assert publisher.ready() == (True, "ready")
     clock.now += 31
     assert publisher.ready()[0] is False
@@ -322,14 +323,14 @@ async def test_held_map_is_logged_once_per_reason(caplog):
 
 
 def test_published_message_names_the_weights_and_what_an_all_zero_map_gets():
-    from publisher.loop import _published_message
+    from publisher.loop.settle import published_message
     from publisher.core.values import Backend, Publication
 
     zero = Publication("prod", "chat", "chat.example.com", 4, 6, (Backend("worker-a", "http://a", 0),))
-    assert _published_message("envoy", zero, None, None) == (
+    assert published_message("envoy", zero, None, None) == (
         "the envoy gateway serves generation 4 for chat.example.com: worker-a=0; every weight is 0, so the gateway answers 503"
     )
-    assert "503" not in _published_message("httproute", zero, "Gateway API answers it with HTTP 500", None)
+    assert "503" not in published_message("httproute", zero, "Gateway API answers it with HTTP 500", None)
 
 
 # --- issue 11: regressions ------------------------------------------------------------------------
@@ -509,7 +510,7 @@ async def test_a_resync_feeds_the_queue_a_slice_at_a_time():
     resync = asyncio.create_task(publisher.run_resync())
     for _ in range(100):
         await asyncio.sleep(0.01)
-        if publisher._resync_backlog:
+        if publisher.resync:
             break
     resync.cancel()
     await asyncio.gather(resync, return_exceptions=True)
@@ -622,12 +623,12 @@ async def test_a_deleted_maps_records_are_dropped_its_prober_note_and_status_bac
     publisher.synced()
     await publisher.sync_once(publisher.queue.take_ready())
     assert publisher.states[CHAT].state == "published"
-    publisher.status_backoff.delay(CHAT)  # a status write of it failed
+    publisher.outbox.backoff.delay(CHAT)  # a status write of it failed
     stores.maps.delete(CHAT)
     publisher.changed([CHAT], at=0.0)
     await publisher.sync_once(publisher.queue.take_ready())
     assert CHAT not in gateway.held and CHAT not in publisher.states
-    assert publisher.status_backoff.failures(CHAT) == 0
+    assert publisher.outbox.backoff.failures(CHAT) == 0
     put_map(stores, raw)
     publisher.changed([CHAT], at=0.0)
     await publisher.sync_once(publisher.queue.take_ready())
@@ -712,11 +713,11 @@ async def test_maps_wait_pending_while_no_gateway_client_is_connected():
     assert publisher.states[CHAT].state == "pending" and publisher.states[CHAT].reason is None
     assert "no Envoy connected" in publisher.states[CHAT].message
     assert publications("failed") == failed
-    assert CHAT not in publisher.verdicts  # no condition is written, so none flips
+    assert CHAT not in publisher.outbox.verdicts  # no condition is written, so none flips
     assert publisher.ready() == (False, "waiting for the gateway: no Envoy connected")
     clock.now += loop.PENDING_RETRY_CAP
     await publisher.sync_once(publisher.queue.take_ready())
-    assert publisher.states[CHAT].state == "published" and publisher.verdicts[CHAT].reason == Reason.PUBLISHED
+    assert publisher.states[CHAT].state == "published" and publisher.outbox.verdicts[CHAT].reason == Reason.PUBLISHED
     assert publisher.ready() == (True, "ready")
 
 
@@ -737,7 +738,7 @@ async def test_start_waits_for_a_gateway_client_instead_of_failing():
     starting = asyncio.create_task(publisher.start())
     for _ in range(100):
         await asyncio.sleep(0.005)
-        if publisher.gateway_waiting:
+        if publisher.gateway.waiting:
             break
     assert publisher.ready() == (False, "gateway not read yet: no NGINX control listener at 127.0.0.1:8082")
     await asyncio.wait_for(starting, 5)

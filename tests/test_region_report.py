@@ -303,8 +303,8 @@ async def test_of_two_leader_elected_replicas_only_the_leader_writes_reports(kub
     async with sidecar(kubeconfig, tmp_path / "a.json", leader=LeaderOptions("prod", "replica-a", **fast)) as (a, sink_a), \
             sidecar(kubeconfig, tmp_path / "b.json", leader=LeaderOptions("prod", "replica-b", **fast)) as (b, sink_b):
         await eventually(lambda: ("prod", "chat") in stored(kube_api))
-        assert a.leading != b.leading
-        leader, follower = (sink_a, sink_b) if a.leading else (sink_b, sink_a)
+        assert a.outbox.leading != b.outbox.leading
+        leader, follower = (sink_a, sink_b) if a.outbox.leading else (sink_b, sink_a)
         current = kube_api.get(TM, "prod", "chat")
         current["spec"]["entries"][0]["probe"] = {"result": "Passed"}
         bumped = kube_api.update(current)
@@ -393,13 +393,13 @@ async def test_report_mode_keeps_serving_the_gateway_when_its_reports_cannot_be_
             assert "chat" in out.read_text()
             if heal is not None:
                 # It says what is missing, in /readyz and once in the log, and retries with backoff.
-                await eventually(lambda: publisher.status_backoff.failures(loop._WHOLE_SINK) >= 3)
+                await eventually(lambda: publisher.outbox.sink_failures() >= 3)
                 code, why = await readyz()
                 assert code == 200 and why.startswith("ready; status is not written: ") and all(part in why for part in said), why
                 assert not task.done()
                 await heal(reports_api)
             await eventually(lambda: ("prod", "chat") in stored(reports_api))
-            await eventually(lambda: publisher.status_problem is None)
+            await eventually(lambda: publisher.outbox.problem is None)
             assert await readyz() == (200, "ready\n")
             assert not task.done()
         finally:
@@ -436,7 +436,7 @@ async def test_a_follower_without_the_crd_keeps_serving_and_reads_nothing(kube_a
     async with sidecar(kubeconfig, tmp_path / "b.json", leader=LeaderOptions("prod", "replica-b", **fast)) as (b, _):
         await eventually(lambda: b.states.get(MapKey("prod", "chat"), loop.MapState()).state == "published")
         await eventually(lambda: kube_api.count("get", path="/apis/coordination.k8s.io/v1/namespaces/prod/leases/ome-gateway-publisher-eu") >= 2)
-        assert not b.leading and b.ready() == (True, "ready") and b.status_problem is None
+        assert not b.outbox.leading and b.ready() == (True, "ready") and b.outbox.problem is None
 
 
 async def test_each_mode_removes_what_its_region_left_in_the_other(kube_api, kubeconfig, tmp_path):

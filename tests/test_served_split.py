@@ -38,7 +38,7 @@ async def published_chat():
     verifier = SplitVerifier(ScriptedCounter(), 60.0, "memory", lambda key: (changed.append(key), publisher.split_changed(key)))
     verifier.clock = lambda: 0.0  # routes confirmed at 0 s: intervals that begin from 1 s count
     publisher.split = verifier
-    publisher.status_sink = object()  # reports are kept (no status writer runs here)
+    publisher.outbox.sink = object()  # reports are kept (no status writer runs here)
     put_map(stores, make_map())
     await publisher.sync_once({CHAT: None})
     return publisher, verifier, changed, gateway.held[CHAT]
@@ -61,7 +61,7 @@ async def test_a_correct_split_is_verified_and_a_skewed_one_named_in_the_conditi
     await verifier.fold([RequestCounts("gw-1", served(route, skewed, 2000))], 5.0)
     assert changed == [CHAT]
     await publisher.sync_once(publisher.queue.take_ready())
-    report = publisher.verdicts[CHAT]
+    report = publisher.outbox.verdicts[CHAT]
     assert report.published and report.reason == "Published"
     assert report.message.endswith("served split on memory gw-1 over 2,000 requests: worker-a 50%, worker-b 50% (weights 2/3)")
     assert publisher.states[CHAT].state == "published"
@@ -83,7 +83,7 @@ async def test_a_correct_split_is_verified_and_a_skewed_one_named_in_the_conditi
     finally:
         metrics.watch_split(None)
     await publisher.sync_once(publisher.queue.take_ready())
-    assert "served split" not in publisher.verdicts[CHAT].message
+    assert "served split" not in publisher.outbox.verdicts[CHAT].message
 
 
 async def test_a_confirmed_weight_change_restarts_the_windows():

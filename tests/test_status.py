@@ -18,7 +18,7 @@ from publisher.source.kube_source import KubeSource
 from publisher.source.objects import parse_isvc
 from publisher.source.store import Stores
 from publisher.status import ConditionSink, Verdict, caught_up, condition_for, condition_type, field_manager
-from tests.builders import make_condition, make_entry
+from tests.builders import make_condition, make_entry, make_map
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.fakes.memory_adapter import memory_engine
 from tests.test_kube_integration import ISVC, TM, ours, seed
@@ -82,7 +82,7 @@ async def decide_and_report(publisher: Publisher, keys: list[MapKey]) -> None:
     """One pass over `keys`, as an event for each would give, and the status writes it queues."""
     publisher.changed(keys, at=0.0)
     await publisher.sync_once(publisher.queue.take_ready())
-    await publisher.write_verdicts(publisher.status_queue.take_ready())
+    await publisher.outbox.write(publisher.outbox.due.take_ready())
 
 
 class FakeClock:
@@ -170,7 +170,7 @@ async def test_a_hold_between_omes_two_writes_is_not_written(kube_api, kubeconfi
         await decide_and_report(publisher, [key])  # published, generation 2: written at once
         assert ours(kube_api)["observedGeneration"] == 2
         clock.now += 1
-        await publisher.write_verdicts(publisher.status_queue.take_ready())
+        await publisher.outbox.write(publisher.outbox.due.take_ready())
     assert kube_api.count("patch", field_manager=FIELD_MANAGER) == 2
     assert ours(kube_api)["status"] == "True"
 
@@ -184,7 +184,7 @@ async def test_a_hold_that_stands_is_written_after_the_delay_with_its_latest_ver
         clock.now += 0.3
         await decide_and_report(publisher, [key])  # decided again while held: the delay runs from the first
         clock.now += 0.2
-        await publisher.write_verdicts(publisher.status_queue.take_ready())
+        await publisher.outbox.write(publisher.outbox.due.take_ready())
         condition = ours(kube_api)
         assert (condition["status"], condition["reason"]) == ("False", "RoutableOutdated")
         assert publisher.adapter.confirmed[key] is not None  # the gateway keeps generation 1 meanwhile
@@ -203,7 +203,7 @@ async def test_an_invalid_maps_condition_is_read_back_not_written_on_every_pass(
         cache(stores, kube_api)
         await decide_and_report(publisher, [key])
         clock.now += 1
-        await publisher.write_verdicts(publisher.status_queue.take_ready())
+        await publisher.outbox.write(publisher.outbox.due.take_ready())
         assert ours(kube_api)["reason"] == "InvalidMap"
         cache(stores, kube_api)  # the watch delivers our write
         await decide_and_report(publisher, [key])
@@ -228,3 +228,25 @@ async def test_once_writes_a_hold_without_waiting_for_the_delay(kube_api, kubeco
                                                           ("", "42", False), ("abc", "abc", True), ("abd", "abc", False)])
 def test_the_cache_has_caught_up_with_a_write_at_its_version_or_a_newer_one(seen, written, expected):
     assert caught_up(seen, written) is expected
+
+
+async def test_a_verdict_about_a_deleted_map_is_not_written_on_the_one_made_again(kube_api, kubeconfig):
+    # Found by the status simulation (a leader change after a map was deleted and made again under
+    # its name): the new leader wrote the verdict it held about the deleted map onto the new one.
+    seed(kube_api)
+    kube = await Kube.connect(kubeconfig)
+    try:
+        stores = Stores.empty()
+        deleted_uid = kube_api.get(TM, "prod", "chat")["metadata"]["uid"]
+        kube_api.delete(TM, "prod", "chat")
+        kube_api.create(make_map("chat", generation=1, isvc_uid=kube_api.get(ISVC, "prod", "chat")["metadata"]["uid"]))
+        key = cache(stores, kube_api)
+        sink = ConditionSink(kube, stores.maps, "eu")
+        assert await sink.write({key: Verdict(True, Reason.PUBLISHED, "served", 1, deleted_uid)}) == {}
+        assert ours(kube_api) == {}
+        # A verdict about the map that is there now is written.
+        made_again = Verdict(True, Reason.PUBLISHED, "served", 1, kube_api.get(TM, "prod", "chat")["metadata"]["uid"])
+        assert await sink.write({key: made_again}) == {}
+        assert ours(kube_api)["reason"] == "Published"
+    finally:
+        await kube.close()

@@ -61,7 +61,7 @@ class Replica:
         adapter = ADAPTERS["json"].engine("json", JsonOptions(json_path=out))
         self.publisher = Publisher(self.stores, adapter, LoopOptions(region=REGION, status_delay=0.0, resync=3600),
                                    status_sink=sink, clock=lambda: clock[0])
-        self.publisher.leading = False
+        self.publisher.outbox.follow()
 
 
 class StatusSimulation(RuleBasedStateMachine):
@@ -94,7 +94,7 @@ class StatusSimulation(RuleBasedStateMachine):
 
     def _start_replicas(self) -> dict[str, Replica]:
         replicas = {name: self._replica(name) for name in REPLICAS}
-        replicas[self.leader].publisher.lead()
+        replicas[self.leader].publisher.outbox.lead()
         return replicas
 
     def _replica(self, name: str) -> Replica:
@@ -105,7 +105,7 @@ class StatusSimulation(RuleBasedStateMachine):
         self._watch()
         for name, (_, report) in sorted(self.decided.items()):
             for replica in replicas:
-                replica.publisher._queue_verdict(MapKey(NAMESPACE, name), report)
+                replica.publisher.outbox.put(MapKey(NAMESPACE, name), report)
 
     # --- the world ---------------------------------------------------------------------------------
 
@@ -126,10 +126,10 @@ class StatusSimulation(RuleBasedStateMachine):
         for _ in range(5):
             self._watch()
             self.clock[0] += 1000.0
-            keys = publisher.status_queue.take_ready()
+            keys = publisher.outbox.due.take_ready()
             if not keys:
                 return
-            self.run(publisher.write_verdicts(keys))
+            self.run(publisher.outbox.write(keys))
 
     @initialize()
     def published_everywhere(self) -> None:
@@ -147,7 +147,7 @@ class StatusSimulation(RuleBasedStateMachine):
         report = status.Verdict(published, reason, message, raw["metadata"]["generation"], raw["metadata"]["uid"])
         self.decided[name] = (raw["metadata"]["uid"], report)
         for replica in self.replicas.values():
-            replica.publisher._queue_verdict(MapKey(NAMESPACE, name), report)
+            replica.publisher.outbox.put(MapKey(NAMESPACE, name), report)
         if write:
             self._flush()
 
@@ -161,7 +161,7 @@ class StatusSimulation(RuleBasedStateMachine):
             if not recreate:
                 # Every replica sees it go and forgets the map (the leader's sink drops its verdict).
                 for replica in self.replicas.values():
-                    replica.publisher._forget(MapKey(NAMESPACE, name))
+                    replica.publisher.settler.forget(MapKey(NAMESPACE, name))
         if recreate:
             self.api.create(make_map(name, namespace=NAMESPACE, generation=1))
 
@@ -169,9 +169,9 @@ class StatusSimulation(RuleBasedStateMachine):
     def change_leader(self) -> None:
         """The leader dies or loses its Lease with its queue unwritten; the other replica leads and
         writes at once what differs from the server, resync or not."""
-        self.replicas[self.leader].publisher.leading = False
+        self.replicas[self.leader].publisher.outbox.follow()
         self.leader = REPLICAS[1] if self.leader == REPLICAS[0] else REPLICAS[0]
-        self.replicas[self.leader].publisher.lead()
+        self.replicas[self.leader].publisher.outbox.lead()
         self._flush()
         if not self.tampered:
             self._check()
@@ -222,7 +222,7 @@ class StatusSimulation(RuleBasedStateMachine):
         self._watch()
         publisher.resync_now()
         for name, (_, report) in sorted(self.decided.items()):  # the applier re-decides every map
-            publisher._queue_verdict(MapKey(NAMESPACE, name), report)
+            publisher.outbox.put(MapKey(NAMESPACE, name), report)
         self._flush()
         self.tampered = False
         self._check()

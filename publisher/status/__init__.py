@@ -204,6 +204,8 @@ class ConditionSink:
         semaphore = asyncio.Semaphore(self._concurrency)
 
         async def one(key: MapKey, verdict: Verdict) -> None:
+            if verdict.uid and _uid(self._maps.get(key)) not in ("", verdict.uid):
+                return  # about a map deleted before the one of this name was made: its verdict follows
             condition = condition_for(verdict, self._region, self._current(key), self._wall_clock())
             if condition is None:
                 return
@@ -240,6 +242,15 @@ class ConditionSink:
 
     def _seen(self, item: TrafficMap | InvalidObject | None) -> Condition | None:
         return own_condition(item, self._region)
+
+
+def _uid(item: TrafficMap | InvalidObject | None) -> str:
+    """The map's metadata.uid as the watch cache holds it ("": none known)."""
+    if isinstance(item, TrafficMap):
+        return item.metadata.uid
+    metadata = item.raw.get("metadata") if item is not None else None
+    uid = metadata.get("uid") if isinstance(metadata, dict) else None
+    return uid if isinstance(uid, str) else ""
 
 
 def own_condition(item: TrafficMap | InvalidObject | None, region: str) -> Condition | None:

@@ -1,0 +1,73 @@
+"""Deciding a map from the newest objects (gate -> verify -> plan), and what one pass hands the engine.
+
+Pure: reads the Stores and the adapter's own pure check, writes nothing, owns no state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from publisher.core import gate, plan
+from publisher.core.model import InvalidObject, TrafficMap
+from publisher.core.values import Held, MapKey, Publication, Route
+from publisher.core.plan import Hold, Outcome, Publish, Withdraw
+from publisher.loop.options import LoopOptions
+from publisher.source.store import Stores
+
+
+def decide(key: MapKey, stores: Stores, options: LoopOptions, check: Callable[[Publication], Held | None]) -> Outcome:
+    """The map's outcome from the newest TrafficMap and InferenceService; `check` is the adapter's
+    own (a hostname it cannot serve, say)."""
+    item = stores.maps.get(key)
+    # The InferenceService is the one spec.service names, in the map's namespace.
+    service = item.spec.service if isinstance(item, TrafficMap) else key.name
+    isvc = stores.isvcs.get(MapKey(key.namespace, service))
+    if isinstance(item, InvalidObject):
+        if item.deletion_timestamp is not None:
+            # Invalid or not, a map being deleted leaves the gateway.
+            return Withdraw(f"the TrafficMap is being deleted (since {item.deletion_timestamp})")
+        held = gate.decide(item, isvc, options.gate)
+        assert held is not None
+        return Hold(held)
+    reason = plan.withdrawal(item, isvc)
+    if reason is not None:
+        return Withdraw(reason)
+    assert isinstance(item, TrafficMap)
+    held = gate.decide(item, isvc, options.gate)
+    if held is not None:
+        return Hold(held)
+    publication = plan.publication_for(item, isvc, options.host_template)
+    held = check(publication)
+    return Hold(held) if held is not None else Publish(publication)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one pass hands the engine in one apply."""
+
+    # Every Publish and Withdraw of the pass: the engine writes only what differs from what it
+    # confirmed, and also what a client refused or two maps serve on one hostname.
+    decided: Mapping[MapKey, Publication | None]
+    # What the engine had confirmed for each of them before this apply.
+    before: Mapping[MapKey, Route | None]
+    # What a failed write leaves failed (or pending): the maps it would have changed, and the maps
+    # that were failing already (a refusal is retried by writing the same route again).
+    changes: frozenset[MapKey]
+
+
+def engine_batch(outcomes: Mapping[MapKey, Outcome], confirmed: Mapping[MapKey, Route], failing: Callable[[MapKey], bool]) -> Batch:
+    """The pass's batch: `confirmed` is what the engine serves now, `failing` says which maps' last
+    write failed."""
+    decided: dict[MapKey, Publication | None] = {}
+    for key, outcome in outcomes.items():
+        if isinstance(outcome, Publish):
+            decided[key] = outcome.publication
+        elif isinstance(outcome, Withdraw):
+            decided[key] = None
+    before = {key: confirmed.get(key) for key in decided}
+    changes = frozenset(
+        key for key, pub in decided.items()
+        if (pub.route if pub is not None else None) != before[key] or failing(key)
+    )
+    return Batch(decided, before, changes)

@@ -1,0 +1,104 @@
+"""The applier's work: dirty keys, deduplicated, with backoff (`KeyQueue`, which owns the ready and
+the delayed keys), and a resync's backlog (`ResyncBacklog`, which owns the keys a resync has yet to
+hand the queue and whether a read-back of the gateway is due).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import time
+from collections.abc import Callable, Iterable
+
+from publisher.core.values import MapKey
+from publisher.loop.options import DECIDE_SLICE
+
+
+class KeyQueue:
+    """Dirty keys, deduplicated. A key added again before it is taken is processed once; one added
+    while its batch is being processed is processed once more afterwards. `add_after` parks a key
+    until a delay passes (backoff). Remembers the earliest event time of each pending key."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._ready: dict[MapKey, float | None] = {}
+        self._delayed: list[tuple[float, int, MapKey]] = []
+        self._sequence = 0
+        self._wakeup = asyncio.Event()
+
+    def add(self, key: MapKey, at: float | None = None) -> None:
+        previous = self._ready.get(key)
+        if key not in self._ready or (previous is None and at is not None):
+            self._ready[key] = at
+        self._wakeup.set()
+
+    def add_after(self, key: MapKey, delay: float) -> None:
+        self._sequence += 1
+        heapq.heappush(self._delayed, (self._clock() + delay, self._sequence, key))
+        self._wakeup.set()
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def _promote_due(self) -> float | None:
+        """Move due delayed keys to ready; return seconds until the next one is due."""
+        now = self._clock()
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, key = heapq.heappop(self._delayed)
+            self._ready.setdefault(key, None)
+        return self._delayed[0][0] - now if self._delayed else None
+
+    def take_ready(self) -> dict[MapKey, float | None]:
+        self._promote_due()
+        ready, self._ready = self._ready, {}
+        return ready
+
+    async def wait(self) -> None:
+        """Until at least one key is ready."""
+        while True:
+            wait = self._promote_due()
+            if self._ready:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
+            except TimeoutError:
+                pass
+
+    async def take(self) -> dict[MapKey, float | None]:
+        """Every ready key with its earliest event time; waits until there is at least one."""
+        await self.wait()
+        return self.take_ready()
+
+
+class ResyncBacklog:
+    """A resync's work for the applier: read the gateway back (repair drift), and decide every map
+    again, its keys fed to `queue` a slice at a time when it has nothing else, so a resync of 10,000
+    maps never holds a fresh event back or the event loop up."""
+
+    def __init__(self, queue: KeyQueue) -> None:
+        self._queue = queue
+        self._keys: list[MapKey] = []
+        self._reconcile_due = False
+
+    def request(self, keys: Iterable[MapKey]) -> None:
+        """A resync fell due: a read-back, then `keys` decided again."""
+        self._reconcile_due = True
+        self._keys = sorted(keys, reverse=True)
+        self.feed()
+
+    def take_reconcile(self) -> bool:
+        """Whether a read-back is due; it is not any more."""
+        due, self._reconcile_due = self._reconcile_due, False
+        return due
+
+    def feed(self) -> None:
+        """The next slice of keys, when the queue holds none."""
+        if self._keys and not len(self._queue):
+            for key in self._keys[-DECIDE_SLICE:]:
+                self._queue.add(key)
+            del self._keys[-DECIDE_SLICE:]
+
+    def __len__(self) -> int:
+        """Keys not yet fed to the queue."""
+        return len(self._keys)
