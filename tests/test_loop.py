@@ -808,7 +808,7 @@ async def test_a_map_held_back_on_some_clients_is_apply_failed_yet_its_served_we
     await publisher.sync_once(publisher.queue.take_ready())
     assert publisher.states[CHAT].reason == Reason.APPLY_FAILED
     # The condition says where the older weights stay: on the refusers alone.
-    assert publisher.verdicts[CHAT].message.endswith("envoy rogue refused the route: no; held back on those; 1 other Envoy serves it; "
+    assert publisher.outbox.verdicts[CHAT].message.endswith("envoy rogue refused the route: no; held back on those; 1 other Envoy serves it; "
                                                     "where refused, the gateway keeps generation 3")
     new = gateway.held[CHAT]
     assert split.routes[-1] == new  # the others serve it: the check follows them
