@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Set
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
@@ -184,7 +184,7 @@ class XdsTransport:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._sessions.discard(session)  # in case its reader added it back before it stopped
-        self._progressed()  # a write waiting on this Envoy stops waiting
+        self.progressed()  # a write waiting on this Envoy stops waiting
         log.info("envoy disconnected", extra={"envoy": session.name})
 
     def _cut(self, session: Session, exc: Exception) -> None:
@@ -208,7 +208,25 @@ class XdsTransport:
         """The names of one resource type one stream may list or subscribe."""
         return max(self.names_floor, self.names_per_map * len(self._target))
 
-    def _progressed(self) -> None:
+    # --- what each Envoy's session reads, and tells (adapters.envoy.xds_session.Host) -------------------
+
+    @property
+    def target(self) -> Mapping[MapKey, MapResources]:
+        return self._target
+
+    @property
+    def withdrawn(self) -> Set[MapKey]:
+        return self._withdrawn
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def seeded(self) -> bool:
+        return self._seeded
+
+    def progressed(self) -> None:
         self._progress.set()
 
     # --- Transport ------------------------------------------------------------------------------------
@@ -252,7 +270,7 @@ class XdsTransport:
         refusals, self._refusals = self._refusals, {}
         return {key: message for key, (part, message) in refusals.items() if self._target.get(key) == part}
 
-    def _refusal(self, key: MapKey, part: MapResources | None, message: str) -> None:
+    def refused(self, key: MapKey, part: MapResources | None, message: str) -> None:
         # A refusal of the write in progress is in the Envoy's state, where the write reads it.
         if not (self._writing is not None and key in self._writing and self._writing[key] == part):
             self._refusals[key] = (part, message)
@@ -365,7 +383,7 @@ class XdsTransport:
         # list() copies the set in one step: /metrics calls this from a worker thread.
         return sorted((s.status() for s in list(self._sessions)), key=lambda s: (s.name, s.peer))
 
-    def _name_of(self, session: Session) -> str:
+    def name_of(self, session: Session) -> str:
         """The Envoy's instance label (see EnvoyStatus.name), among the Envoys connected now."""
         others = [s.peer for s in list(self._sessions) if s is not session and s.node == session.node]
         return instance_label(session.node, session.peer, others)

@@ -14,24 +14,54 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
-from adapters.envoy.resources import map_name
+from adapters.envoy.resources import MapResources, map_name
 from adapters.envoy.xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, plan, words
 from publisher.core.values import MapKey
-
-if TYPE_CHECKING:
-    from adapters.envoy.xds import XdsTransport
 
 # The transport's logger: log filters on "adapters.envoy_xds" see every Envoy's stream too.
 log = logging.getLogger("adapters.envoy_xds")
 
-__all__ = ["Behind", "EnvoyStatus", "Gone", "Session", "TooMany"]
+__all__ = ["Behind", "EnvoyStatus", "Gone", "Host", "Session", "TooMany"]
+
+
+class Host(Protocol):
+    """What a session reads of its transport (adapters.envoy.xds.XdsTransport), and tells it.
+
+    target and withdrawn: what the engine wrote and the maps it withdrew; generation: the write a
+    session that converges now has synced; seeded: the target is known (a write or a read made it).
+    """
+
+    ack_timeout: float
+    seconds_per_resource: float
+    batch_maps: int
+
+    @property
+    def target(self) -> Mapping[MapKey, MapResources]: ...
+
+    @property
+    def withdrawn(self) -> Set[MapKey]: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def seeded(self) -> bool: ...
+
+    def name_of(self, session: Session) -> str:
+        """The Envoy's instance label among the Envoys connected now (see EnvoyStatus.name)."""
+
+    def progressed(self) -> None:
+        """A session synced, refused or ended: a write waiting on it looks again."""
+
+    def refused(self, key: MapKey, part: MapResources | None, message: str) -> None:
+        """The Envoy refused `part` of `key`, in `message`'s words."""
 
 
 @dataclass(frozen=True)
@@ -93,13 +123,13 @@ class Session:
     The synchronisation it needs, each for one reason: `wake` (a request came or a write marked
     maps), `converging` (one task at a time brings this Envoy to the target: its own, or a write
     that found it the only Envoy, idle, and converges it itself, without the task switch a wake-up
-    costs, about 1 ms at p50 and 10 ms at p99 on a busy loop), the transport's `_progress` (a
+    costs, about 1 ms at p50 and 10 ms at p99 on a busy loop), the transport's `progressed` (a
     write waits for `synced` to reach its generation, for the Envoy to refuse, or to leave),
     `outbox` (at most one response queued: everything else an Envoy is owed is the difference
     between the target and what it holds, recomputed, so a slow Envoy costs one response's worth
     of memory) and the `pending` answer."""
 
-    transport: XdsTransport
+    transport: Host
     peer: str
     node: str = ""
     connected_at: float = field(default_factory=time.monotonic)
@@ -120,7 +150,7 @@ class Session:
 
     @property
     def name(self) -> str:
-        return self.transport._name_of(self)
+        return self.transport.name_of(self)
 
     def receive(self, request: discovery_pb2.DeltaDiscoveryRequest) -> None:
         if request.node.id:
@@ -128,7 +158,7 @@ class Session:
         if request.response_nonce and request.type_url in KIND:
             if self.pending is not None and self.pending[0] == request.response_nonce and not self.pending[1].done():
                 self.pending[1].set_result(request.error_detail.message if request.HasField("error_detail") else None)
-        self.state.receive(request, self.transport._target)
+        self.state.receive(request, self.transport.target)
         self.wake.set()
 
     async def run(self) -> None:
@@ -141,13 +171,13 @@ class Session:
         """One round toward the target; marks the generation synced when nothing is left dirty."""
         async with self.converging:
             self.nacked_this_round = False
-            generation = self.transport._generation
-            seeded = self.transport._seeded
+            generation = self.transport.generation
+            seeded = self.transport.seeded
             await self._converge(seeded)
             if not self.state.dirty or not seeded:
                 self.unacked_since = None if seeded else self.unacked_since
                 self.synced = generation
-                self.transport._progressed()
+                self.transport.progressed()
 
     async def _converge(self, seeded: bool) -> None:
         """Send what the plan says, step after step, until it has nothing more for this round."""
@@ -157,8 +187,8 @@ class Session:
             if self.unacked_since is None:
                 self.unacked_since = time.monotonic()
         # The target as it is now: a write meanwhile marks its maps dirty for the next round.
-        target = {k: part for k in keys if (part := self.transport._target.get(k)) is not None}
-        withdrawn = {k for k in keys if k in self.transport._withdrawn}
+        target = {k: part for k in keys if (part := self.transport.target.get(k)) is not None}
+        withdrawn = {k for k in keys if k in self.transport.withdrawn}
         while (step := plan(self.state, target, withdrawn, keys, seeded=seeded)) is not None:
             if isinstance(step, Send):
                 keys -= await self._push(step.type_url, step.items)
@@ -220,13 +250,13 @@ class Session:
         on it may stop waiting."""
         self.nacked += 1
         self.nacked_this_round = True
-        self.transport._progressed()
+        self.transport.progressed()
 
     def _refused(self, type_url: str, item: Item, error: str) -> None:
         self.nack_counts[KIND[type_url]] += 1
         message = f"envoy {self.name} refused the {KIND[type_url]}: {words(error)}"
         self.state.refused[item.key] = (item.part, message)
-        self.transport._refusal(item.key, item.part, message)
+        self.transport.refused(item.key, item.part, message)
         self._nacked()
         log.warning("envoy refused a map", extra={"envoy": self.name, "map": str(item.key), "kind": KIND[type_url], "error": error})
 
@@ -281,8 +311,8 @@ class Session:
         if self.pending is not None and not self.pending[1].done():
             self.pending[1].set_exception(Gone("the stream ended before its answer"))
         self.wake.set()
-        self.transport._progressed()
+        self.transport.progressed()
 
     def status(self) -> EnvoyStatus:
-        refused = self.state.refusing(self.transport._target)
+        refused = self.state.refusing(self.transport.target)
         return EnvoyStatus(self.name, self.node, self.peer, self.connected_at, dict(self.nack_counts), self.unacked_since, self.sent, refused)
