@@ -22,8 +22,8 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from adapters.base import NotConnected, Unavailable, WriteResult
 from adapters.envoy.lrs import LoadReports
-from adapters.envoy.resources import ROUTE_TYPE, MapResources, XdsRenderer, map_name
-from adapters.envoy.xds_plan import fleet_message, served_by_most
+from adapters.envoy.resources import MapResources, XdsRenderer
+from adapters.envoy.xds_plan import WriteAnswer, served_by_most, served_versions, write_outcome
 from adapters.envoy.xds_session import Behind, EnvoyStatus, Gone, Session, TooMany
 from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label
 from adapters.grpc_tls import ServerTls
@@ -294,7 +294,8 @@ class XdsTransport:
             generation, through = await self._sync(changed, nacked)
             if not through:
                 raise Unavailable("envoy: every Envoy connected at the write's start left before it acknowledged the write")
-            rejected, held_back = self._outcome(changes, before, generation, through)
+            answers = [WriteAnswer(s.name, s.state, s.synced >= generation) for s in through]
+            rejected, held_back = write_outcome(changes, before, self._target, answers)
             if rejected:
                 # Every Envoy goes back to what it served for a map none took, or that leaves
                 # its hostname, so the fleet agrees.
@@ -303,35 +304,6 @@ class XdsTransport:
         finally:
             self._writing = None
         return WriteResult(rejected=rejected, held_back=held_back)
-
-    def _outcome(
-        self, changes: Mapping[MapKey, MapResources | None], before: Mapping[MapKey, MapResources | None], generation: int, through: list[Session]
-    ) -> tuple[dict[MapKey, str], dict[MapKey, str]]:
-        """Each changed map not every Envoy took: rejected (put back for all) when none took it, or
-        when it moves or leaves its hostname; held back on the refusers otherwise."""
-        rejected: dict[MapKey, str] = {}
-        held_back: dict[MapKey, str] = {}
-        for key in changes:
-            part = self._target.get(key)
-            refusals: list[str] = []
-            pending: list[str] = []
-            took = 0
-            for session in through:
-                refusal = session.state.refusal(key, part)
-                if refusal is not None:
-                    refusals.append(refusal)
-                elif session.synced >= generation or session.state.holds(key, part):
-                    took += 1
-                else:
-                    pending.append(session.name)
-            if not refusals and not pending:
-                continue
-            old = before[key]
-            if took and part is not None and (old is None or old.route.hostname == part.route.hostname):
-                held_back[key] = fleet_message(refusals, pending, took)
-            else:
-                rejected[key] = fleet_message(refusals, pending, 0)
-        return rejected, held_back
 
     def _apply(self, changes: Mapping[MapKey, MapResources | None]) -> None:
         for key, part in changes.items():
@@ -391,10 +363,4 @@ class XdsTransport:
     def served(self, key: MapKey) -> dict[str, str | None]:
         """Envoy name -> the version of `key`'s route configuration it holds (None: not served),
         followed by its words when it refused the map's current part."""
-        part = self._target.get(key)
-        served: dict[str, str | None] = {}
-        for session in list(self._sessions):
-            version = session.state.held[ROUTE_TYPE].get(map_name(key), "").split(" ")[0] or None
-            refusal = session.state.refusal(key, part)
-            served[session.name] = version if refusal is None else f"{version or 'nothing'}, holding back the current weights: {refusal}"
-        return served
+        return served_versions(key, self._target.get(key), [(s.name, s.state) for s in list(self._sessions)])
