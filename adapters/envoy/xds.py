@@ -1,18 +1,17 @@
 """Envoy's xDS mode: the sidecar as a gRPC delta ADS server (grpc.aio, in the sidecar's event loop).
 
-Owns the streams of every connected Envoy, the target (what the engine wrote, and the maps it
+Owns the gRPC server, the connected Envoys, the target (what the engine wrote, and the maps it
 withdrew), and what a write's confirmation means. Each Envoy's session is three parts: its state
-and the plan from the target to the responses to send are pure (adapters.envoy.xds_plan), and a
-small pump (adapters.envoy.xds_session) sends them one at a time, a NACKed batch resent map by map
-to pin the refusal. It renders nothing (see adapters.envoy.resources), decides nothing about maps
-and imports no metrics: per-Envoy state is data (`envoys()`, read by publisher.metrics at scrape time;
-`served()`, for /debug/maps).
+and the plan from the target to the responses to send are pure (adapters.envoy.xds_plan, with
+what a write's answers mean), and a small pump (adapters.envoy.xds_session) sends them one at a
+time, a NACKed batch resent map by map to pin the refusal. It renders nothing (see
+adapters.envoy.resources), decides nothing about maps and imports no metrics: per-Envoy state is
+data (`envoys()`, read by publisher.metrics at scrape time; `served()`, for /debug/maps).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Set
@@ -24,7 +23,7 @@ from adapters.base import NotConnected, Unavailable, WriteResult
 from adapters.envoy.lrs import LoadReports
 from adapters.envoy.resources import MapResources, XdsRenderer
 from adapters.envoy.xds_plan import WriteAnswer, served_by_most, served_versions, write_outcome
-from adapters.envoy.xds_session import Behind, EnvoyStatus, Gone, Session, TooMany
+from adapters.envoy.xds_session import EnvoyStatus, Session
 from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label
 from adapters.grpc_tls import ServerTls
 from publisher.core.values import MapKey, Route
@@ -43,11 +42,66 @@ class _Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self, request_iterator: AsyncIterator[discovery_pb2.DeltaDiscoveryRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[discovery_pb2.DeltaDiscoveryResponse]:
         session = Session(self._transport, context.peer())
-        async with self._transport._attached(session, request_iterator):
+        async with session.attached(request_iterator):
             while (response := await session.outbox.get()) is not None:
                 yield response
             if session.cut is not None:
                 await context.abort(*session.cut)
+
+
+class _Server:
+    """The gRPC server Envoys connect to: their ADS streams (`servicer`) and their load reports on
+    one port, served until cancelled and stopped once."""
+
+    shutdown_grace = 1.0
+
+    def __init__(
+        self, listen: str, tls: ServerTls | None, servicer: ads_pb2_grpc.AggregatedDiscoveryServiceServicer, load_reports: LoadReports
+    ) -> None:
+        self._listen = listen
+        # Mutual TLS for Envoys outside the pod (--envoy-xds-tls-*); None: plaintext.
+        self._tls = tls
+        self._servicer = servicer
+        self._load_reports = load_reports
+        self._server: grpc.aio.Server | None = None
+        self._stopping: asyncio.Future[None] | None = None
+        self._serving = asyncio.Event()
+        self.port: int | None = None
+
+    async def serve(self) -> None:
+        """Listen on the xDS address and serve Envoys until cancelled. An address another process
+        holds raises OSError naming --envoy-xds-listen, as `--listen` is named for the HTTP server."""
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self._servicer, server)
+        self._load_reports.add_to(server)
+        self.port = add_port(server, self._listen, "--envoy-xds-listen", self._tls)
+        self._server = server
+        await server.start()
+        self._serving.set()
+        log.info("xds server listening", extra={"listen": self._listen, "port": self.port})
+        try:
+            # Until cancelled: gRPC's wait_for_termination, cancelled, cancels the server's graceful
+            # stop too, and the old server kept its streams and its port.
+            await asyncio.Event().wait()
+        finally:
+            await self.stop()
+
+    async def started(self) -> int:
+        """Wait until `serve()` listens; the bound port (for a listen address with port 0)."""
+        await self._serving.wait()
+        assert self.port is not None
+        return self.port
+
+    async def stop(self) -> None:
+        """Streams end; each Envoy keeps serving what it holds and reconnects to the next sidecar.
+        The stop is one task, held here and shielded: a cancelled serve() and a later aclose()
+        both wait for it (a shielded stop nothing held was lost, and the server kept serving)."""
+        if self._stopping is None:
+            if self._server is None:
+                return
+            server, self._server = self._server, None
+            self._stopping = asyncio.ensure_future(server.stop(self.shutdown_grace))
+        await asyncio.shield(self._stopping)
 
 
 class XdsTransport:
@@ -76,7 +130,6 @@ class XdsTransport:
     seconds_per_resource = 0.004
     # Maps per response when many change at once (a first publish); a NACK then resends them one by one.
     batch_maps = 500
-    shutdown_grace = 1.0
 
     # How long a read at start waits for a first Envoy to connect and list what it holds.
     read_wait = 3.0
@@ -86,9 +139,6 @@ class XdsTransport:
     names_per_map = 10
 
     def __init__(self, listen: str, renderer: XdsRenderer, tls: ServerTls | None = None) -> None:
-        self._listen = listen
-        # Mutual TLS for Envoys outside the pod (--envoy-xds-tls-*); None: plaintext.
-        self._tls = tls
         self._renderer = renderer
         # Envoys report their requests per cluster on the same server, for the served-split check.
         self.request_counter = LoadReports()
@@ -104,109 +154,22 @@ class XdsTransport:
         # Set when a session synced, refused or ended: what a write waits on.
         self._progress = asyncio.Event()
         self._sessions: set[Session] = set()
-        self._server: grpc.aio.Server | None = None
-        self._stopping: asyncio.Future[None] | None = None
-        self._serving = asyncio.Event()
-        self.port: int | None = None
+        self._server = _Server(listen, tls, _Servicer(self), self.request_counter)
 
     # --- the server -----------------------------------------------------------------------------------
 
+    @property
+    def port(self) -> int | None:
+        """The bound port once `serve()` listens (for a listen address with port 0); else None."""
+        return self._server.port
+
     async def serve(self) -> None:
-        """Listen on the xDS address and serve Envoys until cancelled. An address another process
-        holds raises OSError naming --envoy-xds-listen, as `--listen` is named for the HTTP server."""
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(_Servicer(self), server)
-        self.request_counter.add_to(server)
-        self.port = add_port(server, self._listen, "--envoy-xds-listen", self._tls)
-        self._server = server
-        await server.start()
-        self._serving.set()
-        log.info("xds server listening", extra={"listen": self._listen, "port": self.port})
-        try:
-            # Until cancelled: gRPC's wait_for_termination, cancelled, cancels the server's graceful
-            # stop too, and the old server kept its streams and its port.
-            await asyncio.Event().wait()
-        finally:
-            await self._stop()
+        """Listen on the xDS address and serve Envoys until cancelled (see _Server.serve)."""
+        await self._server.serve()
 
     async def started(self) -> int:
         """Wait until `serve()` listens; the bound port (for a listen address with port 0)."""
-        await self._serving.wait()
-        assert self.port is not None
-        return self.port
-
-    async def _stop(self) -> None:
-        """Streams end; each Envoy keeps serving what it holds and reconnects to the next sidecar.
-        The stop is one task, held here and shielded: a cancelled serve() and a later aclose()
-        both wait for it (a shielded stop nothing held was lost, and the server kept serving)."""
-        if self._stopping is None:
-            if self._server is None:
-                return
-            server, self._server = self._server, None
-            self._stopping = asyncio.ensure_future(server.stop(self.shutdown_grace))
-        await asyncio.shield(self._stopping)
-
-    @contextlib.asynccontextmanager
-    async def _attached(
-        self, session: Session, requests: AsyncIterator[discovery_pb2.DeltaDiscoveryRequest]
-    ) -> AsyncIterator[None]:
-        async def read() -> None:
-            try:
-                async for request in requests:
-                    problem = session.state.over(request, self.names_cap())
-                    if problem is not None:
-                        self._cut(session, TooMany(problem))
-                        return
-                    session.receive(request)
-                    if session not in self._sessions and session.node:
-                        self._sessions.add(session)
-                        log.info("envoy connected", extra={"envoy": session.name})
-            finally:
-                session.end()
-
-        async def sync() -> None:
-            try:
-                await session.run()
-            except Exception as exc:  # noqa: BLE001 - any failure ends this stream only; Envoy reconnects
-                self._cut(session, exc)
-
-        tasks = [asyncio.create_task(read()), asyncio.create_task(sync())]
-        try:
-            yield
-        finally:
-            # It stops counting at once, and the rest is shielded: gRPC may cancel the handler
-            # again while it waits, which left a stopped server's Envoy counted as connected.
-            self._sessions.discard(session)
-            await asyncio.shield(self._detach(session, tasks))
-
-    async def _detach(self, session: Session, tasks: list[asyncio.Task[None]]) -> None:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._sessions.discard(session)  # in case its reader added it back before it stopped
-        self.progressed()  # a write waiting on this Envoy stops waiting
-        log.info("envoy disconnected", extra={"envoy": session.name})
-
-    def _cut(self, session: Session, exc: Exception) -> None:
-        """End a stream that failed or fell behind: it stops counting, and its Envoy reconnects."""
-        if session.cut is not None:
-            return
-        if isinstance(exc, Gone):
-            return  # its stream ended by itself: nothing to cut
-        if not isinstance(exc, (Behind, TooMany)):
-            log.error("xds stream failed", exc_info=exc, extra={"envoy": session.name})
-        log.warning("ending an envoy's stream", extra={"envoy": session.name, "error": str(exc)})
-        if isinstance(exc, TooMany):
-            session.cut = (grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc} (the cap is max({self.names_floor}, {self.names_per_map} x maps))")
-        else:
-            what = "fell behind" if isinstance(exc, Behind) else "failed"
-            session.cut = (grpc.StatusCode.UNAVAILABLE, f"{what}: {exc}; reconnect to be brought up to date")
-        self._sessions.discard(session)
-        session.end()
-
-    def names_cap(self) -> int:
-        """The names of one resource type one stream may list or subscribe."""
-        return max(self.names_floor, self.names_per_map * len(self._target))
+        return await self._server.started()
 
     # --- what each Envoy's session reads, and tells (adapters.envoy.xds_session.Host) -------------------
 
@@ -226,8 +189,25 @@ class XdsTransport:
     def seeded(self) -> bool:
         return self._seeded
 
+    def names_cap(self) -> int:
+        """The names of one resource type one stream may list or subscribe."""
+        return max(self.names_floor, self.names_per_map * len(self._target))
+
     def progressed(self) -> None:
         self._progress.set()
+
+    def connected(self, session: Session) -> None:
+        if session not in self._sessions:
+            self._sessions.add(session)
+            log.info("envoy connected", extra={"envoy": session.name})
+
+    def disconnected(self, session: Session) -> None:
+        self._sessions.discard(session)
+
+    def refused(self, key: MapKey, part: MapResources | None, message: str) -> None:
+        # A refusal of the write in progress is in the Envoy's state, where the write reads it.
+        if not (self._writing is not None and key in self._writing and self._writing[key] == part):
+            self._refusals[key] = (part, message)
 
     # --- Transport ------------------------------------------------------------------------------------
 
@@ -269,11 +249,6 @@ class XdsTransport:
         the refused part is still what the engine asks for; the call drains them."""
         refusals, self._refusals = self._refusals, {}
         return {key: message for key, (part, message) in refusals.items() if self._target.get(key) == part}
-
-    def refused(self, key: MapKey, part: MapResources | None, message: str) -> None:
-        # A refusal of the write in progress is in the Envoy's state, where the write reads it.
-        if not (self._writing is not None and key in self._writing and self._writing[key] == part):
-            self._refusals[key] = (part, message)
 
     async def write(self, parts: Mapping[MapKey, MapResources], changes: Mapping[MapKey, MapResources | None]) -> WriteResult:
         if not self._sessions:
@@ -344,10 +319,10 @@ class XdsTransport:
         try:
             await session.step()
         except Exception as exc:  # noqa: BLE001 - as in the session's own task: this stream only
-            self._cut(session, exc)
+            session.cut_off(exc)
 
     async def aclose(self) -> None:
-        await self._stop()
+        await self._server.stop()
 
     # --- per-Envoy state, for metrics and /debug/maps ---------------------------------------------------
 

@@ -1,9 +1,11 @@
 """One Envoy's xDS stream: the pump that sends what the pure plan (adapters.envoy.xds_plan) says
-for the Envoy's state, one response in flight, and feeds each answer back into that state.
+for the Envoy's state, one response in flight, and feeds each answer back into that state; the
+stream's reader, and its end when it fails, falls behind or lists too many names.
 
-The transport (adapters.envoy.xds) owns the target, the connected sessions and what a write's
-confirmation means; a session reads the target from it and tells it when it synced, refused or
-ended. `EnvoyStatus` is one session as operators see it (publisher.metrics, at scrape time).
+The transport (adapters.envoy.xds) owns the target, the connected Envoys and what a write's
+confirmation means: a session reads the target from it (`Host`) and tells it when its Envoy
+connected, synced, refused or left. `EnvoyStatus` is one session as operators see it
+(publisher.metrics, at scrape time). It logs as the transport does, on "adapters.envoy_xds".
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Set
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,7 +27,7 @@ from adapters.envoy.resources import MapResources, map_name
 from adapters.envoy.xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, plan, words
 from publisher.core.values import MapKey
 
-# The transport's logger: log filters on "adapters.envoy_xds" see every Envoy's stream too.
+# The transport's logger (the name it had before the move into adapters/envoy/): filters keep working.
 log = logging.getLogger("adapters.envoy_xds")
 
 __all__ = ["Behind", "EnvoyStatus", "Gone", "Host", "Session", "TooMany"]
@@ -41,6 +43,8 @@ class Host(Protocol):
     ack_timeout: float
     seconds_per_resource: float
     batch_maps: int
+    names_floor: int
+    names_per_map: int
 
     @property
     def target(self) -> Mapping[MapKey, MapResources]: ...
@@ -54,8 +58,17 @@ class Host(Protocol):
     @property
     def seeded(self) -> bool: ...
 
+    def names_cap(self) -> int:
+        """The names of one resource type one stream may list or subscribe."""
+
     def name_of(self, session: Session) -> str:
         """The Envoy's instance label among the Envoys connected now (see EnvoyStatus.name)."""
+
+    def connected(self, session: Session) -> None:
+        """The session's Envoy said who it is: it counts as connected."""
+
+    def disconnected(self, session: Session) -> None:
+        """The session's stream ended or was cut: it stops counting."""
 
     def progressed(self) -> None:
         """A session synced, refused or ended: a write waiting on it looks again."""
@@ -119,6 +132,7 @@ class TooMany(Exception):
 class Session:
     """The pump of one Envoy's stream: it sends what `plan` says for the Envoy's `state` (pure,
     adapters.envoy.xds_plan), one response in flight, and feeds each answer back into the state.
+    `attached` runs it, and the reader of the stream's requests, while the gRPC handler lasts.
 
     The synchronisation it needs, each for one reason: `wake` (a request came or a write marked
     maps), `converging` (one task at a time brings this Envoy to the target: its own, or a write
@@ -160,6 +174,46 @@ class Session:
                 self.pending[1].set_result(request.error_detail.message if request.HasField("error_detail") else None)
         self.state.receive(request, self.transport.target)
         self.wake.set()
+
+    @contextlib.asynccontextmanager
+    async def attached(self, requests: AsyncIterator[discovery_pb2.DeltaDiscoveryRequest]) -> AsyncIterator[None]:
+        """While the stream lasts: its requests read into this session, and the pump run."""
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    problem = self.state.over(request, self.transport.names_cap())
+                    if problem is not None:
+                        self.cut_off(TooMany(problem))
+                        return
+                    self.receive(request)
+                    if self.node:
+                        self.transport.connected(self)
+            finally:
+                self.end()
+
+        async def sync() -> None:
+            try:
+                await self.run()
+            except Exception as exc:  # noqa: BLE001 - any failure ends this stream only; Envoy reconnects
+                self.cut_off(exc)
+
+        tasks = [asyncio.create_task(read()), asyncio.create_task(sync())]
+        try:
+            yield
+        finally:
+            # It stops counting at once, and the rest is shielded: gRPC may cancel the handler
+            # again while it waits, which left a stopped server's Envoy counted as connected.
+            self.transport.disconnected(self)
+            await asyncio.shield(self._detach(tasks))
+
+    async def _detach(self, tasks: list[asyncio.Task[None]]) -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.transport.disconnected(self)  # in case its reader added it back before it stopped
+        self.transport.progressed()  # a write waiting on this Envoy stops waiting
+        log.info("envoy disconnected", extra={"envoy": self.name})
 
     async def run(self) -> None:
         while True:
@@ -312,6 +366,25 @@ class Session:
             self.pending[1].set_exception(Gone("the stream ended before its answer"))
         self.wake.set()
         self.transport.progressed()
+
+    def cut_off(self, exc: Exception) -> None:
+        """End a stream that failed, fell behind or listed too many names: it stops counting, and
+        its Envoy reconnects. Nothing to do when it had ended already, or by itself."""
+        if self.cut is not None:
+            return
+        if isinstance(exc, Gone):
+            return  # its stream ended by itself: nothing to cut
+        if not isinstance(exc, (Behind, TooMany)):
+            log.error("xds stream failed", exc_info=exc, extra={"envoy": self.name})
+        log.warning("ending an envoy's stream", extra={"envoy": self.name, "error": str(exc)})
+        if isinstance(exc, TooMany):
+            cap = f"max({self.transport.names_floor}, {self.transport.names_per_map} x maps)"
+            self.cut = (grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc} (the cap is {cap})")
+        else:
+            what = "fell behind" if isinstance(exc, Behind) else "failed"
+            self.cut = (grpc.StatusCode.UNAVAILABLE, f"{what}: {exc}; reconnect to be brought up to date")
+        self.transport.disconnected(self)
+        self.end()
 
     def status(self) -> EnvoyStatus:
         refused = self.state.refusing(self.transport.target)

@@ -593,7 +593,7 @@ async def test_a_stream_cancelled_twice_while_it_ends_leaves_its_envoy_uncounted
         yield  # pragma: no cover - never reached
 
     async def handler() -> None:
-        async with transport._attached(session, silent_requests()):
+        async with session.attached(silent_requests()):
             await asyncio.Event().wait()
 
     task = asyncio.create_task(handler())
