@@ -128,6 +128,14 @@ class TooMany(Exception):
     """The Envoy listed or subscribed more names than a stream may keep: its stream is ended."""
 
 
+def _cut_status(exc: Exception, cap: str) -> tuple[grpc.StatusCode, str]:
+    """The status a stream the sidecar ends for `exc` ends with (`cap`: the names cap, in words)."""
+    if isinstance(exc, TooMany):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc} (the cap is {cap})"
+    what = "fell behind" if isinstance(exc, Behind) else "failed"
+    return grpc.StatusCode.UNAVAILABLE, f"{what}: {exc}; reconnect to be brought up to date"
+
+
 @dataclass(eq=False)
 class Session:
     """The pump of one Envoy's stream: it sends what `plan` says for the Envoy's `state` (pure,
@@ -370,19 +378,12 @@ class Session:
     def cut_off(self, exc: Exception) -> None:
         """End a stream that failed, fell behind or listed too many names: it stops counting, and
         its Envoy reconnects. Nothing to do when it had ended already, or by itself."""
-        if self.cut is not None:
-            return
-        if isinstance(exc, Gone):
-            return  # its stream ended by itself: nothing to cut
+        if self.cut is not None or isinstance(exc, Gone):
+            return  # cut already, or its stream ended by itself: nothing to cut
         if not isinstance(exc, (Behind, TooMany)):
             log.error("xds stream failed", exc_info=exc, extra={"envoy": self.name})
         log.warning("ending an envoy's stream", extra={"envoy": self.name, "error": str(exc)})
-        if isinstance(exc, TooMany):
-            cap = f"max({self.transport.names_floor}, {self.transport.names_per_map} x maps)"
-            self.cut = (grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc} (the cap is {cap})")
-        else:
-            what = "fell behind" if isinstance(exc, Behind) else "failed"
-            self.cut = (grpc.StatusCode.UNAVAILABLE, f"{what}: {exc}; reconnect to be brought up to date")
+        self.cut = _cut_status(exc, f"max({self.transport.names_floor}, {self.transport.names_per_map} x maps)")
         self.transport.disconnected(self)
         self.end()
 
