@@ -14,7 +14,7 @@ pump in adapters.envoy.xds sends what the plan says and feeds the answers back.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -22,7 +22,20 @@ from envoy.service.discovery.v3 import discovery_pb2
 from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, Resource, cluster_name, key_of, map_name, route_from_version
 from publisher.core.values import MapKey, Route
 
-__all__ = ["KIND", "AwaitRequest", "EnvoyState", "Item", "Send", "fleet_message", "plan", "served_by_most", "words"]
+__all__ = [
+    "KIND",
+    "AwaitRequest",
+    "EnvoyState",
+    "Item",
+    "Send",
+    "WriteAnswer",
+    "fleet_message",
+    "plan",
+    "served_by_most",
+    "served_versions",
+    "words",
+    "write_outcome",
+]
 
 KIND = {CLUSTER_TYPE: "cluster", SCOPE_TYPE: "scope", ROUTE_TYPE: "route"}
 # How much of one Envoy's error_detail a refusal keeps (a batch's NACK lists every resource), and
@@ -216,6 +229,62 @@ def served_by_most(states: Iterable[EnvoyState], target: Mapping[MapKey, MapReso
             if (route := state.serves(key)) is not None:
                 votes.setdefault(key, Counter())[route] += 1
     return {key: counts.most_common(1)[0][0] for key, counts in votes.items()}
+
+
+def served_versions(key: MapKey, part: MapResources | None, envoys: Iterable[tuple[str, EnvoyState]]) -> dict[str, str | None]:
+    """Pure: Envoy name -> the version of `key`'s route configuration it holds (None: not served),
+    followed by its words when it refused `part`, the map's current part."""
+    served: dict[str, str | None] = {}
+    for name, state in envoys:
+        version = state.held[ROUTE_TYPE].get(map_name(key), "").split(" ")[0] or None
+        refusal = state.refusal(key, part)
+        served[name] = version if refusal is None else f"{version or 'nothing'}, holding back the current weights: {refusal}"
+    return served
+
+
+@dataclass(frozen=True)
+class WriteAnswer:
+    """One Envoy connected through a whole write, as the write's outcome reads it: its name (the
+    instance label), its state, and whether it converged through the write (synced its generation)."""
+
+    name: str
+    state: EnvoyState
+    synced: bool
+
+
+def write_outcome(
+    changes: Iterable[MapKey],
+    before: Mapping[MapKey, MapResources | None],
+    target: Mapping[MapKey, MapResources],
+    answers: Sequence[WriteAnswer],
+) -> tuple[dict[MapKey, str], dict[MapKey, str]]:
+    """Pure: the maps of `changes` not every Envoy took, as (rejected, held back), each with its
+    message: rejected (put back for all) when none took it, or when it moves or leaves its hostname
+    (`before` has the part it had); held back on the refusers otherwise. An Envoy took a map when it
+    converged through the write without refusing the map's part in `target`, or holds that part."""
+    rejected: dict[MapKey, str] = {}
+    held_back: dict[MapKey, str] = {}
+    for key in changes:
+        part = target.get(key)
+        refusals: list[str] = []
+        pending: list[str] = []
+        took = 0
+        for answer in answers:
+            refusal = answer.state.refusal(key, part)
+            if refusal is not None:
+                refusals.append(refusal)
+            elif answer.synced or answer.state.holds(key, part):
+                took += 1
+            else:
+                pending.append(answer.name)
+        if not refusals and not pending:
+            continue
+        old = before[key]
+        if took and part is not None and (old is None or old.route.hostname == part.route.hostname):
+            held_back[key] = fleet_message(refusals, pending, took)
+        else:
+            rejected[key] = fleet_message(refusals, pending, 0)
+    return rejected, held_back
 
 
 def plan(

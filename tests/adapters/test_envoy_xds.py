@@ -582,10 +582,10 @@ def test_the_stats_matcher_keeps_every_stat_but_our_clusters_own():
 async def test_a_stream_cancelled_twice_while_it_ends_leaves_its_envoy_uncounted():
     """gRPC may cancel a handler again while it cleans up: the Envoy once stayed counted as
     connected after its server had stopped, so the sidecar stayed ready with no Envoy at all."""
-    from adapters.envoy.xds import _Session
+    from adapters.envoy.xds_session import Session
 
     transport = XdsTransport("127.0.0.1:0", RENDERER)
-    session = _Session(transport, "ipv4:127.0.0.1:1", node="envoy-a")
+    session = Session(transport, "ipv4:127.0.0.1:1", node="envoy-a")
     transport._sessions.add(session)
 
     async def silent_requests():
@@ -593,7 +593,7 @@ async def test_a_stream_cancelled_twice_while_it_ends_leaves_its_envoy_uncounted
         yield  # pragma: no cover - never reached
 
     async def handler() -> None:
-        async with transport._attached(session, silent_requests()):
+        async with session.attached(silent_requests()):
             await asyncio.Event().wait()
 
     task = asyncio.create_task(handler())

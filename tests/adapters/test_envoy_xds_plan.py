@@ -9,7 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, XdsRenderer, cluster_name, map_name
-from adapters.envoy.xds_plan import WORDS_CHARS, AwaitRequest, EnvoyState, Send, fleet_message, served_by_most, words
+from adapters.envoy.xds_plan import (
+    WORDS_CHARS,
+    AwaitRequest,
+    EnvoyState,
+    Send,
+    WriteAnswer,
+    fleet_message,
+    served_by_most,
+    served_versions,
+    words,
+    write_outcome,
+)
 from adapters.envoy.xds_plan import plan as lazy_plan
 from envoy.service.discovery.v3 import discovery_pb2
 from publisher.core.values import Backend, MapKey, Route
@@ -167,6 +178,53 @@ def test_a_maps_message_names_a_few_envoys_and_their_words_bounded():
         "and 3 more Envoys; held back on those; 2 other Envoys serve it")
     assert fleet_message([], ["slow"], 1) == "envoy slow has not acknowledged it (it refuses other maps); held back on those; 1 other Envoy serves it"
     assert fleet_message(refusals[:1], [], 0) == "envoy e0 refused the route: no"
+
+
+def test_a_write_holds_a_map_back_on_the_envoys_that_refuse_it_while_others_serve_it():
+    old, new = part(CHAT, "chat.example.com", a=1), part(CHAT, "chat.example.com", a=2)
+    refuser, taker = envoy_holding(old), envoy_holding(new)
+    refuser.refused[CHAT] = (new, "envoy r refused the route: no")
+    answers = [WriteAnswer("r", refuser, synced=True), WriteAnswer("t", taker, synced=True)]
+    assert write_outcome([CHAT], {CHAT: old}, {CHAT: new}, answers) == (
+        {}, {CHAT: "envoy r refused the route: no; held back on those; 1 other Envoy serves it"})
+    # None took it: rejected, for every Envoy.
+    assert write_outcome([CHAT], {CHAT: old}, {CHAT: new}, answers[:1]) == ({CHAT: "envoy r refused the route: no"}, {})
+
+
+def test_a_write_rejects_a_hostname_move_or_withdrawal_any_envoy_refuses():
+    old, moved = part(CHAT, "chat.example.com", a=1), part(CHAT, "talk.example.com", a=1)
+    refuser, taker = envoy_holding(old), envoy_holding(moved)
+    refuser.refused[CHAT] = (moved, "envoy r refused the scope: taken")
+    answers = [WriteAnswer("r", refuser, synced=True), WriteAnswer("t", taker, synced=True)]
+    assert write_outcome([CHAT], {CHAT: old}, {CHAT: moved}, answers) == ({CHAT: "envoy r refused the scope: taken"}, {})
+    refuser.refused[CHAT] = (None, "envoy r refused the scope: busy")
+    assert write_outcome([CHAT], {CHAT: old}, {}, answers) == ({CHAT: "envoy r refused the scope: busy"}, {})
+
+
+def test_a_write_counts_an_envoy_that_did_not_converge_as_taking_only_what_it_holds():
+    old, new = part(CHAT, "chat.example.com", a=1), part(CHAT, "chat.example.com", a=2)
+    embed = part(EMBED, "embed.example.com", a=1)
+    slow, taker = envoy_holding(old, embed), envoy_holding(new, embed)
+    answers = [WriteAnswer("slow", slow, synced=False), WriteAnswer("t", taker, synced=True)]
+    # The map it holds as the target has it was taken; the one it had not answered for is pending.
+    assert write_outcome([CHAT, EMBED], {CHAT: old, EMBED: None}, {CHAT: new, EMBED: embed}, answers) == (
+        {}, {CHAT: "envoy slow has not acknowledged it (it refuses other maps); held back on those; 1 other Envoy serves it"})
+    assert write_outcome([CHAT], {CHAT: old}, {CHAT: new}, [WriteAnswer("t", taker, synced=True)]) == ({}, {})
+
+
+def test_what_each_envoy_serves_of_a_map_names_its_version_and_its_refusal():
+    old, new = part(CHAT, "chat.example.com", a=1), part(CHAT, "chat.example.com", a=2)
+    serving, refusing, empty = envoy_holding(new), envoy_holding(old), envoy_holding()
+    refusing.refused[CHAT] = (new, "envoy r refused the route: no")
+    empty.refused[CHAT] = (new, "envoy e refused the route: no")
+    # The version's first word: the rest is the route it carries, read back at start.
+    new_version, old_version = new.route_config.version.split(" ")[0], old.route_config.version.split(" ")[0]
+    assert served_versions(CHAT, new, [("s", serving), ("r", refusing), ("e", empty), ("n", envoy_holding())]) == {
+        "s": new_version,
+        "r": f"{old_version}, holding back the current weights: envoy r refused the route: no",
+        "e": "nothing, holding back the current weights: envoy e refused the route: no",
+        "n": None,
+    }
 
 
 def test_before_the_first_write_only_the_first_requests_are_answered_empty():
