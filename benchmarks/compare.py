@@ -516,7 +516,7 @@ class EnvoyAdmin(Detector):
 
 def weight0_of_clusters(host: dict[str, Any]) -> int | None:
     """Entry 0's weight in a virtual host's first route: the weight of its cluster `ome|<ns>|<name>|w0`
-    (both of Envoy's modes name a map's clusters so)."""
+    (file mode names a map's clusters so)."""
     clusters = ((host.get("routes") or [{}])[0].get("route") or {}).get("weighted_clusters", {}).get("clusters") or []
     for cluster in clusters:
         if str(cluster.get("name", "")).endswith("|w0"):
@@ -529,7 +529,7 @@ class XdsTap(Detector):
     names the relay, the relay the sidecar) that reads what passes and touches Envoy not at all.
     A map counts as served when Envoy ACKs the response that carried its RouteConfiguration (the
     issue's measure: API write to Envoy's ACK): the relay decodes each route response it forwards
-    (entry 0's weight in the configuration's weighted_clusters), keeps it by nonce, and files it
+    (entry 0's weight in the route its version names), keeps it by nonce, and files it
     when Envoy's next request names that nonce without an error. It adds one local hop each way to
     what the sidecar sees, and nothing to Envoy's main thread."""
 
@@ -540,10 +540,9 @@ class XdsTap(Detector):
     def __init__(self, upstream: str) -> None:
         # Imported here, once: the other modes run without the xds extra.
         import grpc
-        from envoy.config.route.v3 import route_pb2
         from envoy.service.discovery.v3 import discovery_pb2
 
-        from adapters.envoy.resources import ROUTE_TYPE
+        from adapters.envoy.resources import ROUTE_TYPE, route_from_version
         from adapters.grpc_server import SERVER_OPTIONS
 
         # Each stream's channel connects at once, as Envoy does when it retries: channels sharing
@@ -551,7 +550,7 @@ class XdsTap(Detector):
         # the sidecar was down, so an Envoy reached a just-started sidecar up to 1.8 s late.
         self.grpc, self.upstream = grpc, upstream
         self.options = [*SERVER_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
-        self.route_pb2, self.discovery_pb2, self.route_type = route_pb2, discovery_pb2, ROUTE_TYPE
+        self.route_from_version, self.discovery_pb2, self.route_type = route_from_version, discovery_pb2, ROUTE_TYPE
         self.acked: dict[int, int] = {}  # since the last read()
         self.acked_at: dict[int, float] = {}  # map index -> wall time its latest weight was ACKed
         self.streams = 0
@@ -581,12 +580,13 @@ class XdsTap(Detector):
             return response.nonce, kind, {}
         weights = {}
         for resource in response.resources:
-            config = self.route_pb2.RouteConfiguration.FromString(resource.resource.value)
-            match = re.fullmatch(rf"ome\|{NAMESPACE}\|m(\d{{5}})", config.name)
-            clusters = config.virtual_hosts[0].routes[0].route.weighted_clusters.clusters if config.virtual_hosts else []
-            for cluster in clusters:
-                if match and cluster.name.endswith("|w0"):
-                    weights[int(match[1])] = cluster.weight.value
+            # The weights are in the map's cluster, ACKed before its route configuration, whose
+            # version names the route it confirms (adapters.envoy.resources._route_version).
+            match = re.fullmatch(rf"ome\|{NAMESPACE}\|m(\d{{5}})", resource.name)
+            route = self.route_from_version(resource.version)
+            for backend in route.backends if match and route else ():
+                if backend.cluster == "w0":
+                    weights[int(match[1])] = backend.weight
         return response.nonce, kind, weights
 
     async def _relay(self, requests: Any, context: Any) -> Any:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, Resource, cluster_name, key_of, map_name, route_from_version
+from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, Resource, key_of, map_name, route_from_version
 from publisher.model import MapKey, Route
 
 __all__ = ["KIND", "AwaitRequest", "EnvoyState", "Item", "Send", "plan", "served_by_most"]
@@ -121,15 +121,15 @@ class EnvoyState:
     # --- what it serves ------------------------------------------------------------------------------
 
     def serves(self, key: MapKey) -> Route | None:
-        """The route this Envoy serves for `key`: its scope, its route configuration and every
-        cluster that names. A leftover cluster of an interrupted update is no reason to say no."""
+        """The route this Envoy serves for `key`: its scope, its route configuration and the map's
+        cluster that names (none for a 503). A leftover cluster of an interrupted update (another
+        version's backend clusters) is no reason to say no."""
         name = map_name(key)
         version = self.held[ROUTE_TYPE].get(name)
         if version is None or name not in self.held[SCOPE_TYPE]:
             return None
         route = route_from_version(version)
-        held = self.held[CLUSTER_TYPE]
-        if route is None or any(cluster_name(key, b.cluster) not in held for b in route.backends):
+        if route is None or (not route.all_zero and name not in self.held[CLUSTER_TYPE]):
             return None
         return route
 

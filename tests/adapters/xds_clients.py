@@ -15,7 +15,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.rpc import status_pb2
 
-from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, cluster_name, map_name, route_from_version
+from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, map_name, route_from_version
 from publisher.model import MapKey, Route
 
 TYPES = (CLUSTER_TYPE, SCOPE_TYPE, ROUTE_TYPE)
@@ -34,8 +34,7 @@ def holding(parts: Iterable[MapResources]) -> dict[str, dict[str, str]]:
 
 
 def refuse_clusters_of(key: MapKey, error: str = "scripted refusal") -> Refuse:
-    prefix = f"ome|{key.namespace}|{key.name}|"
-    return lambda type_url, names: error if type_url == CLUSTER_TYPE and any(n.startswith(prefix) for n in names) else None
+    return lambda type_url, names: error if type_url == CLUSTER_TYPE and map_name(key) in names else None
 
 
 @dataclass(eq=False)
@@ -87,16 +86,17 @@ class ScriptedEnvoy:
         self._pump = self._channel = self._requests = None
 
     def serves(self, key: MapKey) -> Route | None:
-        """The route it serves for `key`: scope, route configuration and every cluster it names."""
+        """The route it serves for `key`: scope, route configuration and the map's cluster it names."""
         version = self.held[ROUTE_TYPE].get(map_name(key))
         route = route_from_version(version) if version is not None and map_name(key) in self.held[SCOPE_TYPE] else None
-        if route is None or any(cluster_name(key, b.cluster) not in self.held[CLUSTER_TYPE] for b in route.backends):
+        if route is None or (not route.all_zero and map_name(key) not in self.held[CLUSTER_TYPE]):
             return None
         return route
 
     def clusters(self, key: MapKey) -> set[str]:
-        prefix = f"ome|{key.namespace}|{key.name}|"
-        return {name for name in self.held[CLUSTER_TYPE] if name.startswith(prefix)}
+        """The map's clusters it holds: its own, and any of an older sidecar's clusters per backend."""
+        prefix = f"{map_name(key)}|"
+        return {name for name in self.held[CLUSTER_TYPE] if name == map_name(key) or name.startswith(prefix)}
 
     # --- the wire -------------------------------------------------------------------------------
 
