@@ -40,6 +40,7 @@ __all__ = [
     "key_of",
     "map_name",
     "route_from_version",
+    "served_route",
 ]
 
 CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
@@ -89,15 +90,26 @@ class MapResources:
 
     @functools.cached_property
     def clusters(self) -> tuple[Resource, ...]:
-        """The map's one cluster; none when no backend may serve (the route answers 503)."""
+        """The map's one cluster; none when no backend may serve (the route answers 503). Its
+        version names the route: a weight change is this cluster alone, and its ACK confirms it."""
         if self.route.all_zero:
             return ()
-        return (_resource(map_name(self.key), _cluster(map_name(self.key), self.route, self.ca_file, self.rewrite_host)),)
+        cluster = _resource(map_name(self.key), _cluster(map_name(self.key), self.route, self.ca_file, self.rewrite_host))
+        return (Resource(cluster.name, _route_version(self.route, cluster.body), cluster.body),)
 
     @functools.cached_property
     def route_config(self) -> Resource:
+        """Routes to the map's cluster, the same whatever the weights; a 503 has no cluster, so its
+        version names the route."""
         config = _resource(map_name(self.key), _route_config(self.key, self.route, self.rewrite_host, self.timeout, self.idle_timeout))
-        return Resource(config.name, _route_version(self.route, config.body), config.body)
+        if self.route.all_zero:
+            return Resource(config.name, _route_version(self.route, config.body), config.body)
+        return config
+
+    @property
+    def version(self) -> str:
+        """The version that names the route Envoy serves for this map (see `served_route`)."""
+        return (self.clusters[0] if self.clusters else self.route_config).version
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, MapResources):
@@ -117,12 +129,24 @@ def _resource(name: str, message: object) -> Resource:
 
 
 def _route_version(route: Route, body: bytes) -> str:
-    """The route configuration's version: its digest, then the route itself, so a restarted sidecar
-    learns from the versions Envoy lists on reconnect what each Envoy serves for each map. The
-    weights are in the cluster, sent and ACKed first, but they are in this version too: a weight
-    change resends the route configuration, and its ACK is the confirmation that the map is served."""
+    """The version of the resource that names the route (the map's cluster, or its route
+    configuration for a 503): its digest, then the route itself, so a restarted sidecar learns from
+    the versions Envoy lists on reconnect what each Envoy serves for each map."""
     backends = [[b.cluster, b.endpoint, b.weight] for b in route.backends]
     return f"{_digest(body)} {json.dumps([route.hostname, backends], separators=(',', ':'))}"
+
+
+def served_route(cluster_version: str | None, route_version: str | None) -> Route | None:
+    """The route an Envoy serves for a map whose scope it holds, from the versions it holds of the
+    map's cluster and route configuration: a 503 is named by the route configuration, any other
+    route by the cluster it routes to. None: not served (a route configuration naming a route with
+    backends is an older sidecar's, of a cluster per backend)."""
+    if route_version is None:
+        return None
+    named = route_from_version(route_version)
+    if named is not None:
+        return named if named.all_zero else None
+    return route_from_version(cluster_version) if cluster_version is not None else None
 
 
 def route_from_version(version: str) -> Route | None:

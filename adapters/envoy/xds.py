@@ -25,7 +25,7 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from adapters.base import NotConnected, Unavailable, WriteResult
 from adapters.envoy.lrs import LoadReports
-from adapters.envoy.resources import ROUTE_TYPE, MapResources, XdsRenderer, map_name
+from adapters.envoy.resources import MapResources, XdsRenderer, map_name
 from adapters.envoy.xds_plan import KIND, AwaitRequest, EnvoyState, Item, Send, plan, served_by_most
 from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label
 from publisher.model import MapKey, Route
@@ -545,5 +545,5 @@ class XdsTransport:
         return instance_label(session.node, session.peer, others)
 
     def served(self, key: MapKey) -> dict[str, str | None]:
-        """Envoy name -> the version of `key`'s route configuration it holds (None: not served)."""
-        return {s.name: s.state.held[ROUTE_TYPE].get(map_name(key), "").split(" ")[0] or None for s in list(self._sessions)}
+        """Envoy name -> the version of `key` it serves (None: not served)."""
+        return {s.name: s.state.served_version(key) for s in list(self._sessions)}

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, Resource, key_of, map_name, route_from_version
+from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, Resource, key_of, map_name, served_route
 from publisher.model import MapKey, Route
 
 __all__ = ["KIND", "AwaitRequest", "EnvoyState", "Item", "Send", "plan", "served_by_most"]
@@ -122,16 +122,20 @@ class EnvoyState:
 
     def serves(self, key: MapKey) -> Route | None:
         """The route this Envoy serves for `key`: its scope, its route configuration and the map's
-        cluster that names (none for a 503). A leftover cluster of an interrupted update (another
-        version's backend clusters) is no reason to say no."""
+        cluster that routes to (none for a 503). A leftover cluster of an interrupted update (an
+        older sidecar's cluster per backend) is no reason to say no."""
         name = map_name(key)
-        version = self.held[ROUTE_TYPE].get(name)
-        if version is None or name not in self.held[SCOPE_TYPE]:
+        if name not in self.held[SCOPE_TYPE]:
             return None
-        route = route_from_version(version)
-        if route is None or (not route.all_zero and name not in self.held[CLUSTER_TYPE]):
+        return served_route(self.held[CLUSTER_TYPE].get(name), self.held[ROUTE_TYPE].get(name))
+
+    def served_version(self, key: MapKey) -> str | None:
+        """The digest of the version naming the route this Envoy serves for `key`; None: not served."""
+        route = self.serves(key)
+        if route is None:
             return None
-        return route
+        name = map_name(key)
+        return (self.held[ROUTE_TYPE][name] if route.all_zero else self.held[CLUSTER_TYPE][name]).split(" ")[0]
 
     @property
     def readable(self) -> bool:

@@ -27,7 +27,7 @@ from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
 from adapters.envoy.bootstrap import xds_bootstrap
 from adapters.envoy.process import envoy_binary, run_envoy
-from adapters.envoy.resources import CLUSTER_TYPE, MapResources, XdsRenderer, route_from_version
+from adapters.envoy.resources import CLUSTER_TYPE, MapResources, XdsRenderer, route_from_version, served_route
 from adapters.envoy.xds import XdsTransport
 from publisher import metrics
 from publisher.config import RunConfig
@@ -74,12 +74,16 @@ def test_render_names_cluster_scope_and_route_after_the_map_and_keys_the_scope_o
     assert action.cluster == "ome|models|llama" and not action.HasField("weighted_clusters")
 
 
-def test_a_weight_change_changes_the_cluster_and_the_route_version_not_the_route_body():
+def test_a_weight_change_changes_the_cluster_alone_whose_version_names_the_route():
     before, after = RENDERER.render(KEY, route({"a": 1, "b": 1})), RENDERER.render(KEY, route({"a": 3, "b": 1}))
     assert before.clusters != after.clusters
-    assert before.route_config.body == after.route_config.body
-    assert before.route_config.version != after.route_config.version  # resent: its ACK confirms the change
-    assert route_from_version(after.route_config.version) == route({"a": 3, "b": 1})
+    assert before.route_config == after.route_config  # not resent: the cluster's ACK confirms the change
+    assert route_from_version(after.clusters[0].version) == route({"a": 3, "b": 1}) and after.version == after.clusters[0].version
+    assert served_route(after.clusters[0].version, after.route_config.version) == route({"a": 3, "b": 1})
+    idle = RENDERER.render(KEY, route({"a": 0, "b": 0}))  # a 503: no cluster, the route configuration names it
+    assert served_route(None, idle.route_config.version) == route({"a": 0, "b": 0}) and idle.version == idle.route_config.version
+    # An older sidecar's route configuration named a route of a cluster per backend: not served as such.
+    assert served_route(after.clusters[0].version, idle.route_config.version.replace('",0]', '",1]', 1)) is None
 
 
 def test_render_answers_503_when_no_backend_may_serve():
@@ -119,7 +123,7 @@ def test_parts_compare_equal_exactly_when_envoy_would_serve_the_same():
 
 def test_the_route_version_names_the_route_it_was_rendered_from():
     r = route({"a": 3, "b": 0})
-    assert route_from_version(RENDERER.render(KEY, r).route_config.version) == r
+    assert route_from_version(RENDERER.render(KEY, r).version) == r  # the cluster's: the route has a backend to serve
     assert route_from_version("a-foreign-version") is None
 
 
@@ -255,7 +259,7 @@ async def test_xds_splits_by_weight(gateway, backends, weights):
 
 
 @pytest.mark.slow
-async def test_xds_serves_a_change_as_soon_as_the_write_returns_with_the_cluster_and_route_sent(gateway, backends):
+async def test_xds_serves_a_change_as_soon_as_the_write_returns_with_one_cluster_sent(gateway, backends):
     transport, running = gateway
     state: dict[MapKey, MapResources] = {}
     await write(transport, state, parts((KEY, route({"a": 1, "b": 1}, backends))))
@@ -264,8 +268,7 @@ async def test_xds_serves_a_change_as_soon_as_the_write_returns_with_the_cluster
     await write(transport, state, parts((KEY, route({"a": 3, "b": 1}, backends))))
     await assert_measured_split(running.url, HOST, {"a": 3, "b": 1}, 1000)
     (after,) = transport.envoys()
-    # A weight change is the map's cluster (its localities' weights), then its route configuration.
-    assert after.sent - before.sent == 2
+    assert after.sent - before.sent == 1  # a weight change is the map's cluster (its localities' weights)
     assert after.unacked_since is None and after.nacks == {}
 
 
@@ -343,7 +346,7 @@ async def test_xds_two_envoys_both_serve_a_change_and_a_late_one_gets_the_curren
             assert await measure(second.url, HOST, 50) == {"b": 50}
             # What /debug/maps shows: each Envoy, and the version of the map it serves.
             versions = transport.served(KEY)
-            assert len(versions) == 2 and set(versions.values()) == {state[KEY].route_config.version.split(" ")[0]}
+            assert len(versions) == 2 and set(versions.values()) == {state[KEY].version.split(" ")[0]}
             assert transport.served(MapKey("models", "absent")) == dict.fromkeys(versions)
             async with envoy(tmp_path, transport.port, name="late") as late:
                 await connected(transport, 3)

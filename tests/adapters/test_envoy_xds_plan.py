@@ -105,18 +105,33 @@ def test_a_map_the_engine_neither_wrote_nor_withdrew_is_left_as_the_envoy_holds_
     assert plan(state, {}, set(), {CHAT}) is None
 
 
-def test_a_weight_change_is_the_maps_cluster_then_its_route_configuration():
-    """The weights are the cluster's localities; the route configuration is resent after it (its
-    version names the route), and its ACK confirms the change."""
+def test_a_weight_change_is_the_maps_cluster_alone():
+    """The weights are the cluster's localities, and its version names the route."""
     state = envoy_holding(part(CHAT, "chat.example.com", a=1, b=1))
     target = {CHAT: part(CHAT, "chat.example.com", a=3, b=1)}
     step = plan(state, target, set(), {CHAT})
     assert names(step) == (CLUSTER_TYPE, ["ome|prod|chat"])
     ack(state, step)
-    step = plan(state, target, set(), {CHAT})
+    assert plan(state, target, set(), {CHAT}) is None and state.serves(CHAT) == target[CHAT].route
+
+
+def test_a_map_going_to_503_and_back_is_served_as_each_step_is_acked():
+    state = envoy_holding(part(CHAT, "chat.example.com", a=1))
+    idle = {CHAT: part(CHAT, "chat.example.com", a=0)}
+    step = plan(state, idle, set(), {CHAT})
+    assert names(step) == (ROUTE_TYPE, ["ome|prod|chat"])  # the 503 first; the cluster goes after it
+    ack(state, step)
+    assert state.serves(CHAT) == idle[CHAT].route
+    assert names(plan(state, idle, set(), {CHAT})) == (CLUSTER_TYPE, ["ome|prod|chat"])
+    back = {CHAT: part(CHAT, "chat.example.com", a=2)}
+    step = plan(state, back, set(), {CHAT})
+    assert names(step) == (CLUSTER_TYPE, ["ome|prod|chat"])
+    ack(state, step)
+    assert state.serves(CHAT) == idle[CHAT].route  # the cluster is in, the route configuration still a 503
+    step = plan(state, back, set(), {CHAT})
     assert names(step) == (ROUTE_TYPE, ["ome|prod|chat"])
     ack(state, step)
-    assert plan(state, target, set(), {CHAT}) is None
+    assert state.serves(CHAT) == back[CHAT].route
 
 
 def test_an_older_sidecars_cluster_per_backend_goes_once_the_route_names_the_maps_cluster():

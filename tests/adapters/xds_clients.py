@@ -15,7 +15,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.rpc import status_pb2
 
-from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, map_name, route_from_version
+from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, map_name, served_route
 from publisher.model import MapKey, Route
 
 TYPES = (CLUSTER_TYPE, SCOPE_TYPE, ROUTE_TYPE)
@@ -86,12 +86,10 @@ class ScriptedEnvoy:
         self._pump = self._channel = self._requests = None
 
     def serves(self, key: MapKey) -> Route | None:
-        """The route it serves for `key`: scope, route configuration and the map's cluster it names."""
-        version = self.held[ROUTE_TYPE].get(map_name(key))
-        route = route_from_version(version) if version is not None and map_name(key) in self.held[SCOPE_TYPE] else None
-        if route is None or (not route.all_zero and map_name(key) not in self.held[CLUSTER_TYPE]):
+        """The route it serves for `key`: scope, route configuration and the map's cluster it routes to."""
+        if map_name(key) not in self.held[SCOPE_TYPE]:
             return None
-        return route
+        return served_route(self.held[CLUSTER_TYPE].get(map_name(key)), self.held[ROUTE_TYPE].get(map_name(key)))
 
     def clusters(self, key: MapKey) -> set[str]:
         """The map's clusters it holds: its own, and any of an older sidecar's clusters per backend."""
