@@ -20,7 +20,8 @@ from publisher.model import MapKey, Route
 
 TYPES = (CLUSTER_TYPE, SCOPE_TYPE, ROUTE_TYPE)
 # type_url, the names a response adds or removes -> the NACK's error text, or None to ACK it.
-Refuse = Callable[[str, list[str]], str | None]
+# (type_url, resource name -> version, None for a removal) -> the error to NACK with, or None.
+Refuse = Callable[[str, dict[str, str | None]], str | None]
 
 
 def holding(parts: Iterable[MapResources]) -> dict[str, dict[str, str]]:
@@ -116,8 +117,9 @@ class ScriptedEnvoy:
 
     def _apply(self, response: discovery_pb2.DeltaDiscoveryResponse) -> None:
         type_url = response.type_url
-        names = [r.name for r in response.resources] + list(response.removed_resources)
-        error = self.refuse(type_url, names)
+        versions: dict[str, str | None] = {r.name: r.version for r in response.resources}
+        versions.update(dict.fromkeys(response.removed_resources))
+        error = self.refuse(type_url, versions)
         if error is not None:
             self.nacked.append(error)
             self._send(discovery_pb2.DeltaDiscoveryRequest(
