@@ -263,7 +263,7 @@ class XdsRenderer:
         for backend in route.backends:
             endpoint = parse_endpoint(backend.endpoint)
             if endpoint.path not in ("", "/"):
-                return f"backends[{backend.cluster}].endpoint has path {endpoint.path!r}; Envoy weighted_clusters cannot rewrite the path per backend"
+                return f"backends[{backend.cluster}].endpoint has path {endpoint.path!r}; Envoy cannot rewrite the path per backend (a backend is a locality of the map's cluster)"
             if endpoint.host.startswith("[") and _ip_literal(endpoint.host) is None:
                 return f"backends[{backend.cluster}].endpoint host {endpoint.host!r} is not an IPv6 address"
         return None
