@@ -154,6 +154,8 @@ def test_xds_bootstrap_points_envoy_at_delta_ads_with_scoped_routes():
     assert ads["grpc_services"][0]["envoy_grpc"]["retry_policy"]["retry_back_off"] == {"base_interval": "0.1s", "max_interval": "0.5s"}
     assert config["deferred_stat_options"] == {"enable_deferred_creation_stats": True}
     assert config["stats_flush_on_admin"] is True
+    # Issue 29: a worker builds its copy of a cluster when it first routes to it (28 MB at 10,000).
+    assert config["cluster_manager"]["enable_deferred_cluster_creation"] is True
     hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     fragment = hcm["scoped_routes"]["scope_key_builder"]["fragments"][0]["header_value_extractor"]
     assert fragment == {"name": ":authority", "element_separator": ":", "index": 0}
