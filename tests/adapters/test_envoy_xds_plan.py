@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, XdsRenderer, cluster_name, map_name
+from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, XdsRenderer, map_name
 from adapters.envoy.xds_plan import (
     WORDS_CHARS,
     AwaitRequest,
@@ -82,7 +82,7 @@ def test_a_new_envoy_gets_clusters_then_the_scope_then_the_route_once_it_subscri
     state = subscribed(EnvoyState(), CLUSTER_TYPE, target=[CHAT])
     target, keys = {CHAT: chat}, {CHAT}
     step = plan(state, target, set(), keys)
-    assert isinstance(step, Send) and names(step) == (CLUSTER_TYPE, ["ome|prod|chat|a", "ome|prod|chat|b"])
+    assert isinstance(step, Send) and names(step) == (CLUSTER_TYPE, ["ome|prod|chat"])  # one cluster per map
     ack(state, step)
     assert plan(state, target, set(), keys) == AwaitRequest(SCOPE_TYPE)  # Envoy asks for scopes once its clusters are in
     subscribed(state, SCOPE_TYPE)
@@ -106,7 +106,7 @@ def test_a_withdrawn_map_loses_its_scope_before_its_clusters():
     assert names(step) == (SCOPE_TYPE, ["ome|prod|chat"])
     ack(state, step)
     step = plan(state, {}, {CHAT}, {CHAT})
-    assert names(step) == (CLUSTER_TYPE, ["ome|prod|chat|a"])
+    assert names(step) == (CLUSTER_TYPE, ["ome|prod|chat"])
     ack(state, step)
     assert plan(state, {}, {CHAT}, {CHAT}) is None and state.serves(CHAT) is None
 
@@ -116,23 +116,50 @@ def test_a_map_the_engine_neither_wrote_nor_withdrew_is_left_as_the_envoy_holds_
     assert plan(state, {}, set(), {CHAT}) is None
 
 
-def test_a_weight_change_is_one_route_configuration():
+def test_a_weight_change_is_the_maps_cluster_alone():
+    """The weights are the cluster's localities, and its version names the route."""
     state = envoy_holding(part(CHAT, "chat.example.com", a=1, b=1))
     target = {CHAT: part(CHAT, "chat.example.com", a=3, b=1)}
     step = plan(state, target, set(), {CHAT})
+    assert names(step) == (CLUSTER_TYPE, ["ome|prod|chat"])
+    ack(state, step)
+    assert plan(state, target, set(), {CHAT}) is None and state.serves(CHAT) == target[CHAT].route
+
+
+def test_a_map_going_to_503_and_back_is_served_as_each_step_is_acked():
+    state = envoy_holding(part(CHAT, "chat.example.com", a=1))
+    idle = {CHAT: part(CHAT, "chat.example.com", a=0)}
+    step = plan(state, idle, set(), {CHAT})
+    assert names(step) == (ROUTE_TYPE, ["ome|prod|chat"])  # the 503 first; the cluster goes after it
+    ack(state, step)
+    assert state.serves(CHAT) == idle[CHAT].route
+    assert names(plan(state, idle, set(), {CHAT})) == (CLUSTER_TYPE, ["ome|prod|chat"])
+    back = {CHAT: part(CHAT, "chat.example.com", a=2)}
+    step = plan(state, back, set(), {CHAT})
+    assert names(step) == (CLUSTER_TYPE, ["ome|prod|chat"])
+    ack(state, step)
+    assert state.serves(CHAT) == idle[CHAT].route  # the cluster is in, the route configuration still a 503
+    step = plan(state, back, set(), {CHAT})
     assert names(step) == (ROUTE_TYPE, ["ome|prod|chat"])
     ack(state, step)
-    assert plan(state, target, set(), {CHAT}) is None
+    assert state.serves(CHAT) == back[CHAT].route
 
 
-def test_a_leftover_cluster_goes_once_the_route_no_longer_names_it():
-    state = envoy_holding(part(CHAT, "chat.example.com", a=1, old=1))
+def test_an_older_sidecars_cluster_per_backend_goes_once_the_route_names_the_maps_cluster():
+    state = envoy_holding()
+    state.hold(CLUSTER_TYPE, "ome|prod|chat|old", "1")  # what a sidecar of before one cluster per map left
     target = {CHAT: part(CHAT, "chat.example.com", a=1)}
-    step = plan(state, target, set(), {CHAT})
-    assert names(step) == (ROUTE_TYPE, ["ome|prod|chat"])
-    ack(state, step)
-    step = plan(state, target, set(), {CHAT})
-    assert names(step) == (CLUSTER_TYPE, ["ome|prod|chat|old"])
+    for _ in range(5):
+        step = plan(state, target, set(), {CHAT})
+        if isinstance(step, AwaitRequest):
+            state.receive(discovery_pb2.DeltaDiscoveryRequest(type_url=ROUTE_TYPE, resource_names_subscribe=[map_name(CHAT)]), ())
+            continue
+        if names(step) == (CLUSTER_TYPE, ["ome|prod|chat|old"]):
+            assert state.serves(CHAT) == target[CHAT].route  # removed only once the new route is served
+            break
+        ack(state, step)
+    else:
+        raise AssertionError("the older cluster was never removed")
 
 
 def test_a_part_the_envoy_refused_is_not_planned_again_until_it_changes():
@@ -141,7 +168,7 @@ def test_a_part_the_envoy_refused_is_not_planned_again_until_it_changes():
     state.refused[CHAT] = (chat, "no")
     assert plan(state, {CHAT: chat}, set(), {CHAT}) is None
     changed = part(CHAT, "chat.example.com", b=1)
-    assert names(plan(state, {CHAT: changed}, set(), {CHAT})) == (CLUSTER_TYPE, ["ome|prod|chat|b"])
+    assert names(plan(state, {CHAT: changed}, set(), {CHAT})) == (CLUSTER_TYPE, ["ome|prod|chat"])
 
 
 def test_what_an_envoy_holds_and_refuses_as_the_target_has_it():
@@ -237,11 +264,11 @@ def test_before_the_first_write_only_the_first_requests_are_answered_empty():
     assert plan(state, {}, set(), {CHAT}, seeded=False) is None
 
 
-def test_a_held_map_whose_route_names_every_cluster_is_served_despite_a_leftover():
-    state = envoy_holding(part(CHAT, "chat.example.com", a=1, old=1))
-    state.held[ROUTE_TYPE][map_name(CHAT)] = part(CHAT, "chat.example.com", a=1).route_config.version
+def test_a_held_map_whose_route_names_its_cluster_is_served_despite_a_leftover():
+    state = envoy_holding(part(CHAT, "chat.example.com", a=1))
+    state.hold(CLUSTER_TYPE, "ome|prod|chat|old", "1")
     assert state.serves(CHAT) == part(CHAT, "chat.example.com", a=1).route
-    state.hold(CLUSTER_TYPE, cluster_name(CHAT, "a"), None)
+    state.hold(CLUSTER_TYPE, map_name(CHAT), None)
     assert state.serves(CHAT) is None
 
 

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from adapters.base import NotConnected, Unavailable
-from adapters.envoy.resources import CLUSTER_TYPE, MapResources, XdsRenderer
+from adapters.envoy.resources import CLUSTER_TYPE, MapResources, XdsRenderer, route_from_version
 from adapters.envoy.xds import XdsTransport
 from publisher.core.values import Backend, MapKey, Route
 from tests.adapters.xds_clients import ScriptedEnvoy
@@ -47,9 +47,14 @@ BUDGET = float(os.environ.get("OME_XDS_SIMULATION_SECONDS", "20"))
 STEPS = 30
 
 
-def strict(type_url: str, names: list[str]) -> str | None:
-    """The strict client's policy, like an Envoy without TLS: no cluster named z."""
-    refused = sorted({name.split("|")[2] for name in names if type_url == CLUSTER_TYPE and name.endswith("|z")})
+def strict(type_url: str, versions: dict[str, str | None]) -> str | None:
+    """The strict client's policy, like an Envoy without TLS: no cluster serving a backend z (a
+    map's cluster holds its backends of non-zero weight; its version names the route)."""
+    refused = sorted(
+        name.split("|")[2] for name, version in versions.items()
+        if type_url == CLUSTER_TYPE and version is not None and (route := route_from_version(version)) is not None
+        and any(b.cluster == "z" and b.weight > 0 for b in route.backends)
+    )
     return f"refused:{refused[0]}" if refused else None
 
 

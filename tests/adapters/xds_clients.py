@@ -15,12 +15,13 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.rpc import status_pb2
 
-from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, cluster_name, map_name, route_from_version
+from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, SCOPE_TYPE, MapResources, map_name, served_route
 from publisher.core.values import MapKey, Route
 
 TYPES = (CLUSTER_TYPE, SCOPE_TYPE, ROUTE_TYPE)
 # type_url, the names a response adds or removes -> the NACK's error text, or None to ACK it.
-Refuse = Callable[[str, list[str]], str | None]
+# (type_url, resource name -> version, None for a removal) -> the error to NACK with, or None.
+Refuse = Callable[[str, dict[str, str | None]], str | None]
 
 
 def holding(parts: Iterable[MapResources]) -> dict[str, dict[str, str]]:
@@ -34,8 +35,7 @@ def holding(parts: Iterable[MapResources]) -> dict[str, dict[str, str]]:
 
 
 def refuse_clusters_of(key: MapKey, error: str = "scripted refusal") -> Refuse:
-    prefix = f"ome|{key.namespace}|{key.name}|"
-    return lambda type_url, names: error if type_url == CLUSTER_TYPE and any(n.startswith(prefix) for n in names) else None
+    return lambda type_url, names: error if type_url == CLUSTER_TYPE and map_name(key) in names else None
 
 
 @dataclass(eq=False)
@@ -87,16 +87,15 @@ class ScriptedEnvoy:
         self._pump = self._channel = self._requests = None
 
     def serves(self, key: MapKey) -> Route | None:
-        """The route it serves for `key`: scope, route configuration and every cluster it names."""
-        version = self.held[ROUTE_TYPE].get(map_name(key))
-        route = route_from_version(version) if version is not None and map_name(key) in self.held[SCOPE_TYPE] else None
-        if route is None or any(cluster_name(key, b.cluster) not in self.held[CLUSTER_TYPE] for b in route.backends):
+        """The route it serves for `key`: scope, route configuration and the map's cluster it routes to."""
+        if map_name(key) not in self.held[SCOPE_TYPE]:
             return None
-        return route
+        return served_route(self.held[CLUSTER_TYPE].get(map_name(key)), self.held[ROUTE_TYPE].get(map_name(key)))
 
     def clusters(self, key: MapKey) -> set[str]:
-        prefix = f"ome|{key.namespace}|{key.name}|"
-        return {name for name in self.held[CLUSTER_TYPE] if name.startswith(prefix)}
+        """The map's clusters it holds: its own, and any of an older sidecar's clusters per backend."""
+        prefix = f"{map_name(key)}|"
+        return {name for name in self.held[CLUSTER_TYPE] if name == map_name(key) or name.startswith(prefix)}
 
     # --- the wire -------------------------------------------------------------------------------
 
@@ -118,8 +117,9 @@ class ScriptedEnvoy:
 
     def _apply(self, response: discovery_pb2.DeltaDiscoveryResponse) -> None:
         type_url = response.type_url
-        names = [r.name for r in response.resources] + list(response.removed_resources)
-        error = self.refuse(type_url, names)
+        versions: dict[str, str | None] = {r.name: r.version for r in response.resources}
+        versions.update(dict.fromkeys(response.removed_resources))
+        error = self.refuse(type_url, versions)
         if error is not None:
             self.nacked.append(error)
             self._send(discovery_pb2.DeltaDiscoveryRequest(
