@@ -7,7 +7,8 @@ the gateway serves replaces. A write the gateway refuses as a whole is bisected 
 that cause it, so one bad map never blocks the others. One task drives it, one call at a time; it
 decides nothing about TrafficMaps and logs nothing: it returns what happened.
 
-Hostnames are decided here, once, for every gateway: the map serving a hostname keeps it until its
+Hostnames are decided here, once, for every gateway (the bookkeeping is adapters.hostnames, a pure
+value the engine owns and tells each confirmed change): the map serving a hostname keeps it until its
 own change away from it is confirmed; only then, in a later write of the same apply, is the
 hostname granted to a claimant (the older TrafficMap, then namespace/name). So no write, and no
 half of a bisected write, ever puts two maps on one hostname, whatever the gateway refuses.
