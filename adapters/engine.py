@@ -7,7 +7,8 @@ the gateway serves replaces. A write the gateway refuses as a whole is bisected 
 that cause it, so one bad map never blocks the others. One task drives it, one call at a time; it
 decides nothing about TrafficMaps and logs nothing: it returns what happened.
 
-Hostnames are decided here, once, for every gateway: the map serving a hostname keeps it until its
+Hostnames are decided here, once, for every gateway (the bookkeeping is adapters.hostnames, a pure
+value the engine owns and tells each confirmed change): the map serving a hostname keeps it until its
 own change away from it is confirmed; only then, in a later write of the same apply, is the
 hostname granted to a claimant (the older TrafficMap, then namespace/name). So no write, and no
 half of a bisected write, ever puts two maps on one hostname, whatever the gateway refuses.
@@ -32,6 +33,7 @@ from adapters.base import (
     WriteResult,
     publication_problem,
 )
+from adapters.hostnames import Hostnames
 from publisher.core.values import Held, MapKey, Publication, Reason, Route
 
 __all__ = ["Engine"]
@@ -60,14 +62,8 @@ class Engine(Generic[PartT]):
         self._transport = transport
         self._routes: dict[MapKey, Route] = {}
         self._parts: dict[MapKey, PartT] = {}
-        # Who owns each hostname, and every map the gateway serves on it: one, unless a read-back
-        # found several (a gateway written by hand or by an older sidecar).
-        self._owners: dict[str, MapKey] = {}
-        self._served_on: dict[str, set[MapKey]] = {}
-        self._duplicates: set[str] = set()
-        # Each map's creationTimestamp, from the publications seen: the older claim keeps a hostname.
-        self._created: dict[MapKey, str] = {}
-        self._waiting: dict[MapKey, str] = {}
+        # Who serves and owns each hostname, and the claims waiting for one.
+        self._hostnames = Hostnames()
         # Confirmed maps some client refuses: written again with their next decision.
         self._refused: dict[MapKey, Held] = {}
         # Maps of a write whose outcome is unknown: clients may disagree on them, so they are
@@ -112,11 +108,11 @@ class Engine(Generic[PartT]):
             await self._read_back()
         for key, pub in decided.items():
             if pub is not None:
-                self._created[key] = pub.created
+                self._hostnames.record_created(key, pub.created)
         rejected: dict[MapKey, Held] = {}
         wanted: dict[MapKey, Route | None] = {}
         for key, pub in decided.items():
-            self._waiting.pop(key, None)
+            self._hostnames.stop_waiting(key)
             route = pub.route if pub is not None else None
             if route != self._routes.get(key) or key in self._refused or key in self._in_doubt:
                 wanted[key] = route
@@ -124,26 +120,19 @@ class Engine(Generic[PartT]):
         for key in self._in_doubt - wanted.keys():
             if key in self._routes:
                 wanted[key] = self._routes[key]
-        self._settle_duplicates(wanted, rejected)
+        self._hostnames.settle_duplicates(wanted, self._routes, rejected)
         written = _Written()
         # Each round writes the changes that depend on no unwritten change; a claim on a hostname
         # that a change frees waits for the round after the freeing write is confirmed.
         broken: MapKey | None = None
         while wanted:
-            ready, wanted, withdrawn = self._next_round(wanted, rejected, may_break=broken is None)
+            ready, wanted, withdrawn = self._hostnames.next_round(wanted, self._routes, rejected, may_break=broken is None)
             if broken is None:
                 broken = withdrawn
             if ready:
                 await self._render_and_write(ready, rejected, written)
         rejected.update(written.rejected)
-        # A map waiting for a hostname is decided again once no map serves it: freed by this
-        # write, or never taken (its claimant lost the race to a senior one that then failed to
-        # render or was refused: nothing would ever free it). So are the maps of a cycle of
-        # claims this apply did not try to break.
-        released = {key for key, hostname in self._waiting.items() if hostname not in self._owners and key not in rejected}
-        released |= self._unbroken_cycles(broken)
-        for key in released:
-            del self._waiting[key]
+        released = self._hostnames.release(rejected, broken)
         released.update(key for key in self._redecide if key not in decided)
         self._redecide.clear()
         return ApplyResult(rejected, written.notes, frozenset(released), written.wrote, written.reloads)
@@ -214,111 +203,12 @@ class Engine(Generic[PartT]):
             routes[key] = route
         changed = {key for key in self._routes.keys() | routes.keys() if self._routes.get(key) != routes.get(key)}
         self._routes, self._parts = routes, parts
-        self._served_on = {}
-        for key, route in routes.items():
-            self._served_on.setdefault(route.hostname, set()).add(key)
-        self._owners = {hostname: min(keys, key=self._seniority) for hostname, keys in self._served_on.items()}
-        self._duplicates = {hostname for hostname, keys in self._served_on.items() if len(keys) > 1}
+        self._hostnames.rebuild(routes)
         self._refused = {key: held for key, held in self._refused.items() if key in routes}
         self._unknown = False
         self._redecide |= changed | self._in_doubt
         # What no client serves is settled; what some serve is written again until they agree.
         self._in_doubt &= routes.keys()
-
-    def _seniority(self, key: MapKey) -> tuple[int, str, MapKey]:
-        """The order in which claims on one hostname win: the older TrafficMap, then
-        namespace/name; a map whose publication was never seen comes after every one that was."""
-        created = self._created.get(key)
-        return (0, created, key) if created is not None else (1, "", key)
-
-    def _settle_duplicates(self, wanted: dict[MapKey, Route | None], rejected: dict[MapKey, Held]) -> None:
-        """A hostname the gateway serves for several maps keeps its senior one; the others are
-        withdrawn from the gateway and wait as HostConflict (unless they are leaving it anyway)."""
-        for hostname in self._duplicates:
-            keys = self._served_on[hostname]
-            owner = self._owners[hostname] = min(keys, key=self._seniority)
-            for key in keys - {owner}:
-                route = wanted.get(key, self._routes[key])
-                if route is None or route.hostname != hostname:
-                    continue
-                wanted[key] = None
-                rejected[key] = self._conflict(hostname, owner)
-                self._waiting[key] = hostname
-
-    def _next_round(
-        self, pending: Mapping[MapKey, Route | None], rejected: dict[MapKey, Held], *, may_break: bool
-    ) -> tuple[dict[MapKey, Route | None], dict[MapKey, Route | None], MapKey | None]:
-        """Split `pending` into what can be written now and what waits for it, holding claims on
-        a hostname another map keeps as HostConflict; and the owner it withdrew to break a cycle
-        of claims, if it did.
-
-        A claim on a hostname whose owner is itself changing waits until the owner's change was
-        written: confirmed, the hostname is free; refused, failed or held, the owner keeps it.
-        When nothing can be written, the claims wait on each other: maps that swap hostnames, or
-        pass them round. Once a pass (`may_break`), the youngest owner among them is withdrawn on
-        its own first, which frees its hostname for the next; its own claim comes rounds later.
-        Each hostname of the cycle goes unserved for a write's confirmation, none is ever served
-        for two maps. A cycle still stuck after that (the withdrawal refused) waits as conflicts."""
-        ready: dict[MapKey, Route | None] = {}
-        later: dict[MapKey, Route | None] = {}
-        claims: dict[str, list[MapKey]] = {}
-        for key, route in pending.items():
-            if route is None:
-                ready[key] = None
-            else:
-                claims.setdefault(route.hostname, []).append(key)
-        for hostname, claimants in claims.items():
-            owner = self._owners.get(hostname)
-            if owner is not None and owner not in claimants:
-                if owner in pending:
-                    later.update((key, pending[key]) for key in claimants)
-                    continue
-            else:
-                owner = owner if owner is not None else min(claimants, key=self._seniority)
-                ready[owner] = pending[owner]
-            for key in claimants:
-                if key != owner:
-                    rejected[key] = self._conflict(hostname, owner)
-                    self._waiting[key] = hostname
-        if not ready:
-            claimed = {route.hostname for route in later.values() if route is not None}
-            owners = [key for key in later if (old := self._routes.get(key)) is not None and self._owners.get(old.hostname) == key and old.hostname in claimed]
-            if may_break and owners:
-                youngest = max(owners, key=self._seniority)
-                return {youngest: None}, later, youngest
-            for key, route in later.items():
-                assert route is not None
-                rejected[key] = self._conflict(route.hostname, self._owners[route.hostname])
-                self._waiting[key] = route.hostname
-            later = {}
-        return ready, later, None
-
-    def _unbroken_cycles(self, broken: MapKey | None) -> set[MapKey]:
-        """The maps whose claims wait on each other round a cycle (each waits for a hostname the
-        next one serves) that this apply did not try to break: it saw only part of the cycle (B
-        moved onto A's hostname and waits; A now moves onto B's), or it broke another one. Handed
-        back to be decided again, together, the next apply breaks it. A cycle it tried to break
-        (the withdrawal refused) waits for that map's retry."""
-        cycles: set[MapKey] = set()
-        seen: set[MapKey] = set()
-        for start in self._waiting:
-            path: list[MapKey] = []
-            key: MapKey | None = start
-            while key is not None and key in self._waiting and key not in seen:
-                seen.add(key)
-                path.append(key)
-                key = self._owners.get(self._waiting[key])
-            if key in path:
-                cycle = path[path.index(key):]
-                if broken not in cycle:
-                    cycles.update(cycle)
-        return cycles
-
-    def _conflict(self, hostname: str, owner: MapKey) -> Held:
-        return Held(
-            Reason.HOST_CONFLICT,
-            f"hostname {hostname} is already served for {owner}; this map is published once {owner} lets it go",
-        )
 
     async def _render_and_write(self, wanted: Mapping[MapKey, Route | None], rejected: dict[MapKey, Held], written: _Written) -> None:
         parts: dict[MapKey, PartT | None] = {}
@@ -382,27 +272,14 @@ class Engine(Generic[PartT]):
     def _commit(self, key: MapKey, route: Route | None, part: PartT | None) -> None:
         self._refused.pop(key, None)
         self._in_doubt.discard(key)
-        old = self._routes.get(key)
-        if old is not None:
-            served = self._served_on[old.hostname]
-            served.discard(key)
-            if len(served) < 2:
-                self._duplicates.discard(old.hostname)
-            if not served:
-                del self._served_on[old.hostname]
-            if self._owners.get(old.hostname) == key:
-                if served:
-                    self._owners[old.hostname] = min(served, key=self._seniority)
-                else:
-                    del self._owners[old.hostname]
-        if route is None or part is None:
+        served = route if part is not None else None
+        self._hostnames.commit(key, self._routes.get(key), served)
+        if served is None:
             self._routes.pop(key, None)
             self._parts.pop(key, None)
             return
-        self._routes[key] = route
+        self._routes[key] = served
         self._parts[key] = part
-        self._served_on.setdefault(route.hostname, set()).add(key)
-        self._owners[route.hostname] = key
 
 
 class _Overlay(Mapping[MapKey, Any]):
