@@ -244,8 +244,9 @@ def test_what_each_envoy_serves_of_a_map_names_its_version_and_its_refusal():
     serving, refusing, empty = envoy_holding(new), envoy_holding(old), envoy_holding()
     refusing.refused[CHAT] = (new, "envoy r refused the route: no")
     empty.refused[CHAT] = (new, "envoy e refused the route: no")
-    # The version's first word: the rest is the route it carries, read back at start.
-    new_version, old_version = new.route_config.version.split(" ")[0], old.route_config.version.split(" ")[0]
+    # The version naming what each serves (a weight change is the map's cluster alone).
+    new_version, old_version = serving.served_version(CHAT), refusing.served_version(CHAT)
+    assert new_version and old_version and new_version != old_version
     assert served_versions(CHAT, new, [("s", serving), ("r", refusing), ("e", empty), ("n", envoy_holding())]) == {
         "s": new_version,
         "r": f"{old_version}, holding back the current weights: envoy r refused the route: no",
