@@ -433,3 +433,29 @@ async def test_a_read_back_renders_again_only_the_maps_whose_route_changed():
     assert gateway.renders == 1  # m7's new route; the 99 others are kept as rendered
     assert engine.confirmed[moved.key] == moved.route and MapKey("prod", "m8") not in engine.confirmed
     assert {MapKey("prod", "m7"), MapKey("prod", "m8"), MapKey("prod", "m9")} <= done.released
+
+
+async def test_rendering_a_write_of_many_maps_gives_the_event_loop_back_between_slices():
+    # Issue 29: the first pass rendered 10,000 maps in one turn of the event loop.
+    import asyncio
+
+    gateway = CountingGateway()
+    engine, _ = memory_engine(gateway)
+    await engine.start()
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    try:
+        await asyncio.sleep(0)
+        before = ticks
+        await engine.apply(changes(*(pub(f"m{i}", 1, 2) for i in range(5000))))
+        assert ticks - before >= 10, f"rendering 5,000 maps let other tasks run {ticks - before} times"
+    finally:
+        task.cancel()
+    assert len(gateway.held) == 5000 and gateway.renders == 5000
