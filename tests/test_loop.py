@@ -586,6 +586,36 @@ async def test_the_first_list_runs_with_rare_collections_and_the_default_comes_b
     assert gc.get_threshold() == default
 
 
+async def test_start_up_collects_only_the_young_generation_and_the_first_sync_freezes_without_a_full_collection(monkeypatch):
+    """Issue 29: at 10,000 maps a collection of the older generations during the first list
+    walked all of it (35-45 ms), and the full collection before the first sync's freeze held the
+    event loop 300-375 ms while the first changes waited."""
+    import gc
+
+    default = gc.get_threshold()
+    publisher, stores, adapter = make_publisher()
+    during_list: list[tuple[int, ...]] = []
+    collections: list[tuple[object, ...]] = []
+    monkeypatch.setattr(gc, "collect", lambda *args: collections.append(args) or 0)
+
+    async def listing() -> None:
+        during_list.append(gc.get_threshold())
+
+    task = asyncio.create_task(loop.run(publisher, OneMapSource(publisher, stores, before=listing)))
+    try:
+        for _ in range(100):
+            if gc.get_threshold() == default and CHAT in adapter.held:
+                break
+            await asyncio.sleep(0.01)
+        assert gc.get_threshold() == default and CHAT in adapter.held
+        assert during_list == [(loop.STARTUP_GC_THRESHOLD, loop.STARTUP_GC_OLDER, default[2])]
+        assert collections == []
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        gc.unfreeze()
+
+
 async def test_a_sidecar_stopped_before_its_first_sync_puts_the_collector_back():
     import gc
 

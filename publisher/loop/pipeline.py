@@ -154,8 +154,9 @@ class Publisher:
         await self.synced_event.wait()
         await self.sync_once(self.queue.take_ready())
         # The first full view is long-lived: freezing it keeps every later full collection from
-        # walking 10,000 maps (a pause of about 200 ms each) while events wait.
-        gc.collect()
+        # walking 10,000 maps (a pause of about 200 ms each) while events wait. No collection
+        # first: it would be such a walk (300-375 ms at 10,000 maps), and until the first sync
+        # the heap only grew (what cyclic garbage start-up made died young and was collected).
         gc.freeze()
         gc.set_threshold(*self.gc_threshold)
         while True:
