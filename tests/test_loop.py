@@ -846,3 +846,31 @@ async def test_a_map_held_back_on_some_clients_is_apply_failed_yet_its_served_we
     clock.now += 1.0
     await publisher.sync_once(publisher.queue.take_ready())
     assert publisher.states[CHAT].state == "published" and split.routes[-1] == new
+
+
+async def test_starting_on_a_gateway_serving_many_maps_gives_the_event_loop_back_between_slices():
+    # Issue 29: after the engine's read-back (in slices of its own) the loop set each map's
+    # weight series and queued it, 10,000 maps in one turn.
+    from publisher.core.values import Backend, Route
+
+    held = {MapKey("prod", f"m{i}"): Route(f"m{i}.example.com", (Backend("w0", "http://10.0.0.1:80", 1),)) for i in range(5000)}
+    publisher, _, _ = make_publisher(MemoryGateway(held=dict(held)))
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    try:
+        await asyncio.sleep(0)
+        before = ticks
+        await publisher.start()
+        slices = 5000 // loop.DECIDE_SLICE
+        # The engine's read-back gives the loop back once a slice; setting the series, as often.
+        assert ticks - before >= 2 * slices - 2, f"starting on 5,000 maps let other tasks run {ticks - before} times"
+    finally:
+        task.cancel()
+    assert len(publisher.queue) == 5000
