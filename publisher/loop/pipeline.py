@@ -114,9 +114,9 @@ class Publisher:
         batch = engine_batch(outcomes, self.adapter.confirmed, self.settler.failing)
         applied = await self.gateway.apply(batch)
         if applied.failure is None:
-            self.settler.record(batch.before, applied.result, pending, self.split)
+            await self.settler.record(batch.before, applied.result, pending, self.split)
             self.gateway.passed(batch, applied.result, maps_pending=self.states.count("pending"))
-        self.settler.settle_pass(outcomes, batch, applied, self.split)
+        await self.settler.settle_pass(outcomes, batch, applied, self.split)
 
     async def _decide_all(self, pending: Iterable[MapKey]) -> dict[MapKey, Outcome]:
         """Each map's decision; an unexpected error holds that map alone (InternalError)."""
