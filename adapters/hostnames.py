@@ -56,7 +56,8 @@ class Hostnames:
         self._served_on = {}
         for key, route in routes.items():
             self._served_on.setdefault(route.hostname, set()).add(key)
-        self._owners = {hostname: min(keys, key=self._seniority) for hostname, keys in self._served_on.items()}
+        # A hostname nearly always has one map: it owns it without ranking (10,000 maps: a few ms).
+        self._owners = {hostname: next(iter(keys)) if len(keys) == 1 else min(keys, key=self._seniority) for hostname, keys in self._served_on.items()}
         self._duplicates = {hostname for hostname, keys in self._served_on.items() if len(keys) > 1}
 
     def _seniority(self, key: MapKey) -> tuple[int, str, MapKey]:

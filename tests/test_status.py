@@ -250,3 +250,56 @@ async def test_a_verdict_about_a_deleted_map_is_not_written_on_the_one_made_agai
         assert ours(kube_api)["reason"] == "Published"
     finally:
         await kube.close()
+
+
+class CountingKube:
+    """Answers every status apply at once, and counts the tasks alive while one is in flight."""
+
+    def __init__(self) -> None:
+        self.applied = 0
+        self.most_tasks = 0
+
+    async def apply(self, resource, body, **kwargs):  # noqa: ANN001, ANN003 - Kube.apply's shape
+        import asyncio
+
+        self.most_tasks = max(self.most_tasks, len(asyncio.all_tasks()))
+        await asyncio.sleep(0)
+        self.applied += 1
+        return {"metadata": {"resourceVersion": str(1000 + self.applied)}}
+
+
+async def test_a_batch_of_many_verdicts_runs_few_tasks_and_gives_the_event_loop_back():
+    # Issue 29: a batch made one task per verdict; at start (a condition for each of 10,000
+    # maps) and at each resync's recheck (10,000 verdicts, nearly all unchanged) every task
+    # compared its verdict in one turn of the event loop: 200 ms that gateway writes waited.
+    import asyncio
+
+    stores = Stores.empty()
+    keys = []
+    for i in range(5000):
+        tm = parse_traffic_map(make_map(name=f"m{i}"))
+        stores.maps.upsert(tm.key, tm, "1")
+        keys.append(tm.key)
+    kube = CountingKube()
+    sink = ConditionSink(kube, stores.maps, "eu", concurrency=8)  # type: ignore[arg-type]
+    verdict = Verdict(True, Reason.PUBLISHED, "published to memory", 1)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    try:
+        await asyncio.sleep(0)
+        assert await sink.write({key: verdict for key in keys}) == {}
+        assert kube.applied == 5000
+        assert kube.most_tasks <= 8 + 2, f"{kube.most_tasks} tasks for 8 concurrent writes"
+        before = ticks
+        assert await sink.write({key: verdict for key in keys}) == {}  # a recheck: nothing changed
+        assert kube.applied == 5000
+        assert ticks - before >= 10, f"comparing 5,000 verdicts let other tasks run {ticks - before} times"
+    finally:
+        task.cancel()

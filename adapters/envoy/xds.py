@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Set
 
 import grpc
@@ -21,8 +22,8 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from adapters.base import NotConnected, Unavailable, WriteResult
 from adapters.envoy.lrs import LoadReports
-from adapters.envoy.resources import MapResources, XdsRenderer
-from adapters.envoy.xds_plan import WriteAnswer, served_by_most, served_versions, write_outcome
+from adapters.envoy.resources import SCOPE_TYPE, MapResources, XdsRenderer
+from adapters.envoy.xds_plan import WriteAnswer, add_votes, most_voted, served_versions, write_outcome
 from adapters.envoy.xds_session import EnvoyStatus, Session
 from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label
 from adapters.grpc_tls import ServerTls
@@ -32,6 +33,9 @@ from publisher.core.values import MapKey, Route
 log = logging.getLogger("adapters.envoy_xds")
 
 __all__ = ["XdsTransport"]
+
+# A read gives the event loop back after each slice of this many maps of one Envoy.
+READ_SLICE = 256
 
 
 class _Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -233,10 +237,24 @@ class XdsTransport:
                     return {}
                 raise Unavailable("envoy: a connected Envoy has not listed what it holds")
             await asyncio.sleep(0.01)
-        ordered = (s.state for s in sorted(self._sessions, key=lambda s: s.name))
-        served = served_by_most(ordered, self._target if self._seeded else None)
+        # Reading what an Envoy holds takes about 12 us a map: counted a slice at a time, 10,000
+        # maps on two Envoys held the event loop 250 ms in one turn. A snapshot of the names, as
+        # the Envoys' streams go on meanwhile.
+        target = self._target if self._seeded else None
+        votes: dict[MapKey, Counter[Route]] = {}
+        for state in [s.state for s in sorted(self._sessions, key=lambda s: s.name)]:
+            names = list(state.held[SCOPE_TYPE])
+            for start in range(0, len(names), READ_SLICE):
+                add_votes(votes, state, names[start : start + READ_SLICE], target)
+                await asyncio.sleep(0)
+        served = most_voted(votes)
         if not self._seeded:
-            self._target = {key: self._renderer.render(key, r) for key, r in served.items()}
+            seeded: dict[MapKey, MapResources] = {}
+            for count, (key, route) in enumerate(served.items(), 1):
+                seeded[key] = self._renderer.render(key, route)
+                if count % READ_SLICE == 0:
+                    await asyncio.sleep(0)
+            self._target = seeded
             self._seeded = True
             for session in self._sessions:
                 session.state.dirty.update(self._target)

@@ -52,6 +52,8 @@ FREE_WARNING_SHARE = 0.1
 # doubling up to the cap; the cap also bounds serve()'s polls while NGINX does not answer.
 FIRST_ANSWER_RETRY = 0.1
 RETRY_CAP = 1.0
+# A read-back gives the event loop back after each slice of this many maps.
+READ_SLICE = 256
 
 Resolver = Callable[[str, int], Awaitable[tuple[str, ...]]]
 
@@ -214,7 +216,7 @@ class LuaTransport(TransportDefaults):
                 try:
                     if self._table.boot is None or not await self._unchanged():
                         await self._sync()
-                    return {key: part.route() for key, part in self._table.parts.items()}
+                    return await self._routes()
                 except Unavailable as exc:
                     if self._table.entries_boot is not None:
                         raise
@@ -321,6 +323,16 @@ class LuaTransport(TransportDefaults):
         log.warning("nginx table does not match its checksum: replacing it whole", extra={"boot": boot, "maps": len(batch.sets)})
         await self._push(batch)
         log.info("nginx table repaired", extra={"boot": boot, "maps": len(batch.sets)})
+
+    async def _routes(self) -> dict[MapKey, Route]:
+        """The table's routes, a slice at a time: 10,000 held the event loop 20-45 ms in one turn
+        at every resync. Called under the lock: no write changes the table meanwhile."""
+        routes: dict[MapKey, Route] = {}
+        for count, (key, part) in enumerate(list(self._table.parts.items()), 1):
+            routes[key] = part.route()
+            if count % READ_SLICE == 0:
+                await asyncio.sleep(0)
+        return routes
 
     async def _unchanged(self) -> bool:
         """Whether NGINX holds exactly what it confirmed to us (boot, version, checksum), asked of

@@ -22,7 +22,7 @@ publisher.kube, publisher.metrics and publisher.retry; only publisher.cli import
 
 from publisher.loop.keys import KeyQueue
 from publisher.loop.leader import LeaderOptions, run_leader_election
-from publisher.loop.options import DECIDE_SLICE, PENDING_RETRY_CAP, STARTUP_GC_THRESHOLD, LoopOptions
+from publisher.loop.options import DECIDE_SLICE, PENDING_RETRY_CAP, STARTUP_GC_OLDER, STARTUP_GC_THRESHOLD, LoopOptions
 from publisher.loop.pipeline import Publisher
 from publisher.loop.sidecar import ListenError, Source, SyncTimeout, once, run, serve, start_server
 from publisher.loop.states import MapState
@@ -30,6 +30,7 @@ from publisher.loop.states import MapState
 __all__ = [
     "DECIDE_SLICE",
     "PENDING_RETRY_CAP",
+    "STARTUP_GC_OLDER",
     "STARTUP_GC_THRESHOLD",
     "KeyQueue",
     "LeaderOptions",

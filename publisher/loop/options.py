@@ -11,8 +11,11 @@ from publisher.core import gate, plan
 DECIDE_SLICE = 256
 # Until the first sync is done the heap only grows (every object listed is kept), so the cyclic
 # collector's default 700-allocation trigger only rescans survivors: at 10,000 maps it was half of
-# the first list's CPU and of deciding. Collections still run, 140x less often.
-STARTUP_GC_THRESHOLD = 100_000
+# the first list's CPU and of deciding. Young collections run 30x less often, each 2-3 ms (at
+# 100,000 each took 10-20 ms), and the older generations are not collected until the first sync
+# freezes them (at 10, a collection of the middle one walked the list: 35-45 ms).
+STARTUP_GC_THRESHOLD = 20_000
+STARTUP_GC_OLDER = 1_000
 # A map waiting for a gateway client to connect is retried at least this often, so a gateway that
 # comes up is written within seconds, however long it took.
 PENDING_RETRY_CAP = 5.0

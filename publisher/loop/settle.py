@@ -8,6 +8,7 @@ on the applier's KeyQueue (the loop's) what failed or what the engine released.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -20,7 +21,7 @@ from publisher.core.plan import Hold, Outcome, Publish
 from publisher.loop.decide import Batch
 from publisher.loop.gateway import Applied
 from publisher.loop.keys import KeyQueue
-from publisher.loop.options import PENDING_RETRY_CAP, LoopOptions
+from publisher.loop.options import DECIDE_SLICE, PENDING_RETRY_CAP, LoopOptions
 from publisher.loop.outbox import StatusOutbox
 from publisher.loop.probes import ProbeNotes
 from publisher.loop.states import MapState, MapStates
@@ -59,9 +60,10 @@ class Settler:
         """The map's last gateway write failed."""
         return self.states.state(key).state == "failed"
 
-    def record(self, before: Mapping[MapKey, Route | None], result: ApplyResult, pending: Mapping[MapKey, float | None], split: SplitVerifier | None) -> None:
+    async def record(self, before: Mapping[MapKey, Route | None], result: ApplyResult, pending: Mapping[MapKey, float | None], split: SplitVerifier | None) -> None:
         """Count what an apply that did not fail confirmed: reloads, publications, weights, and the
-        time from each map's event to its write."""
+        time from each map's event to its write. Gives the event loop back every DECIDE_SLICE
+        maps (the first pass's 10,000 took 70 ms in one turn); only the applier settles."""
         adapter = self._adapter.name
         if result.reloads:
             # Reloads of an apply that had to isolate maps count as "rejected".
@@ -69,7 +71,9 @@ class Settler:
             metrics.RELOADS.labels(adapter=adapter, result=outcome).inc(result.reloads)
         now = self._clock()
         confirmed = self._adapter.confirmed
-        for key, old in before.items():
+        for count, (key, old) in enumerate(before.items(), 1):
+            if count % DECIDE_SLICE == 0:
+                await asyncio.sleep(0)
             new = confirmed.get(key)
             if new == old:
                 continue
@@ -85,14 +89,17 @@ class Settler:
             if seen_at is not None:
                 metrics.EVENT_TO_APPLY.labels(adapter=adapter).observe(now - seen_at)
 
-    def settle_pass(self, outcomes: Mapping[MapKey, Outcome], batch: Batch, applied: Applied, split: SplitVerifier | None) -> None:
+    async def settle_pass(self, outcomes: Mapping[MapKey, Outcome], batch: Batch, applied: Applied, split: SplitVerifier | None) -> None:
         """Settle every map of a pass, and the maps outside it that the apply held (a client's late
-        refusal, a duplicate hostname); queue again what the apply released."""
+        refusal, a duplicate hostname); queue again what the apply released. Gives the event loop
+        back every DECIDE_SLICE maps (the first pass's 10,000 took 85 ms in one turn)."""
         result = applied.result
         for key in result.released:
             self._queue.add(key)
         failed_keys = batch.changes if applied.failure is not None else frozenset()
-        for key, outcome in outcomes.items():
+        for count, (key, outcome) in enumerate(outcomes.items(), 1):
+            if count % DECIDE_SLICE == 0:
+                await asyncio.sleep(0)
             try:
                 self._settle(key, outcome, failed_keys, applied, split)
             except Exception as exc:  # noqa: BLE001 - the boundary, as in deciding

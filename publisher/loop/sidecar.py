@@ -17,7 +17,7 @@ from aiohttp import web
 from publisher import metrics
 from publisher.kube import Kube
 from publisher.loop.leader import LeaderOptions, run_leader_election
-from publisher.loop.options import STARTUP_GC_THRESHOLD
+from publisher.loop.options import STARTUP_GC_OLDER, STARTUP_GC_THRESHOLD
 from publisher.loop.pipeline import Publisher
 
 log = logging.getLogger("publisher.loop")
@@ -71,7 +71,7 @@ async def run(
     """The sidecar: one TaskGroup owns the server, the source, the applier, resync and status.
     `leader` elects the status writer by a Lease on `kube`."""
     publisher.source_problem = source.problem
-    gc.set_threshold(STARTUP_GC_THRESHOLD, *publisher.gc_threshold[1:])
+    gc.set_threshold(STARTUP_GC_THRESHOLD, STARTUP_GC_OLDER, publisher.gc_threshold[2])
     try:
         runner = await start_server(metrics.make_app(publisher), *listen) if listen is not None else None
         async with asyncio.TaskGroup() as group:

@@ -379,3 +379,83 @@ async def test_a_swap_whose_withdrawal_is_refused_is_not_handed_back_at_once():
     assert result.rejected[B].reason == Reason.APPLY_FAILED and result.rejected[A].reason == Reason.HOST_CONFLICT
     assert not result.released
     assert hostnames_served_twice(gateway.held) == {}
+
+
+class CountingGateway(MemoryGateway):
+    """Counts the maps rendered."""
+
+    renders: int = 0
+
+    def render(self, key: MapKey, route: Route) -> Route:
+        self.renders += 1
+        return route
+
+
+async def test_a_read_back_of_many_maps_gives_the_event_loop_back_between_slices():
+    # Issue 29: at start and at each read-back after a write in doubt, 10,000 maps were rendered
+    # again in one turn of the event loop (100-170 ms for Envoy's resources), and every write,
+    # scrape and xDS push of that moment waited behind it.
+    import asyncio
+
+    gateway = CountingGateway(held={p.key: p.route for p in (pub(f"m{i}", 1, 2) for i in range(5000))})
+    engine, _ = memory_engine(gateway)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    try:
+        await asyncio.sleep(0)
+        before = ticks
+        await engine.start()
+        assert ticks - before >= 10, f"a read-back of 5,000 maps let other tasks run {ticks - before} times"
+    finally:
+        task.cancel()
+    assert len(engine.confirmed) == 5000 and gateway.renders == 5000
+
+
+async def test_a_read_back_renders_again_only_the_maps_whose_route_changed():
+    gateway = CountingGateway(held={p.key: p.route for p in (pub(f"m{i}", 1, 2) for i in range(100))})
+    engine, _ = memory_engine(gateway)
+    await engine.start()
+    gateway.fail_with = [Unavailable("timed out confirming")]
+    with pytest.raises(Unavailable):
+        await engine.apply(changes(pub("m9", 3, 1)))
+    moved = pub("m7", 2, 1)  # changed by hand meanwhile, as m8's removal
+    gateway.held[moved.key] = moved.route
+    del gateway.held[MapKey("prod", "m8")]
+    gateway.renders = 0
+    done = await engine.reconcile()  # the write was in doubt: the read-back is the snapshot
+    assert gateway.renders == 1  # m7's new route; the 99 others are kept as rendered
+    assert engine.confirmed[moved.key] == moved.route and MapKey("prod", "m8") not in engine.confirmed
+    assert {MapKey("prod", "m7"), MapKey("prod", "m8"), MapKey("prod", "m9")} <= done.released
+
+
+async def test_rendering_a_write_of_many_maps_gives_the_event_loop_back_between_slices():
+    # Issue 29: the first pass rendered 10,000 maps in one turn of the event loop.
+    import asyncio
+
+    gateway = CountingGateway()
+    engine, _ = memory_engine(gateway)
+    await engine.start()
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    try:
+        await asyncio.sleep(0)
+        before = ticks
+        await engine.apply(changes(*(pub(f"m{i}", 1, 2) for i in range(5000))))
+        assert ticks - before >= 10, f"rendering 5,000 maps let other tasks run {ticks - before} times"
+    finally:
+        task.cancel()
+    assert len(gateway.held) == 5000 and gateway.renders == 5000

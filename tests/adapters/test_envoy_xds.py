@@ -682,3 +682,42 @@ async def test_a_stream_cancelled_twice_while_it_ends_leaves_its_envoy_uncounted
     await asyncio.gather(task, return_exceptions=True)
     await asyncio.sleep(0.01)
     assert session not in transport._sessions and transport.unready() == "no Envoy connected"
+
+
+async def test_a_read_of_many_maps_gives_the_event_loop_back_between_slices():
+    """Issue 29: a resync's read counted what each Envoy holds of 10,000 maps in one turn of the
+    event loop (about 120 ms an Envoy), and every write and xDS push of that moment waited."""
+    import json
+
+    from adapters.envoy.resources import ROUTE_TYPE, SCOPE_TYPE, map_name
+    from adapters.envoy.names import cluster_name
+    from adapters.envoy.xds import _Session
+
+    transport = XdsTransport("127.0.0.1:0", RENDERER)
+    session = _Session(transport, "ipv4:127.0.0.1:1", node="envoy-a")
+    held: dict[str, dict[str, str]] = {SCOPE_TYPE: {}, ROUTE_TYPE: {}, CLUSTER_TYPE: {}}
+    for i in range(5000):
+        key = MapKey("prod", f"m{i}")
+        held[SCOPE_TYPE][map_name(key)] = "1"
+        held[ROUTE_TYPE][map_name(key)] = "1 " + json.dumps([f"m{i}.example.com", [["worker-a", "http://10.0.0.1:8000", 1]]])
+        held[CLUSTER_TYPE][cluster_name(key, "worker-a")] = "1"
+    session.state.held.update(held)
+    session.state.subscribed.update(held)
+    transport._sessions.add(session)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    try:
+        await asyncio.sleep(0)
+        before = ticks
+        served = await transport.read()
+        assert ticks - before >= 10, f"a read of 5,000 maps let other tasks run {ticks - before} times"
+    finally:
+        task.cancel()
+    assert len(served) == 5000 and served[MapKey("prod", "m7")].hostname == "m7.example.com"
