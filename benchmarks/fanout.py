@@ -415,7 +415,13 @@ async def leads(session: aiohttp.ClientSession, stats_url: str, name: str) -> bo
 
 
 async def serves_all(views: list[Client], weights: dict[int, int]) -> bool:
-    return all(served_at(v.first_seen, i, w) is not None for v in views for i, w in weights.items())
+    for view in views:
+        served: dict[int, int] = {}
+        for index, weight in view.first_seen:
+            served[index] = max(served.get(index, 0), weight)
+        if any(served.get(i, 0) < w for i, w in weights.items()):
+            return False
+    return True
 
 
 async def until(check: Any, limit: float, work: Path, what: str) -> None:

@@ -4,6 +4,7 @@ field. No timing is asserted."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import subprocess
@@ -35,6 +36,16 @@ def test_a_change_counts_from_its_stamp_to_the_last_client_that_served_it_or_lat
     latencies, lost = fanout.change_latencies(sent, [a, b])
     assert latencies == [pytest.approx(0.5)]
     assert lost == 1  # b never served map 1
+
+
+def test_every_client_serves_a_weight_once_it_served_that_weight_or_a_later_one():
+    class View:
+        def __init__(self, first_seen):
+            self.first_seen = first_seen
+
+    views = [View({(0, 2): 1.0, (1, 3): 1.0}), View({(0, 3): 1.0, (1, 2): 1.0})]
+    assert asyncio.run(fanout.serves_all(views, {0: 2, 1: 2}))
+    assert not asyncio.run(fanout.serves_all(views, {0: 2, 1: 3}))
 
 
 def test_per_change_divides_the_fake_counters_by_the_changes():
