@@ -200,10 +200,10 @@ async def role_fake(maps: int, style: str) -> None:
 # --- role: the sender -----------------------------------------------------------------------------
 
 
-async def role_sender(url: str, maps: int, rate: int, seconds: float, style: str, out: Path) -> None:
+async def role_sender(url: str, maps: int, rate: int, seconds: float, style: str, out: Path, start_version: int = 0) -> None:
     """Changes `rate` maps a second, open loop (each change starts at its own time, whatever the
     ones before took), at most IN_FLIGHT at once; one JSON line per change: map, version, stamp,
-    and when the writes ended. The stamp is taken once a change may write, so a change waiting for
+    and when the writes ended. Versions count from `start_version` (a second sender continues a first). The stamp is taken once a change may write, so a change waiting for
     its turn here is not counted as latency; an API server too slow for the rate shows as a lower
     achieved rate instead."""
     in_flight = asyncio.Semaphore(IN_FLIGHT)
@@ -211,7 +211,7 @@ async def role_sender(url: str, maps: int, rate: int, seconds: float, style: str
                                      connector=aiohttp.TCPConnector(limit=IN_FLIGHT)) as session:
         async with session.get(f"{url}{TM_PATH}") as response:
             uids = {item["metadata"]["name"]: item["status"]["sourceUID"] for item in (await response.json())["items"]}
-        versions = [0] * maps
+        versions = [start_version] * maps
         records: list[dict[str, Any]] = []
         failures = 0
 
@@ -1354,8 +1354,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_fake":
         asyncio.run(role_fake(int(sys.argv[2]), sys.argv[3]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_sender":
-        _, _, url, n, rate, seconds, style, out = sys.argv
-        asyncio.run(role_sender(url, int(n), int(rate), float(seconds), style, Path(out)))
+        _, _, url, n, rate, seconds, style, out, *start = sys.argv
+        asyncio.run(role_sender(url, int(n), int(rate), float(seconds), style, Path(out), int(start[0]) if start else 0))
     elif len(sys.argv) > 1 and sys.argv[1] == "_bare":
         asyncio.run(role_bare(Path(sys.argv[2]), Path(sys.argv[3])))
     else:

@@ -264,6 +264,9 @@ class FakeKubeAPI:
         self._runner: web.AppRunner | None = None
         self.in_flight = 0  # requests being answered (open watches included)
         self.peak_in_flight = 0  # the most requests answered at once
+        # Events written to watch streams (bookmarks and ERRORs aside), per resource key, over
+        # every watch ever opened: what the API server's fan-out sent.
+        self.watch_events_sent: collections.Counter[str] = collections.Counter()
         self.url = ""
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -442,6 +445,10 @@ class FakeKubeAPI:
 
     def watcher_count(self) -> int:
         return sum(len(w) for w in self._watchers.values())
+
+    def watchers_open(self) -> dict[str, int]:
+        """Watches open now, per resource key (those with none left out)."""
+        return {key: len(w) for key, w in self._watchers.items() if w}
 
     # --- HTTP -------------------------------------------------------------------------------------
 
@@ -974,6 +981,7 @@ class FakeKubeAPI:
                     item = watcher.queue.get_nowait() if not watcher.queue.empty() else None
                 if batch:
                     await response.write(b"".join(batch))
+                    self.watch_events_sent[resource.key] += len(batch)
                 if item is _STOP:
                     break
                 if item is _DROP:

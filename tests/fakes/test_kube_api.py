@@ -561,6 +561,17 @@ async def test_watch_accepts_1_and_filters_by_label(kube_api: FakeKubeAPI, http:
     assert event is not None and event["object"]["metadata"]["name"] == "mine"
 
 
+async def test_watch_fan_out_is_counted_per_resource(kube_api: FakeKubeAPI, http: aiohttp.ClientSession) -> None:  # noqa: F811
+    """What the fan-out benchmark reads: watches open now, and events written to all of them."""
+    async with await open_watch(http, f"{TM}/trafficmaps") as first, await open_watch(http, f"{TM}/trafficmaps") as second:
+        await eventually(lambda: kube_api.watchers_open() == {TM_RESOURCE: 2})
+        kube_api.create(make_map("a"))
+        for response in (first, second):
+            assert await Stream(response).next() is not None
+        await eventually(lambda: kube_api.watch_events_sent[TM_RESOURCE] == 2)
+    assert kube_api.watch_events_sent == {TM_RESOURCE: 2}
+
+
 async def test_watch_ends_after_timeout_seconds(http: aiohttp.ClientSession) -> None:
     async with await open_watch(http, f"{TM}/trafficmaps", timeoutSeconds="1") as response:
         assert await Stream(response).next() is None
