@@ -687,20 +687,19 @@ async def test_a_stream_cancelled_twice_while_it_ends_leaves_its_envoy_uncounted
 async def test_a_read_of_many_maps_gives_the_event_loop_back_between_slices():
     """Issue 29: a resync's read counted what each Envoy holds of 10,000 maps in one turn of the
     event loop (about 120 ms an Envoy), and every write and xDS push of that moment waited."""
-    import json
-
     from adapters.envoy.resources import ROUTE_TYPE, SCOPE_TYPE, map_name
-    from adapters.envoy.names import cluster_name
-    from adapters.envoy.xds import _Session
+    from adapters.envoy.xds_session import Session
 
     transport = XdsTransport("127.0.0.1:0", RENDERER)
-    session = _Session(transport, "ipv4:127.0.0.1:1", node="envoy-a")
+    session = Session(transport, "ipv4:127.0.0.1:1", node="envoy-a")
     held: dict[str, dict[str, str]] = {SCOPE_TYPE: {}, ROUTE_TYPE: {}, CLUSTER_TYPE: {}}
     for i in range(5000):
         key = MapKey("prod", f"m{i}")
-        held[SCOPE_TYPE][map_name(key)] = "1"
-        held[ROUTE_TYPE][map_name(key)] = "1 " + json.dumps([f"m{i}.example.com", [["worker-a", "http://10.0.0.1:8000", 1]]])
-        held[CLUSTER_TYPE][cluster_name(key, "worker-a")] = "1"
+        part = RENDERER.render(key, Route(f"m{i}.example.com", (Backend("worker-a", "http://10.0.0.1:8000", 1),)))
+        held[SCOPE_TYPE][map_name(key)] = part.scope.version
+        held[ROUTE_TYPE][map_name(key)] = part.route_config.version
+        (cluster,) = part.clusters
+        held[CLUSTER_TYPE][cluster.name] = cluster.version
     session.state.held.update(held)
     session.state.subscribed.update(held)
     transport._sessions.add(session)
