@@ -1271,7 +1271,7 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, options: Ru
             if profiler is not None:
                 profiled_seconds = time.monotonic() - profiled_from
                 await stop_process(profiler, signal.SIGINT, 60)
-                result["profile"] = profile_summary(work / "profile.json", profiled_seconds, len(sent))
+                result["profile"] = profile_summary(work / "profile.json", profiled_seconds, len(sent), cpu["sidecar"])
                 if options.profile_out is not None and (work / "profile.json").exists():
                     options.profile_out.mkdir(parents=True, exist_ok=True)
                     kept = options.profile_out / f"{mode.name}-{maps}-{time.strftime('%H%M%S')}.json"
@@ -1366,12 +1366,17 @@ def served_report(sent: list[dict[str, Any]], served: dict[int, float], bare_see
     return out
 
 
-def profile_summary(path: Path, seconds: float, changes: int) -> dict[str, Any] | None:
-    """The sidecar's CPU per change by phase and its longest stall, from py-spy's recording."""
+def profile_summary(path: Path, seconds: float, changes: int, cpu_seconds: float) -> dict[str, Any] | None:
+    """The sidecar's CPU per change by phase and its longest stall, from py-spy's recording. A busy
+    sample is wall time a thread was not waiting, which on a loaded machine includes waiting for a
+    core: each phase gets its share of the busy samples times the CPU /proc measured."""
     if not path.exists():
         return None
     summary = profile_phases.breakdown(json.loads(path.read_text()), seconds=seconds, project=str(ROOT))
-    summary["ms_per_change"] = {phase: round(1000 * busy / max(1, changes), 3) for phase, busy in summary.pop("busy_seconds").items()}
+    busy = summary.pop("busy_seconds")
+    total = sum(busy.values()) or 1.0
+    summary["ms_per_change"] = {phase: round(1000 * cpu_seconds * b / total / max(1, changes), 3) for phase, b in busy.items()}
+    summary["busy_share_of_wall"] = round(total / max(1e-9, seconds), 2)
     return summary
 
 
@@ -1408,7 +1413,8 @@ def print_run(r: dict[str, Any]) -> None:
               f"({s['late_share']:.2%}); probe requests {s['requests']}, errors {s['errors']}, gave up {s['gave_up']}")
     if r.get("profile"):
         p, stall = r["profile"], r["profile"]["stall"]
-        print(f"  sidecar CPU per change by phase (py-spy, {p['samples']} samples of {p['interval_ms']} ms): "
+        print(f"  sidecar CPU per change by phase (py-spy's busy samples, {p['samples']} of {p['interval_ms']} ms, "
+              f"busy {p['busy_share_of_wall']:.0%} of the time, scaled to the CPU measured): "
               + ", ".join(f"{k} {v} ms" for k, v in p["ms_per_change"].items()))
         print(f"  sidecar's longest event-loop stall: {stall['ms']} ms at {stall['at_s']} s into the churn, in "
               f"{json.dumps(stall['phases'])}; innermost frames {stall['frames']}")

@@ -51,9 +51,13 @@ def frames_of(recording: dict[str, Any]) -> list[Frame]:
 
 
 def is_idle(stack: Sequence[Frame]) -> bool:
+    """Waiting, not working: the innermost frame waits, or a thread sits in threading.py's own
+    frames (gRPC's poller thread spends its life in native code under Thread.run)."""
     if not stack:
         return True
     top = stack[-1]
+    if top.file.endswith("threading.py"):
+        return True
     return bool(IDLE_FUNCTIONS.search(top.name)) and (top.file.endswith(IDLE_FILES) or "/" not in top.file or "socket" in top.file)
 
 
