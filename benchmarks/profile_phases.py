@@ -116,21 +116,54 @@ def breakdown(recording: dict[str, Any], *, seconds: float, project: str = "") -
     }
 
 
-def longest_stall(stacks: Sequence[Sequence[Frame]], *, project: str = "") -> dict[str, Any]:
-    """The longest run of busy samples: where it starts (sample index), how long (samples), the
-    phase most of it was in and the innermost project frames seen most in it."""
-    best_start, best_len, start = 0, 0, None
+def busy_runs(stacks: Sequence[Sequence[Frame]]) -> list[tuple[int, int]]:
+    """Every run of busy samples as (start index, length), longest first."""
+    runs, start = [], None
     for index, stack in enumerate([*stacks, []]):
         if not is_idle(stack):
             if start is None:
                 start = index
             continue
-        if start is not None and index - start > best_len:
-            best_start, best_len = start, index - start
+        if start is not None:
+            runs.append((start, index - start))
         start = None
-    run = stacks[best_start:best_start + best_len]
+    return sorted(runs, key=lambda run: (-run[1], run[0]))
+
+
+def describe(stacks: Sequence[Sequence[Frame]], start: int, length: int, *, project: str = "") -> dict[str, Any]:
+    """A run of busy samples: where it starts (sample index), how long (samples), the phases most
+    of it was in and the innermost project frames seen most in it."""
+    run = stacks[start:start + length]
     phases = Counter(phase_of(stack, project=project) for stack in run)
     tops = Counter(innermost_project_frame(stack, project) for stack in run) if project else Counter()
     tops.pop(None, None)
-    return {"start": best_start, "samples": best_len, "phases": dict(phases.most_common(3)),
+    return {"start": start, "samples": length, "phases": dict(phases.most_common(3)),
             "frames": [f"{name} x{count}" for name, count in tops.most_common(3)]}
+
+
+def longest_stall(stacks: Sequence[Sequence[Frame]], *, project: str = "") -> dict[str, Any]:
+    runs = busy_runs(stacks)
+    return describe(stacks, *(runs[0] if runs else (0, 0)), project=project)
+
+
+def main() -> None:
+    """`python benchmarks/profile_phases.py RECORDING.json SECONDS [PROJECT]`: the phases, then the
+    ten longest stalls with their innermost project frames (compare.py prints the longest only)."""
+    import json
+    import sys
+
+    recording = json.loads(open(sys.argv[1]).read())
+    seconds, project = float(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else ""
+    summary = breakdown(recording, seconds=seconds, project=project)
+    print(json.dumps({k: v for k, v in summary.items() if k != "stall"}))
+    main_profile = main_thread(recording)
+    frames = frames_of(recording)
+    stacks = [[frames[i] for i in sample] for sample in (main_profile["samples"] if main_profile else [])]
+    interval = summary["interval_ms"]
+    for start, length in busy_runs(stacks)[:10]:
+        stall = describe(stacks, start, length, project=project)
+        print(f"{length * interval:.0f} ms at {start * interval / 1000:.1f} s: {stall['phases']} {stall['frames']}")
+
+
+if __name__ == "__main__":
+    main()
