@@ -51,12 +51,13 @@ def frames_of(recording: dict[str, Any]) -> list[Frame]:
 
 
 def is_idle(stack: Sequence[Frame]) -> bool:
-    """Waiting, not working: the innermost frame waits, or a thread sits in threading.py's own
-    frames (gRPC's poller thread spends its life in native code under Thread.run)."""
+    """Waiting, not working: the innermost frame waits, or a thread sits in threading.py's or a
+    thread pool's own frames (gRPC's poller thread spends its life in native code under
+    Thread.run, an idle pool worker in its queue's get)."""
     if not stack:
         return True
     top = stack[-1]
-    if top.file.endswith("threading.py"):
+    if top.file.endswith(("threading.py", "concurrent/futures/thread.py")):  # a pool's worker waiting for work
         return True
     return bool(IDLE_FUNCTIONS.search(top.name)) and (top.file.endswith(IDLE_FILES) or "/" not in top.file or "socket" in top.file)
 
