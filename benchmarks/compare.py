@@ -1345,12 +1345,15 @@ def served_report(sent: list[dict[str, Any]], served: dict[int, float], bare_see
                   counts: dict[str, Any]) -> dict[str, Any]:
     """Stamp -> the new backend's answer through the gateway, per change, beside stamp -> the bare
     watch's decode of the same changes; and how many reached the client LATE after the bare watch."""
-    through, bare, after = [], [], []
+    through, bare, after, late_at = [], [], [], []
+    first = min((record["stamp"] for record in sent), default=0.0)
     for record in sent:
         if record["seq"] in served and record["seq"] in bare_seen:
             through.append(served[record["seq"]] - record["stamp"])
             bare.append(bare_seen[record["seq"]] - record["stamp"])
             after.append(served[record["seq"]] - bare_seen[record["seq"]])
+            if after[-1] > LATE:
+                late_at.append(round(record["stamp"] - first, 1))
     ms = lambda v: round(v * 1000, 1)  # noqa: E731
     quantiles = (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
     out: dict[str, Any] = {
@@ -1360,6 +1363,7 @@ def served_report(sent: list[dict[str, Any]], served: dict[int, float], bare_see
         "bare_ms": {q: ms(percentile(bare, f)) for q, f in quantiles},
         "late_share": round(sum(1 for x in after if x > LATE) / len(after), 4) if after else None,
         "late": sum(1 for x in after if x > LATE),
+        "late_at_s": late_at[:100],  # seconds into the churn: to set beside the stalls' times
     }
     p99 = percentile(bare, 0.99)
     out["ratio_p99"] = round(percentile(through, 0.99) / p99, 2) if through and p99 > 0 else None
@@ -1410,7 +1414,8 @@ def print_run(r: dict[str, Any]) -> None:
               f"p99 {s['served_ms']['p99']} ms, max {s['served_ms']['max']} ms; bare watch on the same {s['changes']} changes "
               f"p50 {s['bare_ms']['p50']} ms, p99 {s['bare_ms']['p99']} ms, max {s['bare_ms']['max']} ms; p99 ratio {s['ratio_p99']}x")
         print(f"  reached the client > {LATE * 1000:g} ms after the bare watch had them: {s['late']} of {s['changes']} "
-              f"({s['late_share']:.2%}); probe requests {s['requests']}, errors {s['errors']}, gave up {s['gave_up']}")
+              f"({s['late_share']:.2%}; at {s['late_at_s'][:20]} s into the churn); probe requests {s['requests']}, "
+              f"errors {s['errors']}, gave up {s['gave_up']}")
     if r.get("profile"):
         p, stall = r["profile"], r["profile"]["stall"]
         print(f"  sidecar CPU per change by phase (py-spy's busy samples, {p['samples']} of {p['interval_ms']} ms, "

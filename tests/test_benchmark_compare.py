@@ -181,3 +181,4 @@ def test_served_report_pairs_each_change_with_the_bare_watch_and_counts_the_late
     assert report["late"] == 1 and report["late_share"] == 0.25  # 2: 295 ms after the bare watch; 3: 90 ms is not late
     assert report["served_ms"]["max"] == 300.0 and report["bare_ms"]["max"] == 5.0
     assert (report["requests"], report["errors"], report["gave_up"]) == (40, 1, 1)
+    assert report["late_at_s"] == [2.0]
