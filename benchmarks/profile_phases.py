@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Phases of a change, as issue 29 names them, plus the periodic work beside them.
-PHASES = ("decode", "validate", "decide", "render", "write", "confirm", "status", "split check", "resync", "other")
+PHASES = ("decode", "validate", "decide", "render", "write", "confirm", "status", "split check", "resync", "http client", "other")
 IDLE_FUNCTIONS = re.compile(r"(^|\.)(select|poll|epoll|wait|sleep|acquire|accept|recv|recv_into|read|readinto|_wait_for_tstate_lock)$")
 IDLE_FILES = ("selectors.py", "threading.py", "queue.py", "concurrent/futures/thread.py")
 
@@ -77,6 +77,9 @@ def phase_of(stack: Sequence[Frame], *, project: str = "") -> str:
         for phase, pattern in STEPS:
             if _matches(pattern, frame) and (ours or phase in ("validate", "decode")):
                 return phase
+    # aiohttp's own tasks (a request body written, an answer read) carry no caller's frames.
+    if any("/aiohttp/" in frame.file for frame in stack):
+        return "http client"
     return "other"
 
 

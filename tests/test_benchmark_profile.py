@@ -62,3 +62,11 @@ def test_the_longest_run_of_busy_samples_is_the_stall_with_what_it_did():
     assert stall["phases"] == {"status": 3, "render": 1}
     assert stall["frames"][0] == "Publisher.write_reports (publisher/loop/__init__.py) x3"
     assert result["busy_seconds"] == {"decode": 0.02, "render": 0.04, "status": 0.06}
+
+
+def test_aiohttps_own_tasks_are_the_http_client():
+    phases = _load()
+    stack = [phases.Frame("_run", f"{PROJECT}/publisher/cli/__init__.py"),
+             phases.Frame("StreamWriter.write", "/venv/site-packages/aiohttp/http_writer.py")]
+    assert phases.phase_of(stack, project=PROJECT) == "http client"
+    assert phases.phase_of(stack[:1], project=PROJECT) == "other"
