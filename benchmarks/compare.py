@@ -1439,7 +1439,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     paths = ["start_seconds", "publisher_ms.p50", "publisher_ms.p99", "publisher_ms.max", "bare_ms.p50", "bare_ms.p99",
              "added_ms.p50", "added_ms.p99", "achieved_rate",
              "ratio_p99", "cpu_ms_per_update.sidecar", "cpu_ms_per_update.bare watcher", "peak_rss_mb.sidecar",
-             "confirmed", "sent", "load_average_start"]
+             "confirmed", "sent", "load_average_start",
+             "served.served_ms.p50", "served.served_ms.p99", "served.served_ms.max", "served.ratio_p99", "served.late_share",
+             "profile.stall.ms"]
     for label in runs[0]["peak_rss_mb"]:
         if label not in ("sidecar", "bare watcher"):
             paths += [f"peak_rss_mb.{label}", f"cpu_ms_per_update.{label}"]

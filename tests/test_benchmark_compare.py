@@ -182,3 +182,12 @@ def test_served_report_pairs_each_change_with_the_bare_watch_and_counts_the_late
     assert report["served_ms"]["max"] == 300.0 and report["bare_ms"]["max"] == 5.0
     assert (report["requests"], report["errors"], report["gave_up"]) == (40, 1, 1)
     assert report["late_at_s"] == [2.0]
+
+
+def test_the_summary_over_runs_carries_the_served_numbers_and_the_stall():
+    compare = _load_script()
+    run = {"adapter": "nginx-lua", "maps": 10, "peak_rss_mb": {"sidecar": 1}, "served": {"served_ms": {"p99": 3.0}, "late_share": 0.01},
+           "profile": {"stall": {"ms": 250.0}}}
+    summary = compare.summarize([run, run | {"served": {"served_ms": {"p99": 5.0}, "late_share": 0.03}}])
+    assert summary["served.served_ms.p99"] == {"median": 4.0, "min": 3.0, "max": 5.0}
+    assert summary["served.late_share"]["max"] == 0.03 and summary["profile.stall.ms"]["median"] == 250.0
