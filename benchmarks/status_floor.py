@@ -1,0 +1,75 @@
+"""The floor under the sidecar's status write: what a bare client's CPU pays for one condition
+written as the sidecar writes it (server-side apply of one condition on trafficmaps/status, the
+whole object decoded from the answer), nothing else. compare.py's bare watch only reads, so it is
+no floor for a sidecar with status on; this number added to it is (issue 29).
+
+    python benchmarks/status_floor.py --maps 1000 --writes 2000
+
+The fake API server (compare.py's, loaded as OME writes) runs in its own process; the writes go
+8 at a time over one aiohttp session; the client's CPU is its process time over the writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import compare  # noqa: E402
+
+CONCURRENCY = 8
+
+
+def condition_body(index: int, round_: int) -> dict:
+    condition = {"type": "gateway-publisher.ome.io/default", "status": "True", "reason": "Published",
+                 "message": f"published to the gateway, round {round_}", "observedGeneration": 1,
+                 "lastTransitionTime": compare.now()}
+    return {"apiVersion": compare.API, "kind": "TrafficMap",
+            "metadata": {"name": compare.map_name(index), "namespace": compare.NAMESPACE},
+            "status": {"conditions": [condition]}}  # fmt: skip
+
+
+async def measure(maps: int, writes: int) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="status-floor-"))
+    async with contextlib.AsyncExitStack() as stack:
+        fake = await compare.spawn(stack, sys.executable, str(Path(compare.__file__).resolve()), "_fake", str(maps), "dns",
+                                   log=work / "fake.log", stdout=asyncio.subprocess.PIPE)
+        url = (await asyncio.wait_for(fake.stdout.readline(), 300)).decode().split()[0]
+        params = {"fieldManager": "gateway-publisher-default", "force": "true"}
+        limit = asyncio.Semaphore(CONCURRENCY)
+        async with aiohttp.ClientSession() as session:
+
+            async def one(seq: int) -> None:
+                async with limit:
+                    index = seq % maps
+                    async with session.patch(f"{url}{compare.TM_PATH}/{compare.map_name(index)}/status", params=params,
+                                             data=json.dumps(condition_body(index, seq)), headers=compare.APPLY) as response:
+                        json.loads(await response.read())
+
+            await asyncio.gather(*(one(seq) for seq in range(min(200, writes))))  # warm: connections, first condition
+            cpu, wall = time.process_time(), time.monotonic()
+            await asyncio.gather(*(one(seq) for seq in range(writes)))
+            cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    return {"maps": maps, "writes": writes, "client_cpu_ms_per_write": round(1000 * cpu / writes, 3),
+            "wall_ms_per_write": round(1000 * wall / writes, 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--maps", type=int, default=1000)
+    parser.add_argument("--writes", type=int, default=2000)
+    args = parser.parse_args()
+    print("JSON " + json.dumps(asyncio.run(measure(args.maps, args.writes))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
