@@ -122,32 +122,28 @@ class Client(Protocol):
     first_seen: dict[tuple[int, int], float]
 
 
-def weight0(version: str) -> int | None:
-    from adapters.envoy.resources import route_from_version
-
-    route = route_from_version(version)
-    return next((b.weight for b in route.backends if b.cluster == "w0"), None) if route is not None else None
-
-
 @dataclass(eq=False)
 class TimedEnvoy(ScriptedEnvoy):
-    """A scripted client that notes when it ACKs each map's route configuration."""
+    """A scripted client that notes when it ACKs each map's weights: the map's cluster carries them
+    (its version names the route), a route configuration only when the map answers 503."""
 
     first_seen: dict[tuple[int, int], float] = field(default_factory=dict)
-    route_acks: list[float] = field(default_factory=list)
+    acks: list[float] = field(default_factory=list)
 
     def _apply(self, response: Any) -> None:
-        from adapters.envoy.resources import ROUTE_TYPE, key_of
+        from adapters.envoy.resources import CLUSTER_TYPE, ROUTE_TYPE, key_of
 
         super()._apply(response)
-        if response.type_url != ROUTE_TYPE or not response.resources:
+        if response.type_url not in (CLUSTER_TYPE, ROUTE_TYPE) or not response.resources:
             return
         at = time.time()
-        self.route_acks.append(at)
+        self.acks.append(at)
         for resource in response.resources:
-            key, weight = key_of(resource.name), weight0(resource.version)
-            if key is not None and weight is not None:
-                self.first_seen.setdefault((compare.map_index(key.name), weight), at)
+            key = key_of(resource.name)
+            route = self.serves(key) if key is not None else None
+            if route is not None and route.backends:
+                # The top weight, as compare.py's detectors read a change.
+                self.first_seen.setdefault((compare.map_index(key.name), max(b.weight for b in route.backends)), at)
 
 
 @dataclass
@@ -208,7 +204,7 @@ async def start_publisher(stack: contextlib.AsyncExitStack, work: Path, url: str
     handle = stack.enter_context(open(work / f"{name}.log", "ab"))
     process = await asyncio.create_subprocess_exec(
         *compare.publisher_cli("run", "--source", "kube", "--kubeconfig", str(kubeconfig), "--namespace", compare.NAMESPACE,
-                               "--name", REGION, "--leader-elect", "--adapter", "envoy", "--envoy-xds-listen", f"127.0.0.1:{xds}",
+                               "--region", REGION, "--leader-elect", "--adapter", "envoy", "--envoy-xds-listen", f"127.0.0.1:{xds}",
                                "--listen", f"127.0.0.1:{listen}", "--log-level", "warning"),
         stdin=asyncio.subprocess.DEVNULL, stdout=handle, stderr=handle, cwd=str(ROOT),
         env={**os.environ, "POD_NAME": name, "POD_NAMESPACE": compare.NAMESPACE})  # fmt: skip
@@ -395,7 +391,7 @@ async def kill_one(session: aiohttp.ClientSession, publishers: list[Publisher], 
     killer = asyncio.create_task(kill())
     sent, _ = await churn("failover", seconds, versions)
     await killer
-    after_kill = [min((t for t in c.route_acks if t > killed_at[0]), default=None) for c in moved]
+    after_kill = [min((t for t in c.acks if t > killed_at[0]), default=None) for c in moved]
     latencies, lost = change_latencies(sent, [c.first_seen for c in scripted])
     return {"clients_moved": len(moved), "changes": len(sent), "reconnected_all_ms": round(1000 * (reconnected[0] - killed_at[0]), 1),
             "kill_to_next_ack_ms": spread([t - killed_at[0] for t in after_kill if t is not None]),
