@@ -281,11 +281,14 @@ class _SplitCollector:
         )
         for key, instance in view.off():
             off.add_metric([key.namespace, key.name, instance], 1)
-        folded = CounterMetricFamily(PREFIX + "split_reports", "Request counts folded (one per gateway instance and interval), by gateway instance.", labels=["gateway"])
+        folded = CounterMetricFamily(PREFIX + "split_counts", "Request counts folded (one per gateway instance and interval), by gateway instance.", labels=["gateway"])
+        # Its name until issue 28, kept for one release so dashboards and alerts can move.
+        deprecated = CounterMetricFamily(PREFIX + "split_reports", "Deprecated (one release): split_counts_total's old name.", labels=["gateway"])
         for instance, count in sorted(view.folded.items()):
             folded.add_metric([instance], count)
+            deprecated.add_metric([instance], count)
         fold = CounterMetricFamily(PREFIX + "split_fold_seconds", "Time spent folding and judging request counts.", value=view.fold_seconds)
-        return [states, off, folded, fold]
+        return [states, off, folded, deprecated, fold]
 
 
 _SPLIT = _SplitCollector()

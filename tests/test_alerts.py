@@ -59,7 +59,7 @@ def _rules(per_map: str = "problems") -> dict[str, Any]:
 
 def _rendered_rules(changes: dict[str, Any]) -> dict[str, Any]:
     chart = helm.Chart.load(str(CHART))
-    rendered = chart.render({"instanceName": INSTANCE, **changes}, name="region-1", namespace="ome-gateway")
+    rendered = chart.render({"region": INSTANCE, **changes}, name="region-1", namespace="ome-gateway")
     rule = yaml.safe_load(rendered["ome-gateway-publisher/templates/prometheusrule.yaml"])
     return rule["spec"]
 

@@ -276,8 +276,8 @@ def test_each_nginx_status_listen_edge(listen: str, inside: bool) -> None:
 
 
 def test_the_httproute_adapters_reserved_instance_name_is_refused_by_the_chart() -> None:
-    assert "would name the routes like OME's own" in _refused(_merge(HTTPROUTE, {"instanceName": "global"}))
+    assert "would name the routes like OME's own" in _refused(_merge(HTTPROUTE, {"region": "global"}))
     with pytest.raises(config.ConfigError, match="'global' would name our routes"):
         _run_accepts(["run", "--region=global", "--adapter=httproute", "--gateway=gateways/global", "--backend-port=80"])
     # Another adapter takes the name.
-    assert _run_accepts(_containers({"instanceName": "global", "adapter": {"name": "json"}})["publisher"]["args"]).region == "global"
+    assert _run_accepts(_containers({"region": "global", "adapter": {"name": "json"}})["publisher"]["args"]).region == "global"

@@ -225,7 +225,7 @@ def test_schema_accepts_every_option_set(changes: dict[str, Any]) -> None:
         {"adapter": {"name": "haproxy"}},
         {"adapter": {"envoy": {"mode": "grpc"}}},
         {"adapter": {"nginx": {"mode": "njs"}}},
-        {"instanceName": "EU_West"},
+        {"region": "EU_West"},
         {"gateway": {"port": 80}},
         {"metrics": {"port": 70000}},
         {"metrics": {"perMap": "some"}},
@@ -395,14 +395,21 @@ def test_what_the_sink_writes_passes_the_crds_schema() -> None:
 # --- what the issue asked of the chart (finding 3) ---------------------------------------------
 
 
-def test_instance_name_defaults_to_the_release_name() -> None:
+def test_the_region_defaults_to_the_release_name() -> None:
     objects = _objects({}, name="us-east")
     pod = _one(objects, "Deployment")["spec"]["template"]
     assert "--region=us-east" in _container(pod, "publisher")["args"]
     assert pod["metadata"]["labels"]["ome.io/gateway-publisher-instance"] == "us-east"
     notes = _render({}, name="us-east")["templates/NOTES.txt"]
     assert 'gateway-publisher.ome.io/us-east' in notes
+    assert "--region=eu-west" in _container(_pod({"region": "eu-west"}, name="us-east"), "publisher")["args"]
+
+
+def test_instance_name_is_the_old_key_of_region() -> None:
+    """Issue 28: `instanceName` is `region`'s old key, honoured for one release; both differing is refused."""
     assert "--region=eu-west" in _container(_pod({"instanceName": "eu-west"}, name="us-east"), "publisher")["args"]
+    assert "--region=eu-west" in _container(_pod({"instanceName": "eu-west", "region": "eu-west"}, name="us-east"), "publisher")["args"]
+    assert "instanceName is the old key of region" in _refused_at_render({"instanceName": "eu-west", "region": "us-west"})
 
 
 def test_two_region_installs_do_not_collide() -> None:
@@ -411,9 +418,9 @@ def test_two_region_installs_do_not_collide() -> None:
     assert [arg for arg in first if arg.startswith("--region=")] != [arg for arg in second if arg.startswith("--region=")]
 
 
-def test_a_release_name_that_is_no_dns_label_needs_an_instance_name() -> None:
+def test_a_release_name_that_is_no_dns_label_needs_a_region() -> None:
     assert "not a DNS label" in _refused_at_render({}, name="eu.west")
-    assert "--region=eu" in _container(_pod({"instanceName": "eu"}, name="eu.west"), "publisher")["args"]
+    assert "--region=eu" in _container(_pod({"region": "eu"}, name="eu.west"), "publisher")["args"]
 
 
 def test_notes_list_the_namespace_of_each_map() -> None:

@@ -79,7 +79,8 @@ async def test_a_correct_split_is_verified_and_a_skewed_one_named_in_the_conditi
         assert changed == [CHAT, CHAT] and verifier.note(CHAT) is None
         scrape = generate_latest(metrics.REGISTRY).decode()
         assert "split_off{" not in scrape
-        assert 'ome_gateway_publisher_split_reports_total{gateway="gw-1"} 6.0' in scrape
+        assert 'ome_gateway_publisher_split_counts_total{gateway="gw-1"} 6.0' in scrape
+        assert 'ome_gateway_publisher_split_reports_total{gateway="gw-1"} 6.0' in scrape  # the old name, one release
     finally:
         metrics.watch_split(None)
     await publisher.sync_once(publisher.queue.take_ready())
@@ -163,8 +164,8 @@ async def test_an_instance_that_leaves_takes_its_report_series_with_it():
         scrape = generate_latest(metrics.REGISTRY).decode()
     finally:
         metrics.watch_split(None)
-    assert scrape.count("ome_gateway_publisher_split_reports_total{") == 1
-    assert 'ome_gateway_publisher_split_reports_total{gateway="gw"} 1.0' in scrape
+    assert scrape.count("ome_gateway_publisher_split_counts_total{") == 1 and scrape.count("ome_gateway_publisher_split_reports_total{") == 1
+    assert 'ome_gateway_publisher_split_counts_total{gateway="gw"} 1.0' in scrape
     assert verifier.instances == {"gw"}
 
 

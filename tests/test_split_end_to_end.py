@@ -144,7 +144,7 @@ class RunningSidecar:
 
     async def reports(self) -> dict[str, float]:
         """Load reports folded so far, per instance."""
-        found = re.findall(r'^ome_gateway_publisher_split_reports_total\{gateway="([^"]+)"\} (\S+)$', await self.metrics(), re.M)
+        found = re.findall(r'^ome_gateway_publisher_split_counts_total\{gateway="([^"]+)"\} (\S+)$', await self.metrics(), re.M)
         return {instance: float(n) for instance, n in found}
 
     async def watch(self) -> None:

@@ -32,14 +32,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* The label the alerts select on; on the pods too, so a PodMonitor or a labelmap finds it. */}}
 {{- define "ome-gateway-publisher.instanceLabel" -}}
-ome.io/gateway-publisher-instance: {{ include "ome-gateway-publisher.instanceName" . }}
+ome.io/gateway-publisher-instance: {{ include "ome-gateway-publisher.region" . }}
 {{- end }}
 
-{{/* instanceName, else the release name; both must be DNS labels (the condition type's suffix). */}}
-{{- define "ome-gateway-publisher.instanceName" -}}
-{{- $name := default .Release.Name .Values.instanceName }}
+{{/* The region: region, else instanceName (its old key, deprecated for one release), else the
+release name; a DNS label (the condition type's suffix). */}}
+{{- define "ome-gateway-publisher.region" -}}
+{{- if and .Values.region .Values.instanceName (ne .Values.region .Values.instanceName) }}
+{{- fail (printf "instanceName is the old key of region: %q contradicts region %q; drop instanceName" .Values.instanceName .Values.region) }}
+{{- end }}
+{{- $name := default .Release.Name (default .Values.instanceName .Values.region) }}
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" $name) }}
-{{- fail (printf "instanceName: the release name %q is not a DNS label; set instanceName" $name) }}
+{{- fail (printf "region: the release name %q is not a DNS label; set region" $name) }}
 {{- end }}
 {{- $name }}
 {{- end }}

@@ -6,7 +6,7 @@ against `ome-publisher run --help`.
 {{- define "ome-gateway-publisher.runArgs" -}}
 {{- $mode := include "ome-gateway-publisher.gatewayMode" . -}}
 - run
-- {{ printf "--region=%s" (include "ome-gateway-publisher.instanceName" .) | quote }}
+- {{ printf "--region=%s" (include "ome-gateway-publisher.region" .) | quote }}
 - --source=kube
 {{- if not .Values.controlPlane.inCluster }}
 - --kubeconfig=/etc/ome-publisher/control-plane/kubeconfig

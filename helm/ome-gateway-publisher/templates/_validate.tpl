@@ -8,8 +8,8 @@ the sidecar's code). Included by deployment.yaml, so install, template and lint 
 {{- include "ome-gateway-publisher.validateDurations" . }}
 {{- include "ome-gateway-publisher.validateControlPlaneTopology" . }}
 {{- $reserved := include "ome-gateway-publisher.httprouteReservedInstance" . }}
-{{- if and (eq .Values.adapter.name "httproute") (eq (include "ome-gateway-publisher.instanceName" .) $reserved) }}
-{{- fail (printf "instanceName: %q would name the routes like OME's own `<isvc>-%s` ones, which the httproute adapter refuses; set another instanceName" $reserved $reserved) }}
+{{- if and (eq .Values.adapter.name "httproute") (eq (include "ome-gateway-publisher.region" .) $reserved) }}
+{{- fail (printf "region: %q would name the routes like OME's own `<isvc>-%s` ones, which the httproute adapter refuses; set another region" $reserved $reserved) }}
 {{- end }}
 {{- $ports := dict (printf "%d" (int .Values.metrics.port)) "metrics.port" }}
 {{- $mode := include "ome-gateway-publisher.gatewayMode" . }}
