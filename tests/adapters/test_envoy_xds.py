@@ -720,3 +720,31 @@ async def test_a_read_of_many_maps_gives_the_event_loop_back_between_slices():
     finally:
         task.cancel()
     assert len(served) == 5000 and served[MapKey("prod", "m7")].hostname == "m7.example.com"
+
+
+async def test_a_read_of_unchanged_versions_parses_none_of_them_again(monkeypatch):
+    """Issue 29: each resync's read parsed the route in every version every Envoy holds (10,000 maps
+    on two Envoys: 225-286 ms of CPU a read), though nearly all were read before."""
+    from adapters.envoy import resources
+    from adapters.envoy.resources import ROUTE_TYPE, SCOPE_TYPE, map_name
+    from adapters.envoy.xds_session import Session
+
+    transport = XdsTransport("127.0.0.1:0", RENDERER)
+    held: dict[str, dict[str, str]] = {SCOPE_TYPE: {}, ROUTE_TYPE: {}, CLUSTER_TYPE: {}}
+    for i in range(50):
+        key = MapKey("prod", f"m{i}")
+        part = RENDERER.render(key, Route(f"m{i}.example.com", (Backend("worker-a", "http://10.0.0.1:8000", 1),)))
+        held[SCOPE_TYPE][map_name(key)] = part.scope.version
+        held[ROUTE_TYPE][map_name(key)] = part.route_config.version
+        (cluster,) = part.clusters
+        held[CLUSTER_TYPE][cluster.name] = cluster.version
+    session = Session(transport, "ipv4:127.0.0.1:1", node="envoy-a")
+    session.state.held.update(held)
+    session.state.subscribed.update(held)
+    transport._sessions.add(session)
+    first = await transport.read()
+    parsed = []
+    real_loads = resources.json.loads
+    monkeypatch.setattr(resources.json, "loads", lambda text: parsed.append(text) or real_loads(text))
+    assert await transport.read() == first and len(first) == 50
+    assert parsed == []
