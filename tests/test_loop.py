@@ -14,6 +14,7 @@ from publisher.core.model import parse_traffic_map
 from publisher.core.values import MapKey, Reason
 from publisher.source.objects import parse_isvc
 from publisher.source.store import Stores
+from tests.loop_turns import loop_turns
 from tests.builders import make_entry, make_isvc, make_map
 from tests.fakes.memory_adapter import MemoryGateway, memory_engine
 
@@ -855,24 +856,11 @@ async def test_starting_on_a_gateway_serving_many_maps_gives_the_event_loop_back
 
     held = {MapKey("prod", f"m{i}"): Route(f"m{i}.example.com", (Backend("w0", "http://10.0.0.1:80", 1),)) for i in range(5000)}
     publisher, _, _ = make_publisher(MemoryGateway(held=dict(held)))
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    try:
-        await asyncio.sleep(0)
-        before = ticks
+    async with loop_turns() as turns:
         await publisher.start()
         slices = 5000 // loop.DECIDE_SLICE
         # The engine's read-back gives the loop back once a slice; setting the series, as often.
-        assert ticks - before >= 2 * slices - 2, f"starting on 5,000 maps let other tasks run {ticks - before} times"
-    finally:
-        task.cancel()
+        assert turns() >= 2 * slices - 2, f"starting on 5,000 maps let other tasks run {turns()} times"
     assert len(publisher.queue) == 5000
 
 
@@ -884,21 +872,8 @@ async def test_a_pass_of_many_maps_gives_the_event_loop_back_while_it_settles():
     await publisher.start()
     publisher.changed(keys, at=0.0)
     publisher.synced()
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    try:
-        await asyncio.sleep(0)
-        before = ticks
+    async with loop_turns() as turns:
         await publisher.sync_once(publisher.queue.take_ready())
         # Deciding and rendering give the loop back once a slice; recording and settling too.
-        assert ticks - before >= 3 * 10, f"a pass of {len(keys)} maps let other tasks run {ticks - before} times"
-    finally:
-        task.cancel()
+        assert turns() >= 3 * 10, f"a pass of {len(keys)} maps let other tasks run {turns()} times"
     assert len(adapter.held) == len(keys) and publisher.states.count("published") == len(keys)

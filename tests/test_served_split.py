@@ -9,6 +9,7 @@ from adapters.base import RequestCounts
 from publisher import metrics
 from publisher.core.values import Backend, MapKey, Route
 from publisher.split.check import SplitVerifier
+from tests.loop_turns import loop_turns
 from tests.builders import make_map
 from tests.test_loop import CHAT, make_publisher, put_map
 
@@ -122,31 +123,17 @@ async def test_a_gateway_that_counts_nothing_says_so_in_debug_maps():
 async def test_a_fold_of_many_busy_maps_gives_the_event_loop_back_between_slices():
     # At 10,000 busy maps one fold (adding, judging every map, counting states) held the event
     # loop 160 ms, and every weight change of that moment waited behind it.
-    import asyncio
-
     verifier = SplitVerifier(None, 60.0, "nginx", lambda key: None)  # type: ignore[arg-type]
     verifier.clock = lambda: 0.0
     backends = tuple(Backend(f"worker-{b}", "http://10.0.0.1:8000", 1) for b in range(2))
     keys = [MapKey("prod", f"model-{i}") for i in range(2000)]
     for i, key in enumerate(keys):
         verifier.route_confirmed(key, Route(f"model-{i}.example.com", backends))
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    try:
+    async with loop_turns() as turns:
         for t in (1.0, 2.0):  # the first interval after a route is skipped; the second is judged
-            await asyncio.sleep(0)
-            before = ticks
+            turns(reset=True)
             await verifier.fold([RequestCounts("gw-1", {key: {"worker-0": 1000 + i % 7, "worker-1": 1000} for i, key in enumerate(keys)})], t)
-            assert ticks - before >= 4, f"the fold at {t} let other tasks run {ticks - before} times"
-    finally:
-        task.cancel()
+            assert turns() >= 4, f"the fold at {t} let other tasks run {turns()} times"
     assert verifier.map_states["verified"] == len(keys)
 
 

@@ -18,6 +18,7 @@ from publisher.source.kube_source import KubeSource
 from publisher.source.objects import parse_isvc
 from publisher.source.store import Stores
 from publisher.status import ConditionSink, Verdict, caught_up, condition_for, condition_type, field_manager
+from tests.loop_turns import loop_turns
 from tests.builders import make_condition, make_entry, make_map
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.fakes.memory_adapter import memory_engine
@@ -272,8 +273,6 @@ async def test_a_batch_of_many_verdicts_runs_few_tasks_and_gives_the_event_loop_
     # Issue 29: a batch made one task per verdict; at start (a condition for each of 10,000
     # maps) and at each resync's recheck (10,000 verdicts, nearly all unchanged) every task
     # compared its verdict in one turn of the event loop: 200 ms that gateway writes waited.
-    import asyncio
-
     stores = Stores.empty()
     keys = []
     for i in range(5000):
@@ -283,23 +282,11 @@ async def test_a_batch_of_many_verdicts_runs_few_tasks_and_gives_the_event_loop_
     kube = CountingKube()
     sink = ConditionSink(kube, stores.maps, "eu", concurrency=8)  # type: ignore[arg-type]
     verdict = Verdict(True, Reason.PUBLISHED, "published to memory", 1)
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    try:
-        await asyncio.sleep(0)
+    async with loop_turns() as turns:
         assert await sink.write({key: verdict for key in keys}) == {}
         assert kube.applied == 5000
         assert kube.most_tasks <= 8 + 2, f"{kube.most_tasks} tasks for 8 concurrent writes"
-        before = ticks
+        turns(reset=True)
         assert await sink.write({key: verdict for key in keys}) == {}  # a recheck: nothing changed
         assert kube.applied == 5000
-        assert ticks - before >= 10, f"comparing 5,000 verdicts let other tasks run {ticks - before} times"
-    finally:
-        task.cancel()
+        assert turns() >= 10, f"comparing 5,000 verdicts let other tasks run {turns()} times"

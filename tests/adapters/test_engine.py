@@ -10,6 +10,7 @@ import pytest
 from adapters.base import Rejected, Unavailable, WriteResult
 from adapters.engine import Engine
 from publisher.core.values import Backend, MapKey, Publication, Reason, Route
+from tests.loop_turns import loop_turns
 from tests.fakes.memory_adapter import MemoryGateway, memory_engine
 
 
@@ -395,26 +396,11 @@ async def test_a_read_back_of_many_maps_gives_the_event_loop_back_between_slices
     # Issue 29: at start and at each read-back after a write in doubt, 10,000 maps were rendered
     # again in one turn of the event loop (100-170 ms for Envoy's resources), and every write,
     # scrape and xDS push of that moment waited behind it.
-    import asyncio
-
     gateway = CountingGateway(held={p.key: p.route for p in (pub(f"m{i}", 1, 2) for i in range(5000))})
     engine, _ = memory_engine(gateway)
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    try:
-        await asyncio.sleep(0)
-        before = ticks
+    async with loop_turns() as turns:
         await engine.start()
-        assert ticks - before >= 10, f"a read-back of 5,000 maps let other tasks run {ticks - before} times"
-    finally:
-        task.cancel()
+        assert turns() >= 10, f"a read-back of 5,000 maps let other tasks run {turns()} times"
     assert len(engine.confirmed) == 5000 and gateway.renders == 5000
 
 
@@ -437,25 +423,10 @@ async def test_a_read_back_renders_again_only_the_maps_whose_route_changed():
 
 async def test_rendering_a_write_of_many_maps_gives_the_event_loop_back_between_slices():
     # Issue 29: the first pass rendered 10,000 maps in one turn of the event loop.
-    import asyncio
-
     gateway = CountingGateway()
     engine, _ = memory_engine(gateway)
     await engine.start()
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    try:
-        await asyncio.sleep(0)
-        before = ticks
+    async with loop_turns() as turns:
         await engine.apply(changes(*(pub(f"m{i}", 1, 2) for i in range(5000))))
-        assert ticks - before >= 10, f"rendering 5,000 maps let other tasks run {ticks - before} times"
-    finally:
-        task.cancel()
+        assert turns() >= 10, f"rendering 5,000 maps let other tasks run {turns()} times"
     assert len(gateway.held) == 5000 and gateway.renders == 5000

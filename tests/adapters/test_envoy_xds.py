@@ -32,6 +32,7 @@ from adapters.envoy.xds import XdsTransport
 from publisher import metrics
 from publisher.cli.config import RunConfig
 from publisher.core.values import Backend, MapKey, Route
+from tests.loop_turns import loop_turns
 from tests.builders import make_entry, make_isvc, make_map
 from tests.gateways import Backends, assert_measured_split, eventually, free_port, measure
 
@@ -684,16 +685,14 @@ async def test_a_stream_cancelled_twice_while_it_ends_leaves_its_envoy_uncounted
     assert session not in transport._sessions and transport.unready() == "no Envoy connected"
 
 
-async def test_a_read_of_many_maps_gives_the_event_loop_back_between_slices():
-    """Issue 29: a resync's read counted what each Envoy holds of 10,000 maps in one turn of the
-    event loop (about 120 ms an Envoy), and every write and xDS push of that moment waited."""
+def _connect_holding(transport: XdsTransport, maps: int) -> None:
+    """An Envoy stream (no gRPC) that has listed the versions the renderer gives maps m0..m<maps-1>."""
     from adapters.envoy.resources import ROUTE_TYPE, SCOPE_TYPE, map_name
     from adapters.envoy.xds_session import Session
 
-    transport = XdsTransport("127.0.0.1:0", RENDERER)
     session = Session(transport, "ipv4:127.0.0.1:1", node="envoy-a")
     held: dict[str, dict[str, str]] = {SCOPE_TYPE: {}, ROUTE_TYPE: {}, CLUSTER_TYPE: {}}
-    for i in range(5000):
+    for i in range(maps):
         key = MapKey("prod", f"m{i}")
         part = RENDERER.render(key, Route(f"m{i}.example.com", (Backend("worker-a", "http://10.0.0.1:8000", 1),)))
         held[SCOPE_TYPE][map_name(key)] = part.scope.version
@@ -702,23 +701,17 @@ async def test_a_read_of_many_maps_gives_the_event_loop_back_between_slices():
         held[CLUSTER_TYPE][cluster.name] = cluster.version
     session.state.held.update(held)
     session.state.subscribed.update(held)
-    transport._sessions.add(session)
-    ticks = 0
+    transport.connected(session)
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
 
-    task = asyncio.create_task(ticker())
-    try:
-        await asyncio.sleep(0)
-        before = ticks
+async def test_a_read_of_many_maps_gives_the_event_loop_back_between_slices():
+    """Issue 29: a resync's read counted what each Envoy holds of 10,000 maps in one turn of the
+    event loop (about 120 ms an Envoy), and every write and xDS push of that moment waited."""
+    transport = XdsTransport("127.0.0.1:0", RENDERER)
+    _connect_holding(transport, 5000)
+    async with loop_turns() as turns:
         served = await transport.read()
-        assert ticks - before >= 10, f"a read of 5,000 maps let other tasks run {ticks - before} times"
-    finally:
-        task.cancel()
+        assert turns() >= 10, f"a read of 5,000 maps let other tasks run {turns()} times"
     assert len(served) == 5000 and served[MapKey("prod", "m7")].hostname == "m7.example.com"
 
 
@@ -726,22 +719,9 @@ async def test_a_read_of_unchanged_versions_parses_none_of_them_again(monkeypatc
     """Issue 29: each resync's read parsed the route in every version every Envoy holds (10,000 maps
     on two Envoys: 225-286 ms of CPU a read), though nearly all were read before."""
     from adapters.envoy import resources
-    from adapters.envoy.resources import ROUTE_TYPE, SCOPE_TYPE, map_name
-    from adapters.envoy.xds_session import Session
 
     transport = XdsTransport("127.0.0.1:0", RENDERER)
-    held: dict[str, dict[str, str]] = {SCOPE_TYPE: {}, ROUTE_TYPE: {}, CLUSTER_TYPE: {}}
-    for i in range(50):
-        key = MapKey("prod", f"m{i}")
-        part = RENDERER.render(key, Route(f"m{i}.example.com", (Backend("worker-a", "http://10.0.0.1:8000", 1),)))
-        held[SCOPE_TYPE][map_name(key)] = part.scope.version
-        held[ROUTE_TYPE][map_name(key)] = part.route_config.version
-        (cluster,) = part.clusters
-        held[CLUSTER_TYPE][cluster.name] = cluster.version
-    session = Session(transport, "ipv4:127.0.0.1:1", node="envoy-a")
-    session.state.held.update(held)
-    session.state.subscribed.update(held)
-    transport._sessions.add(session)
+    _connect_holding(transport, 50)
     first = await transport.read()
     parsed = []
     real_loads = resources.json.loads

@@ -32,6 +32,7 @@ from publisher import metrics
 from publisher.cli import main
 from publisher.cli.config import RunConfig
 from publisher.core.values import Backend, MapKey, Publication, Reason, Route
+from tests.loop_turns import loop_turns
 from tests.adapters.nginx_fixtures import RunningLuaNginx, running_lua_nginx
 from tests.gateways import Backends, assert_measured_split, eventually, free_port, measure
 
@@ -1107,20 +1108,7 @@ async def test_a_resync_read_of_many_unchanged_maps_gives_the_event_loop_back_be
         return True
 
     transport._unchanged = unchanged  # type: ignore[method-assign]
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    try:
-        await asyncio.sleep(0)
-        before = ticks
+    async with loop_turns() as turns:
         served = await transport.read()
-        assert ticks - before >= 10, f"a read of 5,000 maps let other tasks run {ticks - before} times"
-    finally:
-        task.cancel()
+        assert turns() >= 10, f"a read of 5,000 maps let other tasks run {turns()} times"
     assert len(served) == 5000 and served[keys[7]].hostname == "m7.example.com"
