@@ -378,13 +378,21 @@ async def test_xds_a_map_one_envoy_refuses_is_isolated_and_reported_while_the_ot
                             (third, route({"b": 1}, backends, "third.example.com")))
             result = await write(transport, state, changes)
             assert result.rejected == {}
-            assert result.held_back.keys() == {bad}
+            # The write stops waiting for the strict Envoy once the lenient one has converged: on a
+            # busy machine the strict one may not yet have taken good and third one by one, which
+            # are then held back as not acknowledged (the engine writes them again), never refused.
+            assert bad in result.held_back and result.held_back.keys() <= {good, bad, third}
+            assert all("has not acknowledged" in result.held_back[key] for key in result.held_back.keys() - {bad})
             assert "refused the cluster" in result.held_back[bad]
             assert "envoy.transport_sockets.tls" in result.held_back[bad]  # Envoy's own words
             assert result.held_back[bad].endswith("1 other Envoy serves it")
             for running in (strict, lenient):
-                assert await measure(running.url, "good.example.com", 20) == {"a": 20}
-                assert await measure(running.url, "third.example.com", 20) == {"b": 20}
+                for hostname, served in (("good.example.com", {"a": 20}), ("third.example.com", {"b": 20})):
+                    for _ in range(100):  # bounded: the strict Envoy finishes its round within seconds
+                        if await measure(running.url, hostname, 20) == served:
+                            break
+                        await asyncio.sleep(0.1)
+                    assert await measure(running.url, hostname, 20) == served
             # The refused map is held back on the strict one alone: the lenient one serves it.
             assert await measure(strict.url, "bad.example.com", 20) == {"b": 20}
             assert set(await measure(lenient.url, "bad.example.com", 20)) <= {"b", "status:503"}
