@@ -1,8 +1,10 @@
 """What every gRPC server the sidecar runs for its gateways shares: the server options, binding
-with a readable refusal, and naming a client by its node id and peer."""
+with a readable refusal, naming a client by its node id and peer, and waiting for its stream
+handlers when it stops."""
 
 from __future__ import annotations
 
+import asyncio
 import urllib.parse
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -14,7 +16,7 @@ from adapters.listen import bind_problem
 if TYPE_CHECKING:
     from adapters.grpc_tls import ServerTls
 
-__all__ = ["MAX_RECEIVE_BYTES", "SERVER_OPTIONS", "add_port", "instance_label", "peer_address", "peer_host"]
+__all__ = ["MAX_RECEIVE_BYTES", "SERVER_OPTIONS", "Handlers", "add_port", "instance_label", "peer_address", "peer_host"]
 
 # Envoy lists every version it holds when it reconnects (about 2 MB at 10,000 maps), and one load
 # report lists every cluster (1.7 MB): gRPC's 4 MB default is too close.
@@ -33,6 +35,28 @@ SERVER_OPTIONS = [
     # and Envoys would split between the two.
     ("grpc.so_reuseport", 0),
 ]
+
+
+class Handlers:
+    """The tasks a server's stream handlers run in, and what they leave running as they end.
+    gRPC's stop returns once its core has shut down, while the handlers it cancelled may still
+    be unwinding (a session detaching from the transport): `ended` waits for them, so a stopped
+    server has no stream left behind."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Future[object]] = set()
+
+    def hold(self, task: asyncio.Future[object] | None = None) -> None:
+        """Hold `task` (the current one when None) until it is done."""
+        task = task if task is not None else asyncio.current_task()
+        if task is not None and not task.done():
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def ended(self, timeout: float) -> None:
+        """Wait, at most `timeout` seconds, until every task held is done."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
 
 
 def add_port(server: grpc.aio.Server, listen: str, flag: str, tls: ServerTls | None = None) -> int:

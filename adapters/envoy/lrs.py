@@ -31,7 +31,7 @@ from google.protobuf import duration_pb2
 
 from adapters.base import RequestCounts
 from adapters.envoy.names import parse_cluster_name, parse_map_cluster_name
-from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label, peer_address
+from adapters.grpc_server import SERVER_OPTIONS, Handlers, add_port, instance_label, peer_address
 from adapters.grpc_tls import ServerTls
 from publisher.core.values import MapKey
 
@@ -99,9 +99,11 @@ class _Waiting:
 
 
 class LoadReports:
-    """The LRS servicer and the xDS gateway's RequestCounter (adapters.base)."""
+    """The LRS servicer and the xDS gateway's RequestCounter (adapters.base); its streams' tasks
+    are held in `handlers`, which the server's stop waits for."""
 
-    def __init__(self) -> None:
+    def __init__(self, handlers: Handlers | None = None) -> None:
+        self.handlers = handlers if handlers is not None else Handlers()
         self.interval: float | None = None
         self._enabled = asyncio.Event()
         self.reports = 0
@@ -152,6 +154,7 @@ class LoadReports:
         self._streams.pop(label, None)
 
     async def stream(self, requests: AsyncIterator[lrs_pb2.LoadStatsRequest], context: grpc.aio.ServicerContext) -> AsyncIterator[lrs_pb2.LoadStatsResponse]:
+        self.handlers.hold()
         label: str | None = None
         stream = object()  # this stream's identity: a reconnect may reuse its label
         try:
@@ -203,8 +206,13 @@ class LoadReportServer:
         try:
             await asyncio.Event().wait()
         finally:
-            # Shielded: a cancelled serve() must still stop the server and free its port.
-            await asyncio.shield(server.stop(0))
+            # Shielded: a cancelled serve() must still stop the server, free its port and see
+            # its streams end.
+            await asyncio.shield(self._stop(server))
+
+    async def _stop(self, server: grpc.aio.Server) -> None:
+        await server.stop(0)
+        await self.request_counter.handlers.ended(1.0)
 
     async def started(self) -> int:
         """Wait until `serve()` listens; the bound port (for a listen address with port 0)."""

@@ -25,7 +25,7 @@ from adapters.envoy.lrs import LoadReports
 from adapters.envoy.resources import SCOPE_TYPE, MapResources, XdsRenderer
 from adapters.envoy.xds_plan import WriteAnswer, add_votes, most_voted, served_versions, write_outcome
 from adapters.envoy.xds_session import EnvoyStatus, Session
-from adapters.grpc_server import SERVER_OPTIONS, add_port, instance_label
+from adapters.grpc_server import SERVER_OPTIONS, Handlers, add_port, instance_label
 from adapters.grpc_tls import ServerTls
 from publisher.core.values import MapKey, Route
 
@@ -45,6 +45,7 @@ class _Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     async def DeltaAggregatedResources(  # noqa: N802 (the gRPC method's name)
         self, request_iterator: AsyncIterator[discovery_pb2.DeltaDiscoveryRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[discovery_pb2.DeltaDiscoveryResponse]:
+        self._transport.handlers.hold()
         session = Session(self._transport, context.peer())
         async with session.attached(request_iterator):
             while (response := await session.outbox.get()) is not None:
@@ -55,18 +56,24 @@ class _Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
 class _Server:
     """The gRPC server Envoys connect to: their ADS streams (`servicer`) and their load reports on
-    one port, served until cancelled and stopped once."""
+    one port, served until cancelled and stopped once: stopped when `handlers` (the streams') ended."""
 
     shutdown_grace = 1.0
 
     def __init__(
-        self, listen: str, tls: ServerTls | None, servicer: ads_pb2_grpc.AggregatedDiscoveryServiceServicer, load_reports: LoadReports
+        self,
+        listen: str,
+        tls: ServerTls | None,
+        servicer: ads_pb2_grpc.AggregatedDiscoveryServiceServicer,
+        load_reports: LoadReports,
+        handlers: Handlers,
     ) -> None:
         self._listen = listen
         # Mutual TLS for Envoys outside the pod (--envoy-xds-tls-*); None: plaintext.
         self._tls = tls
         self._servicer = servicer
         self._load_reports = load_reports
+        self._handlers = handlers
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Future[None] | None = None
         self._serving = asyncio.Event()
@@ -104,8 +111,12 @@ class _Server:
             if self._server is None:
                 return
             server, self._server = self._server, None
-            self._stopping = asyncio.ensure_future(server.stop(self.shutdown_grace))
+            self._stopping = asyncio.ensure_future(self._stop(server))
         await asyncio.shield(self._stopping)
+
+    async def _stop(self, server: grpc.aio.Server) -> None:
+        await server.stop(self.shutdown_grace)
+        await self._handlers.ended(self.shutdown_grace)
 
 
 class XdsTransport:
@@ -145,7 +156,9 @@ class XdsTransport:
     def __init__(self, listen: str, renderer: XdsRenderer, tls: ServerTls | None = None) -> None:
         self._renderer = renderer
         # Envoys report their requests per cluster on the same server, for the served-split check.
-        self.request_counter = LoadReports()
+        # The tasks of every stream, ADS and LRS: the server's stop waits for them.
+        self.handlers = Handlers()
+        self.request_counter = LoadReports(self.handlers)
         self._target: dict[MapKey, MapResources] = {}
         # Maps the engine asked to remove: the only ones taken from an Envoy that still lists them.
         self._withdrawn: set[MapKey] = set()
@@ -158,7 +171,7 @@ class XdsTransport:
         # Set when a session synced, refused or ended: what a write waits on.
         self._progress = asyncio.Event()
         self._sessions: set[Session] = set()
-        self._server = _Server(listen, tls, _Servicer(self), self.request_counter)
+        self._server = _Server(listen, tls, _Servicer(self), self.request_counter, self.handlers)
 
     # --- the server -----------------------------------------------------------------------------------
 

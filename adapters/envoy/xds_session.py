@@ -213,7 +213,9 @@ class Session:
             # It stops counting at once, and the rest is shielded: gRPC may cancel the handler
             # again while it waits, which left a stopped server's Envoy counted as connected.
             self.transport.disconnected(self)
-            await asyncio.shield(self._detach(tasks))
+            detach = asyncio.ensure_future(self._detach(tasks))
+            self.transport.handlers.hold(detach)  # the server's stop waits for it too
+            await asyncio.shield(detach)
 
     async def _detach(self, tasks: list[asyncio.Task[None]]) -> None:
         for task in tasks:

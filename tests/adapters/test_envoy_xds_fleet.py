@@ -97,6 +97,28 @@ async def test_an_envoy_that_leaves_mid_write_releases_it_and_the_others_confirm
             assert stays.serves(CHAT) == route("chat.example.com", a=1)
 
 
+def serving_streams() -> list[asyncio.Task[object]]:
+    """The server side of the streams: gRPC's tasks running handlers, and the sessions' own."""
+    return [
+        t for t in asyncio.all_tasks()
+        if not t.done() and (t.get_name() == "rpc_task" or t.get_name().startswith("HandleExceptions[") or "Session." in t.get_coro().__qualname__)
+    ]
+
+
+async def test_a_stopped_server_leaves_no_stream_behind():
+    """CI found a test's teardown with gRPC's stream handlers still unwinding: gRPC's stop returns
+    once its core has shut down, before the handlers it cancelled (and the sessions detaching in
+    them) have ended. The stop now waits for them: nothing of the server's runs after it."""
+    async with transport_on() as transport:
+        envoys = [ScriptedEnvoy(transport.port, f"envoy-{i}", held=holding([part(CHAT, route("chat.example.com", a=1))])) for i in range(3)]
+        async with clients(*envoys):
+            await connected(transport, 3)
+            assert await transport.read() == {CHAT: route("chat.example.com", a=1)}
+            assert len(serving_streams()) >= 3  # what the assertion below counts exists
+            await transport.aclose()
+            assert serving_streams() == []
+
+
 # --- 2. nothing leaves a gateway unless the engine asked ----------------------------------------
 
 
