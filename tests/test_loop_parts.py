@@ -12,7 +12,7 @@ from publisher.core.values import Held, MapKey, Reason, Route
 from publisher.core.plan import Hold, Publish, Withdraw
 from publisher.loop import KeyQueue, LoopOptions, MapState
 from publisher.loop.debug import debug_maps, probe_ages
-from publisher.loop.decide import decide, engine_batch
+from publisher.loop.decide import Decisions, decide, engine_batch
 from publisher.loop.keys import ResyncBacklog
 from publisher.loop.options import DECIDE_SLICE
 from publisher.loop.outbox import StatusOutbox
@@ -63,6 +63,34 @@ def test_what_the_adapter_cannot_serve_is_held_with_its_words():
     refused = Held(Reason.APPLY_FAILED, "no such hostname here")
     outcome = decide(CHAT, stores_with(make_map()), OPTIONS, lambda _publication: refused)
     assert outcome == Hold(refused)
+
+
+def test_a_map_whose_objects_did_not_change_is_not_decided_again():
+    """A resync re-decided every map: 10,000 gates, verifies and plans a minute whose outcome
+    could not differ (a decision reads no clock). Now a map is decided again only when the Stores
+    hold another object for it or its InferenceService."""
+    stores = stores_with(make_map(), make_map("embed"))
+    checked: list[str] = []
+
+    def check(publication):
+        checked.append(publication.route.hostname)
+        return None
+
+    decisions = Decisions(stores, OPTIONS, check)
+    first = {key: decisions(key) for key in (CHAT, EMBED)}
+    assert len(checked) == 2
+    assert {key: decisions(key) for key in (CHAT, EMBED)} == first and len(checked) == 2  # a resync
+
+    changed = make_map(entries=[make_entry("worker-a", allocated=2, ready=2, weight=2), make_entry("worker-b", weight=1)], resource_version="9")
+    stores.maps.upsert(CHAT, parse_traffic_map(changed), "9")
+    outcome = decisions(CHAT)
+    assert len(checked) == 3 and outcome == decide(CHAT, stores, OPTIONS, accept) != first[CHAT]
+    isvc = make_isvc("embed", "prod", resource_version="9")
+    stores.isvcs.upsert(EMBED, parse_isvc(isvc), "9")
+    decisions(EMBED)
+    assert len(checked) == 4  # its InferenceService is another object
+    stores.maps.delete(EMBED)
+    assert isinstance(decisions(EMBED), Withdraw)
 
 
 # --- a pass's batch -------------------------------------------------------------------------------

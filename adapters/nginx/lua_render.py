@@ -6,12 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from publisher.core.addresses import parse_endpoint
-
-# Mirrors MAX_BACKENDS in ome_table.lua, which refuses a longer entry on every push: checked in
-
 from publisher.core.values import Backend, MapKey, Route
 
 # Mirrors MAX_BACKENDS in ome_table.lua, which refuses a longer entry on every push: checked in
@@ -36,8 +33,13 @@ class LuaPart:
     hostname: str
     rewrite_host: bool
     backends: tuple[LuaBackend, ...]
+    # The Route it was rendered from (None: read back from NGINX): a resync's read-back of 10,000
+    # maps returns these instead of building 10,000 Routes and 40,000 Backends again.
+    source: Route | None = field(default=None, compare=False, repr=False)
 
     def route(self) -> Route:
+        if self.source is not None:
+            return self.source
         return Route(self.hostname, tuple(Backend(b.cluster, b.endpoint, b.weight) for b in self.backends))
 
 
@@ -65,7 +67,7 @@ class LuaRenderer:
 
     def render(self, key: MapKey, route: Route) -> LuaPart:
         backends = tuple(_lua_backend(b.cluster, b.endpoint, b.weight) for b in route.backends)
-        return LuaPart(route.hostname, self._rewrite_host, backends)
+        return LuaPart(route.hostname, self._rewrite_host, backends, route)
 
 
 def entry_text(part: LuaPart, addresses: Mapping[str, tuple[str, ...]]) -> str:

@@ -1,6 +1,7 @@
 """Deciding a map from the newest objects (gate -> verify -> plan), and what one pass hands the engine.
 
-Pure: reads the Stores and the adapter's own pure check, writes nothing, owns no state.
+`decide` is pure: it reads the Stores and the adapter's own pure check and writes nothing.
+`Decisions` owns the outcomes kept per map, reused while the map's objects are the same.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from publisher.core import gate, plan
-from publisher.core.model import InvalidObject, TrafficMap
+from publisher.core.model import InferenceService, InvalidObject, TrafficMap
 from publisher.core.values import Held, MapKey, Publication, Route
 from publisher.core.plan import Hold, Outcome, Publish, Withdraw
 from publisher.loop.options import LoopOptions
@@ -19,10 +20,20 @@ from publisher.source.store import Stores
 def decide(key: MapKey, stores: Stores, options: LoopOptions, check: Callable[[Publication], Held | None]) -> Outcome:
     """The map's outcome from the newest TrafficMap and InferenceService; `check` is the adapter's
     own (a hostname it cannot serve, say)."""
+    item, isvc = _objects(key, stores)
+    return _decide(item, isvc, options, check)
+
+
+def _objects(key: MapKey, stores: Stores) -> tuple[TrafficMap | InvalidObject | None, InferenceService | None]:
+    """The map and the InferenceService its spec.service names, in the map's namespace."""
     item = stores.maps.get(key)
-    # The InferenceService is the one spec.service names, in the map's namespace.
     service = item.spec.service if isinstance(item, TrafficMap) else key.name
-    isvc = stores.isvcs.get(MapKey(key.namespace, service))
+    return item, stores.isvcs.get(MapKey(key.namespace, service))
+
+
+def _decide(
+    item: TrafficMap | InvalidObject | None, isvc: InferenceService | None, options: LoopOptions, check: Callable[[Publication], Held | None]
+) -> Outcome:
     if isinstance(item, InvalidObject):
         if item.deletion_timestamp is not None:
             # Invalid or not, a map being deleted leaves the gateway.
@@ -40,6 +51,32 @@ def decide(key: MapKey, stores: Stores, options: LoopOptions, check: Callable[[P
     publication = plan.publication_for(item, isvc, options.host_template)
     held = check(publication)
     return Hold(held) if held is not None else Publish(publication)
+
+
+class Decisions:
+    """Each map's outcome, kept with the objects it was decided from. `decide` is a function of
+    the map, its InferenceService, the options and the adapter's pure check alone (no clock), and
+    the Stores hold an object until an event replaces it: while both objects are the ones kept,
+    the kept outcome is the decision. A resync's re-decide of 10,000 unchanged maps is then a
+    lookup each (it was a gate, a verify and a plan each: 0.5-0.8 s of CPU a minute)."""
+
+    def __init__(self, stores: Stores, options: LoopOptions, check: Callable[[Publication], Held | None]) -> None:
+        self._stores = stores
+        self._options = options
+        self._check = check
+        self._kept: dict[MapKey, tuple[TrafficMap | InvalidObject, InferenceService | None, Outcome]] = {}
+
+    def __call__(self, key: MapKey) -> Outcome:
+        item, isvc = _objects(key, self._stores)
+        kept = self._kept.get(key)
+        if kept is not None and kept[0] is item and kept[1] is isvc:
+            return kept[2]
+        outcome = _decide(item, isvc, self._options, self._check)
+        if item is None:
+            self._kept.pop(key, None)
+        else:
+            self._kept[key] = (item, isvc, outcome)
+        return outcome
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from publisher import metrics, status
 from publisher.core.values import MapKey, Publication, Route
 from publisher.core.plan import Outcome
 from publisher.loop.debug import debug_maps
-from publisher.loop.decide import decide, engine_batch
+from publisher.loop.decide import Decisions, engine_batch
 from publisher.loop.gateway import Gateway
 from publisher.loop.keys import KeyQueue, ResyncBacklog
 from publisher.loop.options import DECIDE_SLICE, LoopOptions
@@ -59,6 +59,7 @@ class Publisher:
         self.wall_clock = wall_clock
         self.queue = KeyQueue(clock)
         self.resync = ResyncBacklog(self.queue)
+        self.decisions = Decisions(stores, options, adapter.check)
         self.gateway = Gateway(adapter, options, clock)
         self.outbox = StatusOutbox(status_sink, options, clock)
         self.settler = Settler(stores, adapter, options, self.queue, self.outbox, clock, wall_clock)
@@ -102,7 +103,7 @@ class Publisher:
     # --- one pass ------------------------------------------------------------------------------
 
     def decide(self, key: MapKey) -> Outcome:
-        return decide(key, self.stores, self.options, self.adapter.check)
+        return self.decisions(key)
 
     async def sync_once(self, pending: Mapping[MapKey, float | None]) -> None:
         """One pass over the dirty keys in `pending`: decide each (gate -> verify -> plan), hand
