@@ -12,6 +12,7 @@ data (`envoys()`, read by publisher.metrics at scrape time; `served()`, for /deb
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -129,9 +130,11 @@ class XdsTransport:
     the write reports it `held_back` naming the refusers and their words, so it is not published
     and is written again later. A map no Envoy took, and a hostname move or withdrawal any of them
     refuses (the engine's hostname promise needs every Envoy to let a hostname go), is reported
-    rejected and put back as it was for all of them. The write waits for an Envoy that refuses (one
-    that NACKed since the write began) only while others are still converging: the maps it had not
-    answered for then count as not acknowledged by it. A refusal outside a write (an Envoy that
+    rejected and put back as it was for all of them. An Envoy that refuses (one that NACKed since
+    the write began) holds the write back only briefly: once every other Envoy converged, the write
+    waits at most `refusal_wait` for it to finish taking the batch's maps one by one (which pins its
+    refusal on the maps it refuses), and the maps it had not answered for then count as not
+    acknowledged by it. A refusal outside a write (an Envoy that
     connected later) is kept for `refusals()`. An Envoy that does not answer a response within
     `ack_timeout` (plus `seconds_per_resource` each) has its stream ended: it stops counting,
     reconnects, lists what it holds and is brought up to date. A stream listing or subscribing
@@ -141,6 +144,10 @@ class XdsTransport:
 
     # Envoy answers a small response within milliseconds; a stuck one is cut after this.
     ack_timeout = 10.0
+    # How long a write waits, once every other Envoy converged, for a refusing Envoy to pin its
+    # refusal: without it a busy machine reported the batch "not acknowledged" instead of naming
+    # the refused map in the refusing Envoy's words.
+    refusal_wait = 2.0
     # Envoy 1.40 spends up to 1.2 ms of its main thread per cluster on a 2-core machine: 3x that.
     seconds_per_resource = 0.004
     # Maps per response when many change at once (a first publish); a NACK then resends them one by one.
@@ -322,9 +329,9 @@ class XdsTransport:
 
     async def _sync(self, keys: set[MapKey], nacked: Mapping[Session, int]) -> tuple[int, list[Session]]:
         """Mark `keys` on every connected Envoy and wait until each converged or left, or refuses
-        (NACKed more than `nacked` says, or in the round it is in) once every other Envoy converged:
-        a refusing Envoy never holds the others' write back. Returns the generation and the Envoys
-        connected from the start to the end."""
+        (NACKed more than `nacked` says, or in the round it is in) once every other Envoy converged
+        and its round ended or `refusal_wait` passed: a refusing Envoy never holds the others'
+        write back for long. Returns the generation and the Envoys connected from the start to the end."""
         self._generation += 1
         generation = self._generation
         sessions = list(self._sessions)
@@ -338,13 +345,23 @@ class XdsTransport:
             for session in sessions:
                 session.wake.set()
 
+        refusing_since: float | None = None
         while True:
             through = [s for s in sessions if not s.closed and s in self._sessions]
             left = [s for s in through if s.synced < generation]
-            if not left or (len(left) < len(through) and all(s.nacked > nacked.get(s, 0) or s.nacked_this_round for s in left)):
+            if not left:
                 return generation, through
+            wait: float | None = None
+            if len(left) < len(through) and all(s.nacked > nacked.get(s, 0) or s.nacked_this_round for s in left):
+                if not any(s.converging.locked() for s in left):
+                    return generation, through
+                refusing_since = refusing_since if refusing_since is not None else time.monotonic()
+                wait = refusing_since + self.refusal_wait - time.monotonic()
+                if wait <= 0:
+                    return generation, through
             self._progress.clear()
-            await self._progress.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), wait)
 
     async def _step(self, session: Session) -> None:
         try:

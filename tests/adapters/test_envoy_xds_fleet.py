@@ -205,6 +205,67 @@ async def test_a_refusal_within_a_write_is_the_writes_not_a_late_one():
             assert transport.refusals() == {}
 
 
+THIRD = MapKey("prod", "third")
+
+
+def paused_after_its_batch_refusal(envoy: ScriptedEnvoy, key: MapKey) -> list[int]:
+    """Make `envoy` refuse `key`'s cluster and stop answering right after it refused a batch
+    (before the server, taking the batch's maps one by one, learns which map it refuses); the
+    list gets the count of responses it had received then."""
+    refuse, paused = refuse_clusters_of(key), []
+
+    def refuse_then_pause(type_url, names):
+        error = refuse(type_url, names)
+        if error is not None and len(names) > 1:
+            envoy.answering.clear()
+            paused.append(len(envoy.responses))
+        return error
+
+    envoy.refuse = refuse_then_pause
+    return paused
+
+
+async def test_a_write_waits_for_a_refusing_envoy_to_pin_its_refusal_once_the_others_converged():
+    """CI found a busy machine's write stop waiting for the Envoy that refused a batch as soon as
+    the other converged: the map it refuses was reported "not acknowledged" instead of refused in
+    its words, and the maps it would take as held back. The write now waits for it to take the
+    batch's maps one by one (at most `refusal_wait`)."""
+    batch = {key: part(key, route(f"{key.name}.example.com", a=1)) for key in (CHAT, EMBED, THIRD)}
+    async with transport_on() as transport:
+        transport.refusal_wait = 60.0  # far beyond the test's own bounds: the wait ends as it finishes
+        lenient, strict = ScriptedEnvoy(transport.port, "lenient"), ScriptedEnvoy(transport.port, "strict")
+        paused = paused_after_its_batch_refusal(strict, CHAT)
+        async with clients(lenient, strict):
+            await connected(transport, 2)
+            write = asyncio.create_task(transport.write(batch, batch))
+            # The lenient one converged as the server sees it, the strict one holds the first map
+            # sent alone.
+            await eventually(lambda: all(transport.served(key).get("lenient") for key in batch), timeout=10)
+            await eventually(lambda: paused and len(strict.responses) > paused[0], timeout=10)
+            assert not write.done()
+            strict.answering.set()
+            result = await asyncio.wait_for(write, 20)
+            assert result.rejected == {} and set(result.held_back) == {CHAT}
+            assert "envoy strict refused the cluster: scripted refusal" in result.held_back[CHAT]
+            assert strict.serves(EMBED) == route("embed.example.com", a=1) and strict.serves(THIRD) == route("third.example.com", a=1)
+
+
+async def test_a_refusing_envoy_that_stops_answering_holds_the_write_at_most_the_refusal_wait():
+    batch = {key: part(key, route(f"{key.name}.example.com", a=1)) for key in (CHAT, EMBED, THIRD)}
+    async with transport_on() as transport:
+        transport.refusal_wait = 0.2
+        lenient, strict = ScriptedEnvoy(transport.port, "lenient"), ScriptedEnvoy(transport.port, "strict")
+        paused_after_its_batch_refusal(strict, CHAT)
+        async with clients(lenient, strict):
+            await connected(transport, 2)
+            # The ACK timeout is 60 s: the write returns long before it, the Envoy still silent.
+            result = await asyncio.wait_for(transport.write(batch, batch), 20)
+            assert not strict.answering.is_set()
+            assert result.rejected == {} and set(result.held_back) == set(batch)
+            assert all("has not acknowledged" in why for why in result.held_back.values())
+            assert all(lenient.serves(key) == route(f"{key.name}.example.com", a=1) for key in batch)
+
+
 # --- 7. one sidecar per address -----------------------------------------------------------------
 
 
