@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from adapters.httproute import HttpRouteOptions, build  # noqa: E402
-from publisher.loop import STARTUP_GC_THRESHOLD  # noqa: E402
+from publisher.loop import STARTUP_GC_OLDER, STARTUP_GC_THRESHOLD  # noqa: E402
 from publisher.core.values import Backend, MapKey, Route  # noqa: E402
 
 PYTHON_GC_THRESHOLD = gc.get_threshold()
@@ -236,7 +236,7 @@ async def main(maps: int, changes: int, controller: bool, status_timeout: float,
         print(f"before the first publish: RSS {peak_rss_mb():.0f} MB at most (the interpreter, its imports and the "
               f"{maps} groups the engine would hold)")
         if sidecar_gc:
-            gc.set_threshold(STARTUP_GC_THRESHOLD, *PYTHON_GC_THRESHOLD[1:])
+            gc.set_threshold(STARTUP_GC_THRESHOLD, STARTUP_GC_OLDER, PYTHON_GC_THRESHOLD[2])
         reset_peak_rss()
         started = time.monotonic()
         async with LoopWatch() as watch:
@@ -248,8 +248,7 @@ async def main(maps: int, changes: int, controller: bool, status_timeout: float,
         print(f"first publish: {maps} maps in {took:.1f} s ({maps / took:.0f} maps/s); "
               f"requests {await counts(fake)}; {unreported} without a verdict after {status_timeout:g} s; "
               f"peak RSS {peak_rss_mb():.0f} MB; {watch}")
-        if sidecar_gc:  # as Publisher.run_applier after its first sync
-            gc.collect()
+        if sidecar_gc:  # as Publisher.run_applier after its first sync: no collection first
             gc.freeze()
             gc.set_threshold(*PYTHON_GC_THRESHOLD)
         latencies = []
@@ -269,7 +268,7 @@ async def main(maps: int, changes: int, controller: bool, status_timeout: float,
         del transport  # a restarted sidecar holds no earlier transport: its memory is not the restart's
         if sidecar_gc:  # a new process, at its start
             gc.unfreeze()
-            gc.set_threshold(STARTUP_GC_THRESHOLD, *PYTHON_GC_THRESHOLD[1:])
+            gc.set_threshold(STARTUP_GC_THRESHOLD, STARTUP_GC_OLDER, PYTHON_GC_THRESHOLD[2])
         gc.collect()
         _, restarted = build(options(kubeconfig, status_timeout))
         reset_peak_rss()
@@ -302,6 +301,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--gc", choices=("python", "sidecar"), default="python",
         help="python: the collector's defaults throughout; sidecar: as the sidecar runs it (publisher.loop: "
-             "STARTUP_GC_THRESHOLD until the first sync, then gc.freeze() and the defaults; a restart starts afresh)")
+             "STARTUP_GC_THRESHOLD and STARTUP_GC_OLDER until the first sync, then gc.freeze() and the "
+             "defaults; a restart starts afresh)")
     args = parser.parse_args()
     asyncio.run(main(args.maps, args.changes, args.controller, args.status_timeout, args.gc == "sidecar"))

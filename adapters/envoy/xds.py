@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Set
 
 import grpc
@@ -261,7 +260,7 @@ class XdsTransport:
         # maps on two Envoys held the event loop 250 ms in one turn. A snapshot of the names, as
         # the Envoys' streams go on meanwhile.
         target = self._target if self._seeded else None
-        votes: dict[MapKey, Counter[Route]] = {}
+        votes: dict[MapKey, list[Route]] = {}
         for state in [s.state for s in sorted(self._sessions, key=lambda s: s.name)]:
             names = list(state.held[SCOPE_TYPE])
             for start in range(0, len(names), READ_SLICE):
