@@ -158,7 +158,11 @@ class Engine(Generic[PartT]):
             return Reconciled(refused=refused, released=released)
         served = await self._transport.read()
         refused = self._take_refusals()
-        drift = {key for key in self._routes.keys() | served.keys() if served.get(key) != self._routes.get(key)}
+        # A served route is mostly the very Route confirmed (the transport gives back what it was
+        # given): identity first, so 10,000 unchanged maps compare nothing field by field.
+        routes = self._routes
+        drift = {key for key, route in served.items() if (confirmed := routes.get(key)) is not route and confirmed != route}
+        drift.update(routes.keys() - served.keys())
         repair_in_doubt = self._in_doubt & self._routes.keys()
         if drift or repair_in_doubt:
             repair = {key: self._parts.get(key) for key in drift | repair_in_doubt}

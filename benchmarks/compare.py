@@ -1296,7 +1296,8 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, options: Ru
             await stop_process(prober)
             probed = json.loads((work / "served.json").read_text()) if (work / "served.json").exists() else {"served": {}}
 
-    publisher_latencies, bare_latencies, own = [], [], []
+    publisher_latencies, bare_latencies, own, late_at = [], [], [], []
+    first = min((record["stamp"] for record in sent), default=0.0)
     by_map_seen: dict[int, list[tuple[int, float]]] = {}
     for (index, weight), at in first_seen.items():
         by_map_seen.setdefault(index, []).append((weight, at))
@@ -1310,6 +1311,8 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, options: Ru
             # The same update, both ways: what the sidecar and its gateway add once the event is
             # out, whatever the API server's own delay (the part a busy machine inflates most).
             own.append(min(served_at) - bare_seen[record["seq"]])
+            if own[-1] > LATE:
+                late_at.append(round(record["stamp"] - first, 1))
     writes = [record["written"] - record["stamp"] for record in sent]
     stamps = sorted(record["stamp"] for record in sent)
     achieved = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0] else float("nan")
@@ -1323,6 +1326,8 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, options: Ru
         "api_write_ms": {"p50": ms(percentile(writes, 0.5)), "p99": ms(percentile(writes, 0.99))},
         "achieved_rate": round(achieved, 1),
         "added_ms": {"p50": ms(percentile(own, 0.5)), "p99": ms(percentile(own, 0.99))},
+        # As the served probe counts them, for the detector (json-dir's is what its reader sees).
+        "late": {"count": len(late_at), "of": len(own), "share": round(len(late_at) / len(own), 4) if own else None, "at_s": late_at[:100]},
         "ratio_p50": round(pub["p50"] / ref["p50"], 1) if ref["p50"] > 0 else None,
         "ratio_p99": round(pub["p99"] / ref["p99"], 1) if ref["p99"] > 0 else None,
         "cpu_ms_per_update": {label: round(cpu[label] * 1000 / max(1, len(sent)), 2) for label in cpu},
@@ -1412,6 +1417,10 @@ def print_run(r: dict[str, Any]) -> None:
           f"p99 {r['api_write_ms']['p99']} ms (the fake API's share of both latencies)")
     print(f"  ratio publisher / bare watch: p50 {r['ratio_p50']}x, p99 {r['ratio_p99']}x; "
           f"publisher minus bare watch, per update: p50 {r['added_ms']['p50']} ms, p99 {r['added_ms']['p99']} ms")
+    if r.get("late"):
+        late = r["late"]
+        print(f"  detected > {LATE * 1000:g} ms after the bare watch had them: {late['count']} of {late['of']} "
+              f"({(late['share'] or 0) * 100:.2f}%; at {late['at_s']} s into the churn)")
     print(f"  CPU per update: sidecar {cpu.get('sidecar')} ms, bare watch {cpu.get('bare watcher')} ms"
           + "".join(f", {k} {v} ms" for k, v in gateway.items()) + f", fake API {cpu.get('fake API')} ms")
     print(f"  updates confirmed / sent: {r['confirmed']} / {r['sent']} (bare watch saw {r['bare_seen']}; "
