@@ -19,6 +19,10 @@ from publisher.core.values import MapKey, Route
 INDEX_FILE = "index.json"
 # Writes of at most this many map files run on the event loop; larger ones in a thread.
 INLINE_WRITES = 4
+# A file's timestamps move in ticks (a few ms on Linux): one changed this recently is parsed again.
+RACY_NS = 2_000_000_000
+
+_Signature = tuple[int, int, int, int]  # inode, size, mtime and ctime in ns
 
 
 class JsonFileTransport(TransportDefaults):
@@ -65,26 +69,48 @@ class JsonDirTransport(TransportDefaults):
         self._dir = directory
         self._version = 0
         self._count = 0
+        # What the last read parsed, by file name, with the file's signature then: a resync reads
+        # back every map, and parsing 10,000 files held the applier (and the interpreter's lock)
+        # for about a second; a file whose signature did not change is not read again.
+        self._parsed: dict[str, tuple[_Signature, MapKey, Route]] = {}
 
     async def read(self) -> dict[MapKey, Route]:
         return await asyncio.to_thread(self._read)
 
     def _read(self) -> dict[MapKey, Route]:
         routes: dict[MapKey, Route] = {}
+        parsed: dict[str, tuple[_Signature, MapKey, Route]] = {}
+        # A file changed within this window of the read may change again within the same
+        # timestamp tick, its size unchanged: it is parsed, and parsed again next time (git's
+        # "racily clean" entries).
+        settled = time.time_ns() - RACY_NS
         try:
-            names = os.listdir(self._dir)
             index = self._read_index()
+            with os.scandir(self._dir) as entries:
+                for entry in entries:
+                    name = entry.name
+                    if not name.endswith(".json") or name == INDEX_FILE or name.startswith("."):
+                        continue
+                    try:
+                        stat = entry.stat()
+                    except OSError:
+                        continue
+                    signature = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+                    kept = self._parsed.get(name)
+                    if kept is not None and kept[0] == signature:
+                        key, route = kept[1], kept[2]
+                    else:
+                        try:
+                            key, route = from_json(json.loads((self._dir / name).read_bytes()))
+                        except (OSError, ValueError):
+                            continue
+                    if map_file(key) == name:
+                        routes[key] = route
+                        if stat.st_mtime_ns < settled and stat.st_ctime_ns < settled:
+                            parsed[name] = (signature, key, route)
         except OSError as exc:
             raise Unavailable(f"cannot read {self._dir}: {exc}") from exc
-        for name in names:
-            if not name.endswith(".json") or name == INDEX_FILE or name.startswith("."):
-                continue
-            try:
-                key, route = from_json(json.loads((self._dir / name).read_bytes()))
-            except (OSError, ValueError):
-                continue
-            if map_file(key) == name:
-                routes[key] = route
+        self._parsed = parsed
         self._count = len(routes)
         if index is not None and index["maps"] == self._count and index["version"] >= self._version:
             self._version = index["version"]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -173,3 +174,39 @@ async def test_the_index_version_never_goes_backwards_across_a_restart_that_lost
     (tmp_path / INDEX_FILE).write_text(json.dumps({"version": 1, "maps": 1}))
     await restarted.reconcile()
     assert _index(tmp_path)["version"] > started + 1
+
+
+async def test_directory_mode_reads_back_only_the_files_that_changed_since_its_last_read(tmp_path, monkeypatch):
+    """A resync read back and parsed every map's file (10,000: about a second holding the applier
+    and the interpreter's lock). A file whose inode, size and times are those of the last read is
+    not parsed again; one changed since, or within the racy window of a timestamp tick, is."""
+    import os
+
+    from adapters.json import transport as module
+
+    adapter = engine(tmp_path, "dir")
+    await adapter.start()
+    await adapter.apply({p.key: p for p in (pub(f"m{i}", 1, 2) for i in range(20))})
+    an_hour_ago = (1_700_000_000_000_000_000, 1_700_000_000_000_000_000)
+    for path in tmp_path.glob("prod_*.json"):
+        os.utime(path, ns=an_hour_ago)
+    parsed: list[str] = []
+    real = module.from_json
+    monkeypatch.setattr(module, "from_json", lambda data: parsed.append(data["name"]) or real(data))
+    reader = module.JsonDirTransport(tmp_path)
+    first = await reader.read()
+    assert len(first) == 20 and len(parsed) == 20  # ctimes are recent: every file is parsed again
+    await asyncio.sleep(0)
+    monkeypatch.setattr(module, "RACY_NS", 0)  # as if the window had passed
+    assert await reader.read() == first and len(parsed) == 40
+    again = await reader.read()
+    assert len(parsed) == 40 and all(again[key] is route for key, route in (await reader.read()).items())
+    # Rewritten in place, the same size, its mtime put back: its ctime moved, so it is read.
+    m7 = tmp_path / map_file(MapKey("prod", "m7"))
+    text = m7.read_text()
+    m7.write_text(text.replace('"weight":1', '"weight":3'))
+    os.utime(m7, ns=an_hour_ago)
+    changed = await reader.read()
+    assert parsed[40:] == ["m7"] and [b.weight for b in changed[MapKey("prod", "m7")].backends] == [3, 2]
+    m7.unlink()
+    assert MapKey("prod", "m7") not in await reader.read()
