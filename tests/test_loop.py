@@ -877,3 +877,20 @@ async def test_a_pass_of_many_maps_gives_the_event_loop_back_while_it_settles():
         # Deciding and rendering give the loop back once a slice; recording and settling too.
         assert turns() >= 3 * 10, f"a pass of {len(keys)} maps let other tasks run {turns()} times"
     assert len(adapter.held) == len(keys) and publisher.states.count("published") == len(keys)
+
+
+async def test_the_status_writers_turn_comes_once_the_applier_finished_its_pass():
+    """Status writes start between the applier's passes, not beside them: gateway_turn waits
+    while the applier is in a pass (at most STATUS_YIELD_CAP, so status is never starved)."""
+    publisher, stores, _ = make_publisher()
+    assert publisher.applier_idle.is_set()  # no applier running: nothing to wait for
+    await publisher.gateway_turn()
+    publisher.applier_idle.clear()  # as in a pass
+    turn = asyncio.create_task(publisher.gateway_turn())
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not turn.done()
+    publisher.applier_idle.set()
+    await asyncio.wait_for(turn, 5)
+    publisher.applier_idle.clear()
+    await asyncio.wait_for(publisher.gateway_turn(), 5)  # a pass that never ends holds it back at most the cap

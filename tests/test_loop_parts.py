@@ -4,6 +4,7 @@ memory."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 from publisher.core.model import parse_traffic_map
@@ -14,13 +15,14 @@ from publisher.loop import KeyQueue, LoopOptions, MapState
 from publisher.loop.debug import debug_maps, probe_ages
 from publisher.loop.decide import Decisions, decide, engine_batch
 from publisher.loop.keys import ResyncBacklog
-from publisher.loop.options import DECIDE_SLICE
+from publisher.loop.options import DECIDE_SLICE, STATUS_CHUNK
 from publisher.loop.outbox import StatusOutbox
 from publisher.loop.states import MapStates, StateChange
 from publisher.source.objects import parse_isvc
 from publisher.source.store import Stores
 from publisher.status import Verdict
 from tests.builders import make_entry, make_isvc, make_map
+from tests.gateways import eventually
 
 CHAT = MapKey("prod", "chat")
 EMBED = MapKey("prod", "embed")
@@ -234,3 +236,33 @@ async def test_without_a_sink_the_outbox_keeps_nothing():
     outbox = StatusOutbox(None, LoopOptions(), Clock())
     outbox.put(CHAT, Verdict(True, Reason.PUBLISHED, "served", 3, "uid"))
     assert outbox.verdicts == {} and not outbox.leading and len(outbox.due) == 0
+
+
+async def test_the_status_writer_hands_its_sink_chunks_each_after_the_gateways_turn():
+    """10,000 first conditions at start went to the sink in one batch, beside the applier's
+    writes: the changes arriving then waited behind the writes' responses. The writer now takes
+    chunks of STATUS_CHUNK and lets the gateway's work go first before each."""
+    sink, clock = RecordingSink(), Clock()
+    events: list[str] = []
+
+    async def gateway_turn() -> None:
+        events.append("turn")
+
+    original = sink.write
+
+    async def write(reports):
+        events.append(f"write {len(reports)}")
+        return await original(reports)
+
+    sink.write = write
+    outbox = StatusOutbox(sink, OPTIONS, clock, gateway_turn)
+    served = Verdict(True, Reason.PUBLISHED, "served", 3, "uid")
+    for i in range(STATUS_CHUNK * 2 + 5):
+        outbox.put(MapKey("prod", f"m{i:03d}"), served)
+    running = asyncio.create_task(outbox.run())
+    try:
+        await eventually(lambda: len(events) == 6, timeout=10)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    assert events == ["turn", f"write {STATUS_CHUNK}", "turn", f"write {STATUS_CHUNK}", "turn", "write 5"]

@@ -13,12 +13,12 @@ write (`due`) and their backoff, whether this replica leads, and why no verdict 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from publisher import metrics, status
 from publisher.core.values import MapKey
 from publisher.loop.keys import KeyQueue
-from publisher.loop.options import LoopOptions
+from publisher.loop.options import STATUS_CHUNK, LoopOptions
 from publisher.retry import Backoff
 
 log = logging.getLogger("publisher.loop")
@@ -28,10 +28,18 @@ WHOLE_SINK = MapKey("", "")
 
 
 class StatusOutbox:
-    """Verdicts by map, written by `run` (or `write`) into `sink`; None: no status is written."""
+    """Verdicts by map, written by `run` (or `write`) into `sink`; None: no status is written.
+    `run` awaits `gateway_turn` before each chunk of writes: the gateway's work goes first."""
 
-    def __init__(self, sink: status.StatusSink | None, options: LoopOptions, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        sink: status.StatusSink | None,
+        options: LoopOptions,
+        clock: Callable[[], float],
+        gateway_turn: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.sink = sink
+        self._gateway_turn = gateway_turn
         self.clock = clock
         self._delay = options.status_delay
         self.due = KeyQueue(clock)
@@ -122,8 +130,11 @@ class StatusOutbox:
         """Forever: write the verdicts that fell due (the sink reads what it needs first; a sink
         that cannot be read is retried with backoff, never an end of the process)."""
         while True:
-            keys = await self.due.take()
-            await self.write(keys)
+            keys = list(await self.due.take())
+            for start in range(0, len(keys), STATUS_CHUNK):
+                if self._gateway_turn is not None:
+                    await self._gateway_turn()
+                await self.write(keys[start : start + STATUS_CHUNK])
 
     def lead(self) -> None:
         """This replica now writes status: what the server holds is read again (the last leader

@@ -10,6 +10,7 @@ the status outbox with its delay and leader gate (outbox.py), and the /debug/map
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -24,7 +25,7 @@ from publisher.loop.debug import debug_maps
 from publisher.loop.decide import Decisions, engine_batch
 from publisher.loop.gateway import Gateway
 from publisher.loop.keys import KeyQueue, ResyncBacklog
-from publisher.loop.options import DECIDE_SLICE, LoopOptions
+from publisher.loop.options import DECIDE_SLICE, STATUS_YIELD_CAP, LoopOptions
 from publisher.loop.outbox import StatusOutbox
 from publisher.loop.settle import Settler
 from publisher.loop.states import MapStates
@@ -61,7 +62,10 @@ class Publisher:
         self.resync = ResyncBacklog(self.queue)
         self.decisions = Decisions(stores, options, adapter.check)
         self.gateway = Gateway(adapter, options, clock)
-        self.outbox = StatusOutbox(status_sink, options, clock)
+        # Clear while the applier is in a pass: the status writer's cue (see gateway_turn).
+        self.applier_idle = asyncio.Event()
+        self.applier_idle.set()
+        self.outbox = StatusOutbox(status_sink, options, clock, self.gateway_turn)
         self.settler = Settler(stores, adapter, options, self.queue, self.outbox, clock, wall_clock)
         self.is_synced = False
         self.synced_event = asyncio.Event()
@@ -155,6 +159,13 @@ class Publisher:
         """Forever: take every dirty key, sync them in one pass. Nothing before the first sync.
         A resync that fell due is served here, between two passes, never beside one."""
         await self.synced_event.wait()
+        try:
+            await self._apply_forever()
+        finally:
+            self.applier_idle.set()
+
+    async def _apply_forever(self) -> None:
+        self.applier_idle.clear()
         await self.sync_once(self.queue.take_ready())
         # The first full view is long-lived: freezing it keeps every later full collection from
         # walking 10,000 maps (a pause of about 200 ms each) while events wait. No collection
@@ -163,7 +174,9 @@ class Publisher:
         gc.freeze()
         gc.set_threshold(*self.gc_threshold)
         while True:
+            self.applier_idle.set()
             await self.queue.wait()
+            self.applier_idle.clear()
             hold_off = self.adapter.hold_off()
             if hold_off > 0:
                 await asyncio.sleep(hold_off)
@@ -171,6 +184,12 @@ class Publisher:
                 await self.reconcile()
             await self.sync_once(self.queue.take_ready())
             self.resync.feed()
+
+    async def gateway_turn(self) -> None:
+        """Until the applier has finished its pass and waits for work (at most STATUS_YIELD_CAP):
+        status writes start between gateway writes, not beside them."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.applier_idle.wait(), STATUS_YIELD_CAP)
 
     async def reconcile(self) -> None:
         """Read the gateway back and write back whatever drifted from what it confirmed; hold
