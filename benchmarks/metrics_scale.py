@@ -22,8 +22,9 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from publisher import loop, metrics  # noqa: E402
+from publisher import metrics  # noqa: E402
 from publisher.loop import LoopOptions, Publisher  # noqa: E402
+from publisher.loop.sidecar import serve, start_server  # noqa: E402
 from publisher.core.model import parse_traffic_map  # noqa: E402
 from publisher.source.objects import parse_isvc  # noqa: E402
 from publisher.source.store import Stores  # noqa: E402
@@ -60,7 +61,7 @@ async def measure(policy: str, maps: int, held: int) -> str:
     metrics.per_map(policy)  # type: ignore[arg-type]
     publisher = await loaded_publisher(maps, held)
     port = free_port()
-    server = asyncio.create_task(loop.serve(metrics.make_app(publisher), "127.0.0.1", port))
+    server = asyncio.create_task(serve(await start_server(metrics.make_app(publisher), "127.0.0.1", port)))
     stall = 0.0
 
     async def ticker() -> None:
