@@ -10,9 +10,21 @@ from collections.abc import Mapping
 from adapters.route_json import from_json, to_json
 from publisher.core.values import MapKey, Route
 
-__all__ = ["NAME_MAX", "JsonRenderer", "assemble", "map_file", "parse", "temp_name"]
+__all__ = ["NAME_MAX", "JsonPart", "JsonRenderer", "assemble", "map_file", "parse", "temp_name"]
 
 NAME_MAX = 255
+
+
+class JsonPart(bytes):
+    """A map's encoded JSON object, carrying the Route it encodes (`route`, not part of its value):
+    a read-back that finds these bytes in the map's file serves that Route, with nothing parsed."""
+
+    route: Route
+
+    def __new__(cls, data: bytes, route: Route) -> JsonPart:
+        part = super().__new__(cls, data)
+        part.route = route
+        return part
 
 
 class JsonRenderer:
@@ -27,8 +39,8 @@ class JsonRenderer:
             return f"the map's file name {map_file(key)} is longer than the {NAME_MAX - 5} characters a --json-dir file name can have"
         return None
 
-    def render(self, key: MapKey, route: Route) -> bytes:
-        return json.dumps(to_json(key, route), separators=(",", ":")).encode()
+    def render(self, key: MapKey, route: Route) -> JsonPart:
+        return JsonPart(json.dumps(to_json(key, route), separators=(",", ":")).encode(), route)
 
 
 def assemble(parts: Mapping[MapKey, bytes]) -> bytes:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from adapters.base import TransportDefaults, Unavailable, WriteResult, write_atomic
-from adapters.json.render import assemble, map_file, parse, temp_name
+from adapters.json.render import JsonPart, assemble, map_file, parse, temp_name
 from adapters.route_json import from_json
 from publisher.core.values import MapKey, Route
 
@@ -73,6 +73,10 @@ class JsonDirTransport(TransportDefaults):
         # back every map, and parsing 10,000 files held the applier (and the interpreter's lock)
         # for about a second; a file whose signature did not change is not read again.
         self._parsed: dict[str, tuple[_Signature, MapKey, Route]] = {}
+        # What was written to each file since a read last took it in: a file found to hold
+        # exactly these bytes serves their Route (the first resync after a first publish parsed
+        # all 10,000 files).
+        self._wrote: dict[str, tuple[MapKey, JsonPart]] = {}
 
     async def read(self) -> dict[MapKey, Route]:
         return await asyncio.to_thread(self._read)
@@ -101,13 +105,14 @@ class JsonDirTransport(TransportDefaults):
                         key, route = kept[1], kept[2]
                     else:
                         try:
-                            key, route = from_json(json.loads((self._dir / name).read_bytes()))
+                            key, route = self._parse(name)
                         except (OSError, ValueError):
                             continue
                     if map_file(key) == name:
                         routes[key] = route
                         if stat.st_mtime_ns < settled and stat.st_ctime_ns < settled:
                             parsed[name] = (signature, key, route)
+                            self._wrote.pop(name, None)
         except OSError as exc:
             raise Unavailable(f"cannot read {self._dir}: {exc}") from exc
         self._parsed = parsed
@@ -127,6 +132,13 @@ class JsonDirTransport(TransportDefaults):
         except OSError as exc:
             raise Unavailable(f"cannot write {self._dir / INDEX_FILE}: {exc}") from exc
         return routes
+
+    def _parse(self, name: str) -> tuple[MapKey, Route]:
+        data = (self._dir / name).read_bytes()
+        wrote = self._wrote.get(name)
+        if wrote is not None and len(data) == len(wrote[1]) + 1 and data.startswith(wrote[1]):
+            return wrote[0], wrote[1].route
+        return from_json(json.loads(data))
 
     def _read_index(self) -> dict[str, int] | None:
         """The index's version and map count, or None when it is missing or not one we wrote."""
@@ -154,14 +166,18 @@ class JsonDirTransport(TransportDefaults):
     def _write(self, changes: Mapping[MapKey, bytes | None]) -> None:
         try:
             for key, part in changes.items():
-                path = self._dir / map_file(key)
+                name = map_file(key)
+                path = self._dir / name
                 existed = path.exists()
+                self._wrote.pop(name, None)
                 if part is None:
                     if existed:
                         path.unlink()
                         self._count -= 1
                     continue
                 _replace(path, part + b"\n")
+                if isinstance(part, JsonPart):
+                    self._wrote[name] = (key, part)
                 self._count += 0 if existed else 1
             self._write_index()
         except OSError as exc:

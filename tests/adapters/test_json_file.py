@@ -210,3 +210,25 @@ async def test_directory_mode_reads_back_only_the_files_that_changed_since_its_l
     assert parsed[40:] == ["m7"] and [b.weight for b in changed[MapKey("prod", "m7")].backends] == [3, 2]
     m7.unlink()
     assert MapKey("prod", "m7") not in await reader.read()
+
+
+async def test_directory_mode_reads_back_what_it_wrote_without_parsing_it(tmp_path, monkeypatch):
+    """The first resync after a first publish parsed every file (10,000: half a second holding
+    the applier). A file holding exactly the bytes the transport wrote serves the Route they were
+    rendered from; one changed since is parsed."""
+    from adapters.json import transport as module
+    from adapters.json.render import JsonRenderer
+
+    renderer, writer = JsonRenderer(per_map_files=True), module.JsonDirTransport(tmp_path)
+    routes = {p.key: p.route for p in (pub(f"m{i}", 1, 2) for i in range(10))}
+    parts = {key: renderer.render(key, route) for key, route in routes.items()}
+    await writer.read()
+    await writer.write(parts, parts)
+    parsed: list[str] = []
+    real = module.from_json
+    monkeypatch.setattr(module, "from_json", lambda data: parsed.append(data["name"]) or real(data))
+    m3 = MapKey("prod", "m3")
+    (tmp_path / map_file(m3)).write_bytes(renderer.render(m3, pub("m3", 5, 2).route) + b"\n")  # someone else's write
+    read = await writer.read()
+    assert parsed == ["m3"] and [b.weight for b in read[m3].backends] == [5, 2]
+    assert all(read[key] is route for key, route in routes.items() if key != m3)
