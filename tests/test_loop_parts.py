@@ -266,3 +266,25 @@ async def test_the_status_writer_hands_its_sink_chunks_each_after_the_gateways_t
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
     assert events == ["turn", f"write {STATUS_CHUNK}", "turn", f"write {STATUS_CHUNK}", "turn", "write 5"]
+
+
+async def test_a_key_queue_waiter_cancelled_as_a_key_arrives_ends():
+    """A test's shutdown hung in CI: the status writer, cancelled in the same turn as a key woke
+    it, kept waiting for keys forever. Python 3.11's asyncio.wait_for, which KeyQueue.wait used,
+    returns the result when its cancellation and its result come together, and the cancellation
+    is lost; asyncio.timeout keeps it."""
+    queue = KeyQueue()
+    queue.add_after(EMBED, 3600)  # a delayed key: the wait has a timeout, as the status writer's has
+
+    async def consume() -> None:
+        while True:
+            await queue.take()
+
+    consumer = asyncio.create_task(consume())
+    for _ in range(3):
+        await asyncio.sleep(0)  # waiting now
+    queue.add(CHAT)
+    await asyncio.sleep(0)  # the wake-up is under way
+    consumer.cancel()
+    done, _ = await asyncio.wait({consumer}, timeout=5)
+    assert consumer in done and consumer.cancelled()

@@ -360,7 +360,8 @@ class XdsTransport:
                     return generation, through
             self._progress.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), wait)
+                async with asyncio.timeout(wait):  # not wait_for: it may swallow a cancellation
+                    await self._progress.wait()
 
     async def _step(self, session: Session) -> None:
         try:

@@ -280,8 +280,9 @@ class Session:
         if self.closed:
             raise Gone("the stream ended")
         self.wake.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.wake.wait(), 0.05)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.05):  # not wait_for: it may swallow a cancellation
+                await self.wake.wait()
         self.wake.set()
 
     async def _push(self, type_url: str, items: Iterable[Item]) -> set[MapKey]:

@@ -6,6 +6,7 @@ hand the queue and whether a read-back of the gateway is due).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import time
 from collections.abc import Callable, Iterable
@@ -60,10 +61,11 @@ class KeyQueue:
             if self._ready:
                 return
             self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
-            except TimeoutError:
-                pass
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that
+            # comes as the event is set, and the task then waited forever (a test's shutdown hung).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._wakeup.wait()
 
     async def take(self) -> dict[MapKey, float | None]:
         """Every ready key with its earliest event time; waits until there is at least one."""

@@ -189,7 +189,8 @@ class Publisher:
         """Until the applier has finished its pass and waits for work (at most STATUS_YIELD_CAP):
         status writes start between gateway writes, not beside them."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.applier_idle.wait(), STATUS_YIELD_CAP)
+            async with asyncio.timeout(STATUS_YIELD_CAP):  # not wait_for: it may swallow a cancellation
+                await self.applier_idle.wait()
 
     async def reconcile(self) -> None:
         """Read the gateway back and write back whatever drifted from what it confirmed; hold
