@@ -345,18 +345,20 @@ class Session:
         posted = _Posted(future, count, self.transport.ack_timeout + self.transport.seconds_per_resource * count)
         try:
             if self.outbox.full():
-                await asyncio.wait_for(self.outbox.put(response), posted.timeout)
+                async with asyncio.timeout(posted.timeout):  # not wait_for: it may swallow a cancellation
+                    await self.outbox.put(response)
             else:
                 self.outbox.put_nowait(response)  # the usual case, without a task for the put
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             self.pending = None
             raise Behind(f"could not send {count} {KIND[type_url]} resources in {posted.timeout:.1f}s") from exc
         return posted
 
     async def _confirm(self, type_url: str, items: list[Item], posted: _Posted) -> str | None:
         try:
-            error = await asyncio.wait_for(posted.answer, posted.timeout)
-        except asyncio.TimeoutError as exc:
+            async with asyncio.timeout(posted.timeout):
+                error = await posted.answer
+        except TimeoutError as exc:
             raise Behind(f"no answer to {posted.count} {KIND[type_url]} resources in {posted.timeout:.1f}s") from exc
         finally:
             self.pending = None
