@@ -4,24 +4,15 @@ update it sends is confirmed, and it prints its report lines. No timing is asser
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "compare.py"
+from tests.benchmark_scripts import load, script
 
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("benchmark_compare", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script loads
-    spec.loader.exec_module(module)
-    return module
+SCRIPT = script("compare")
 
 
 def _run(adapter: str) -> tuple[str, dict]:
@@ -55,7 +46,7 @@ def _check(stdout: str, report: dict, adapter: str) -> None:
 
 
 def _compare_py_spy() -> bool:
-    return _load_script().py_spy() is not None
+    return load("compare").py_spy() is not None
 
 
 def test_json_adapter_end_to_end_at_tiny_scale():
@@ -88,7 +79,7 @@ def test_envoy_xds_mode_end_to_end_at_tiny_scale():
 
 
 def test_a_mode_whose_flag_the_sidecar_lacks_is_named_as_unsupported():
-    compare = _load_script()
+    compare = load("compare")
     mode = compare.Mode("future", "json", "dns", (("run", "--no-such-flag"),), compare.start_json)
     assert compare.unsupported(mode) == (
         "this sidecar does not support mode future (`ome-publisher run --help` lists no --no-such-flag)"
@@ -108,7 +99,7 @@ async def test_the_xds_relay_reaches_a_sidecar_at_once_after_it_was_down():
     from tests.gateways import eventually, free_port
 
     sidecar = f"127.0.0.1:{free_port()}"
-    tap = _load_script().XdsTap(sidecar)
+    tap = load("compare").XdsTap(sidecar)
     await tap.start()
     first = discovery_pb2.DeltaDiscoveryRequest(type_url=CLUSTER_TYPE)
     first.node.id = "envoy-a"
@@ -155,7 +146,7 @@ def test_flip_entries_pass_the_sidecars_checks_and_move_all_traffic_to_the_other
     from publisher.core.model import TrafficMap, parse_traffic_map
     from publisher.core.verify import verify
 
-    compare = _load_script()
+    compare = load("compare")
     style = "flip:7001:7002"
     for version in range(4):
         body = compare.tm_spec_body(3, "uid-3", style)
@@ -172,7 +163,7 @@ def test_flip_entries_pass_the_sidecars_checks_and_move_all_traffic_to_the_other
 
 
 def test_served_report_pairs_each_change_with_the_bare_watch_and_counts_the_late_ones():
-    compare = _load_script()
+    compare = load("compare")
     sent = [{"seq": seq, "stamp": 100.0 + seq} for seq in range(5)]
     bare = {seq: 100.0 + seq + 0.005 for seq in range(5)}
     served = {0: 100.010, 1: 101.020, 2: 102.300, 3: 103.095}  # change 4 never answered by its backend
@@ -185,7 +176,7 @@ def test_served_report_pairs_each_change_with_the_bare_watch_and_counts_the_late
 
 
 def test_the_summary_over_runs_carries_the_served_numbers_and_the_stall():
-    compare = _load_script()
+    compare = load("compare")
     run = {"adapter": "nginx-lua", "maps": 10, "peak_rss_mb": {"sidecar": 1}, "served": {"served_ms": {"p99": 3.0}, "late_share": 0.01},
            "profile": {"stall": {"ms": 250.0}}}
     summary = compare.summarize([run, run | {"served": {"served_ms": {"p99": 5.0}, "late_share": 0.03}}])

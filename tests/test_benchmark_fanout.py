@@ -5,27 +5,18 @@ field. No timing is asserted."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "fanout.py"
+from tests.benchmark_scripts import load, script
+
+SCRIPT = script("fanout")
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("benchmark_fanout", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script loads
-    spec.loader.exec_module(module)
-    return module
-
-
-fanout = _load_script()
+fanout = load("fanout")
 
 
 def test_a_change_counts_from_its_stamp_to_the_last_client_that_served_it_or_later():

@@ -3,21 +3,9 @@ its longest event-loop stall. Synthetic recordings; no timing is asserted."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from tests.benchmark_scripts import load
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "profile_phases.py"
 PROJECT = "/src/checkout"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("benchmark_profile_phases", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 FRAMES = [
@@ -42,7 +30,7 @@ def _recording(samples: list[list[int]]) -> dict:
 
 
 def test_each_sample_lands_in_its_phase():
-    phases = _load()
+    phases = load("profile_phases")
     stack = lambda ids: [phases.Frame(FRAMES[i]["name"], FRAMES[i]["file"]) for i in ids]  # noqa: E731
     assert phases.is_idle(stack(IDLE)) and not phases.is_idle(stack(RENDER))
     assert phases.phase_of(stack(RENDER), project=PROJECT) == "render"  # innermost wins over the loop's decide
@@ -53,7 +41,7 @@ def test_each_sample_lands_in_its_phase():
 
 
 def test_the_longest_run_of_busy_samples_is_the_stall_with_what_it_did():
-    phases = _load()
+    phases = load("profile_phases")
     samples = [IDLE, RENDER, IDLE, RENDER, STATUS_DECODE, STATUS_DECODE, STATUS_DECODE, IDLE, DECODE]
     result = phases.breakdown(_recording(samples), seconds=9 * 0.02, project=PROJECT)  # py-spy fell behind: 20 ms a sample
     assert result["interval_ms"] == 20.0
@@ -65,7 +53,7 @@ def test_the_longest_run_of_busy_samples_is_the_stall_with_what_it_did():
 
 
 def test_aiohttps_own_tasks_are_the_http_client():
-    phases = _load()
+    phases = load("profile_phases")
     stack = [phases.Frame("_run", f"{PROJECT}/publisher/cli/__init__.py"),
              phases.Frame("StreamWriter.write", "/venv/site-packages/aiohttp/http_writer.py")]
     assert phases.phase_of(stack, project=PROJECT) == "http client"
