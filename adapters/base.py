@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -141,7 +141,9 @@ class Adapter(Protocol):
 
     `confirmed` is what the gateway serves; `apply(decided)` makes it serve each decided map's
     route (None: withdraw), writing only what differs from what it confirmed (or what a client
-    refused); `reconcile()` repairs drift. One caller, one call at a time.
+    refused); `reconcile()` repairs drift. One caller, one call at a time. Where the gateway
+    `reads_in_pages`, a resync calls `reconcile_page` with each page of maps instead (`last`: the
+    page that also reads what the gateway serves besides the adapter's maps).
     """
 
     name: str
@@ -158,6 +160,11 @@ class Adapter(Protocol):
     async def apply(self, changes: Mapping[MapKey, Publication | None]) -> ApplyResult: ...
 
     async def reconcile(self) -> Reconciled: ...
+
+    @property
+    def reads_in_pages(self) -> bool: ...
+
+    async def reconcile_page(self, keys: Collection[MapKey], *, last: bool) -> Reconciled: ...
 
     def hold_off(self) -> float: ...
 
@@ -254,6 +261,22 @@ class Transport(Protocol[PartT]):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class PagedRead(Protocol):
+    """A transport that can read back part of what it serves (a file per map): a resync reads the
+    gateway one page of maps at a time, fresh changes applied between pages, instead of holding
+    the applier for a read of every map.
+
+    `read_page(keys)`: what the gateway serves of `keys` (a key it does not serve is absent).
+    `read_others(known)`: what it serves besides `known`, the maps the engine holds (what a hand,
+    or another writer, put there).
+    """
+
+    async def read_page(self, keys: Collection[MapKey]) -> dict[MapKey, Route]: ...
+
+    async def read_others(self, known: Collection[MapKey]) -> dict[MapKey, Route]: ...
 
 
 class TransportDefaults:

@@ -17,7 +17,7 @@ half of a bisected write, ever puts two maps on one hostname, whatever the gatew
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic
@@ -25,6 +25,7 @@ from typing import Any, Generic
 from adapters.base import (
     ApplyResult,
     NotConnected,
+    PagedRead,
     PartT,
     Reconciled,
     Rejected,
@@ -157,12 +158,34 @@ class Engine(Generic[PartT]):
             self._refused.update(refused)
             return Reconciled(refused=refused, released=released)
         served = await self._transport.read()
-        refused = self._take_refusals()
         # A served route is mostly the very Route confirmed (the transport gives back what it was
         # given): identity first, so 10,000 unchanged maps compare nothing field by field.
         routes = self._routes
         drift = {key for key, route in served.items() if (confirmed := routes.get(key)) is not route and confirmed != route}
         drift.update(routes.keys() - served.keys())
+        return await self._repair(drift)
+
+    @property
+    def reads_in_pages(self) -> bool:
+        return isinstance(self._transport, PagedRead)
+
+    async def reconcile_page(self, keys: Collection[MapKey], *, last: bool) -> Reconciled:
+        """`reconcile` for the maps of `keys` alone; the `last` page of a resync also reads what
+        the gateway serves besides the maps the engine holds. A gateway whose state is unknown,
+        or that cannot read a page, is read back whole."""
+        transport = self._transport
+        if self._unknown or not isinstance(transport, PagedRead):
+            return await self.reconcile()
+        served = await transport.read_page(keys)
+        if last:
+            served.update(await transport.read_others(self._routes.keys()))
+        routes = self._routes
+        drift = {key for key in served.keys() | set(keys) if (confirmed := routes.get(key)) is not (route := served.get(key)) and confirmed != route}
+        return await self._repair(drift)
+
+    async def _repair(self, drift: set[MapKey]) -> Reconciled:
+        """Write back what `drift` names as the engine confirmed it; hold what a client refuses."""
+        refused = self._take_refusals()
         repair_in_doubt = self._in_doubt & self._routes.keys()
         if drift or repair_in_doubt:
             repair = {key: self._parts.get(key) for key in drift | repair_in_doubt}

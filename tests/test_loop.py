@@ -17,6 +17,7 @@ from publisher.source.store import Stores
 from tests.loop_turns import loop_turns
 from tests.builders import make_entry, make_isvc, make_map
 from tests.fakes.memory_adapter import MemoryGateway, memory_engine
+from tests.gateways import eventually
 
 CHAT = MapKey("prod", "chat")
 
@@ -519,6 +520,75 @@ async def test_a_resync_feeds_the_queue_a_slice_at_a_time():
     publisher.changed([MapKey("prod", "fresh")], at=0.0)
     taken = publisher.queue.take_ready()
     assert MapKey("prod", "fresh") in taken and len(taken) <= loop.DECIDE_SLICE + 1
+
+
+class PagedMemoryGateway(MemoryGateway):
+    """The memory gateway read a page at a time (as --json-dir is), logging each read and write;
+    `during_page` runs inside each page's read (an event that arrives meanwhile)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, frozenset[MapKey]]] = []
+        self.during_page: Callable[[int], None] = lambda page: None
+
+    async def read(self):
+        self.log.append(("read", frozenset(self.held)))
+        return await super().read()
+
+    async def read_page(self, keys):
+        self.log.append(("page", frozenset(keys)))
+        self.during_page(sum(what == "page" for what, _ in self.log))
+        return {key: self.held[key] for key in keys if key in self.held}
+
+    async def read_others(self, known):
+        self.log.append(("others", frozenset(self.held.keys() - set(known))))
+        return {key: route for key, route in self.held.items() if key not in known}
+
+    async def write(self, parts, changes):
+        self.log.append(("write", frozenset(changes)))
+        return await super().write(parts, changes)
+
+
+async def test_a_paged_read_back_goes_a_page_at_a_time_with_fresh_changes_applied_between_pages():
+    """Issue 29: a resync read the whole gateway before anything else (--json-dir: 200-450 ms at
+    10,000 maps), and changes arriving meanwhile waited for it. A gateway that reads in pages is
+    read back a slice at a time, each before the slice is decided again, with what changed
+    meanwhile written before the next page is read; the last page reads what else it serves."""
+    publisher, stores, gateway = make_publisher(PagedMemoryGateway())
+    assert isinstance(gateway, PagedMemoryGateway)
+    keys = [put_map(stores, make_map(f"m{i:04}"), isvc=make_isvc(f"m{i:04}")) for i in range(loop.DECIDE_SLICE * 2 + 5)]
+    await publisher.start()
+    publisher.synced()
+    applier = asyncio.create_task(publisher.run_applier())
+    await loop_idle(publisher)
+    fresh = MapKey("prod", "m0300")
+    gateway.held.pop(MapKey("prod", "m0007"))  # drift a page repairs
+
+    def meanwhile(page: int) -> None:
+        if page == 1:  # an event arrives
+            put_map(stores, make_map("m0300", resource_version="2", entries=[make_entry("worker-a", allocated=5, ready=5, weight=1)]), isvc=make_isvc("m0300"))
+            publisher.changed([fresh], at=0.0)
+        if page == 3:  # a hand adds a map: only the last page's read of what else is served sees it
+            gateway.held[MapKey("prod", "stray")] = gateway.held[MapKey("prod", "m0001")]
+
+    gateway.during_page = meanwhile
+    gateway.log.clear()
+    publisher.resync_now()
+    try:
+        await eventually(lambda: any(what == "others" for what, _ in gateway.log))
+        await loop_idle(publisher)
+    finally:
+        applier.cancel()
+        await asyncio.gather(applier, return_exceptions=True)
+    reads = [what for what, _ in gateway.log if what != "write"]
+    assert reads == ["page", "page", "page", "others"]  # no read of the whole gateway
+    pages = [keys_read for what, keys_read in gateway.log if what == "page"]
+    assert all(len(page) <= loop.DECIDE_SLICE for page in pages) and set().union(*pages) == set(keys)
+    fresh_write = next(i for i, (what, written) in enumerate(gateway.log) if what == "write" and fresh in written)
+    second_page = [i for i, (what, _) in enumerate(gateway.log) if what == "page"][1]
+    assert fresh_write < second_page and fresh not in pages[0]
+    assert [b.cluster for b in gateway.held[fresh].backends] == ["worker-a"] and MapKey("prod", "m0007") in gateway.held
+    assert MapKey("prod", "stray") not in gateway.held
 
 
 async def test_a_pass_of_many_maps_lets_other_tasks_run_while_it_decides():

@@ -156,6 +156,22 @@ def test_a_resync_feeds_its_keys_a_slice_at_a_time_only_to_an_empty_queue():
     assert sorted(queue.take_ready()) == keys[DECIDE_SLICE:] and len(backlog) == 0
 
 
+def test_a_resync_of_a_gateway_read_in_pages_reads_each_slice_before_it_is_decided():
+    queue = KeyQueue(lambda: 0.0)
+    backlog = ResyncBacklog(queue, pages=True)
+    keys = [MapKey("prod", f"m{i:05}") for i in range(DECIDE_SLICE + 10)]
+    backlog.request(keys)
+    assert not backlog.take_reconcile()  # no read of the whole gateway
+    page, last = backlog.take_page()
+    assert sorted(page) == sorted(queue.take_ready()) == keys[:DECIDE_SLICE] and not last
+    assert backlog.take_page() is None
+    backlog.feed()
+    page, last = backlog.take_page()
+    assert sorted(page) == keys[DECIDE_SLICE:] and last
+    backlog.request([])
+    assert backlog.take_page() == ([], True)  # no map to decide: what else the gateway serves
+
+
 # --- /debug/maps -------------------------------------------------------------------------------------
 
 

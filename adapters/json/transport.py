@@ -8,7 +8,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from adapters.base import TransportDefaults, Unavailable, WriteResult, write_atomic
@@ -81,47 +81,116 @@ class JsonDirTransport(TransportDefaults):
     async def read(self) -> dict[MapKey, Route]:
         return await asyncio.to_thread(self._read)
 
+    async def read_page(self, keys: Collection[MapKey]) -> dict[MapKey, Route]:
+        """What the files of `keys` hold. On the event loop: a page is a few hundred stats, and
+        a file is parsed only when it changed since it was last read."""
+        routes: dict[MapKey, Route] = {}
+        settled = time.time_ns() - RACY_NS
+        try:
+            for key in keys:
+                name = map_file(key)
+                try:
+                    stat = os.stat(os.path.join(self._dir, name))
+                except FileNotFoundError:
+                    self._parsed.pop(name, None)
+                    continue
+                found = self._route_of(name, stat, settled, self._parsed)
+                if found is not None and found[0] == key:
+                    routes[key] = found[1]
+        except OSError as exc:
+            raise Unavailable(f"cannot read {self._dir}: {exc}") from exc
+        return routes
+
+    async def read_others(self, known: Collection[MapKey]) -> dict[MapKey, Route]:
+        names = {map_file(key) for key in known}
+        return await asyncio.to_thread(self._read_others, names)
+
     def _read(self) -> dict[MapKey, Route]:
         routes: dict[MapKey, Route] = {}
         parsed: dict[str, tuple[_Signature, MapKey, Route]] = {}
-        # A file changed within this window of the read may change again within the same
-        # timestamp tick, its size unchanged: it is parsed, and parsed again next time (git's
-        # "racily clean" entries).
         settled = time.time_ns() - RACY_NS
         try:
             index = self._read_index()
             with os.scandir(self._dir) as entries:
                 for entry in entries:
                     name = entry.name
-                    if not name.endswith(".json") or name == INDEX_FILE or name.startswith("."):
+                    if not _is_map_file(name):
                         continue
                     try:
                         stat = entry.stat()
                     except OSError:
                         continue
-                    signature = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-                    kept = self._parsed.get(name)
-                    if kept is not None and kept[0] == signature:
-                        key, route = kept[1], kept[2]
-                    else:
-                        try:
-                            key, route = self._parse(name)
-                        except (OSError, ValueError):
-                            continue
-                    if map_file(key) == name:
-                        routes[key] = route
-                        if stat.st_mtime_ns < settled and stat.st_ctime_ns < settled:
-                            parsed[name] = (signature, key, route)
-                            self._wrote.pop(name, None)
+                    found = self._route_of(name, stat, settled, parsed)
+                    if found is not None:
+                        routes[found[0]] = found[1]
         except OSError as exc:
             raise Unavailable(f"cannot read {self._dir}: {exc}") from exc
         self._parsed = parsed
-        self._count = len(routes)
+        self._settle_index(index, len(routes))
+        return routes
+
+    def _read_others(self, names: set[str]) -> dict[MapKey, Route]:
+        """The maps in files other than `names`; the index checked against the map files there."""
+        routes: dict[MapKey, Route] = {}
+        listed = 0
+        settled = time.time_ns() - RACY_NS
+        try:
+            index = self._read_index()
+            with os.scandir(self._dir) as entries:
+                for entry in entries:
+                    name = entry.name
+                    if name in names:
+                        listed += 1
+                        continue
+                    if not _is_map_file(name):
+                        continue
+                    try:
+                        stat = entry.stat()
+                    except OSError:
+                        continue
+                    found = self._route_of(name, stat, settled, self._parsed)
+                    if found is not None:
+                        routes[found[0]] = found[1]
+        except OSError as exc:
+            raise Unavailable(f"cannot read {self._dir}: {exc}") from exc
+        self._settle_index(index, listed + len(routes))
+        return routes
+
+    def _route_of(self, name: str, stat: os.stat_result, settled: int, parsed: dict[str, tuple[_Signature, MapKey, Route]]) -> tuple[MapKey, Route] | None:
+        """The map a file serves, parsed only when its signature moved since the last read; kept
+        in `parsed` once its timestamps are older than `settled`. None: not a map's file (what it
+        holds is unreadable, or it is named for another map)."""
+        signature = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        kept = self._parsed.get(name)
+        if kept is not None and kept[0] == signature:
+            key, route = kept[1], kept[2]
+        else:
+            try:
+                key, route = self._parse(name)
+            except (OSError, ValueError):
+                parsed.pop(name, None)
+                return None
+        if map_file(key) != name:
+            parsed.pop(name, None)
+            return None
+        # A file changed within RACY_NS of the read may change again within the same timestamp
+        # tick, its size unchanged: it is parsed again next time (git's "racily clean" entries).
+        if stat.st_mtime_ns < settled and stat.st_ctime_ns < settled:
+            parsed[name] = (signature, key, route)
+            self._wrote.pop(name, None)
+        else:
+            parsed.pop(name, None)
+        return key, route
+
+    def _settle_index(self, index: dict[str, int] | None, count: int) -> None:
+        """Take the count of map files read; write the index again when it is missing or says
+        another count, its version never going back."""
+        self._count = count
         if index is not None and index["maps"] == self._count and index["version"] >= self._version:
             self._version = index["version"]
-            return routes
+            return
         if index is None and self._count == 0 and self._version == 0:
-            return routes  # a new directory: the first write writes the index
+            return  # a new directory: the first write writes the index
         if index is None and self._version == 0:
             # A lost index after a restart: its counter is unknown, so it goes on from the clock's
             # seconds, which no write counter reaches, never below an earlier version.
@@ -131,7 +200,6 @@ class JsonDirTransport(TransportDefaults):
             self._write_index()
         except OSError as exc:
             raise Unavailable(f"cannot write {self._dir / INDEX_FILE}: {exc}") from exc
-        return routes
 
     def _parse(self, name: str) -> tuple[MapKey, Route]:
         data = (self._dir / name).read_bytes()
@@ -199,3 +267,7 @@ def _replace(path: Path, data: bytes) -> None:
     with open(path, "rb") as confirmed:
         if confirmed.read() != data:
             raise Unavailable(f"{path} changed under us while writing")
+
+
+def _is_map_file(name: str) -> bool:
+    return name.endswith(".json") and name != INDEX_FILE and not name.startswith(".")

@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -100,6 +100,13 @@ class DryRunAdapter(TransportDefaults):
         return ApplyResult(rejected=planned.rejected, released=planned.released, wrote=False)
 
     async def reconcile(self) -> Reconciled:
+        return Reconciled()
+
+    @property
+    def reads_in_pages(self) -> bool:
+        return False
+
+    async def reconcile_page(self, keys: Collection[MapKey], *, last: bool) -> Reconciled:
         return Reconciled()
 
     async def aclose(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from adapters.base import Adapter, AdapterError, ApplyResult, NotConnected, Reconciled
@@ -93,11 +93,11 @@ class Gateway:
         self.last_success = self.clock()
         metrics.LAST_SUCCESS.labels(adapter=self.adapter.name).set(time.time())
 
-    async def reconcile(self) -> Reconciled | None:
-        """Read the gateway back and write back whatever drifted from what it confirmed; None when
-        it could not be read."""
+    async def reconcile(self, page: tuple[Collection[MapKey], bool] | None = None) -> Reconciled | None:
+        """Read the gateway back (a `page` of maps with whether it is a resync's last, or all of
+        it) and write back whatever drifted from what it confirmed; None when it could not be read."""
         try:
-            done = await self.adapter.reconcile()
+            done = await (self.adapter.reconcile() if page is None else self.adapter.reconcile_page(page[0], last=page[1]))
         except AdapterError as exc:
             log.warning("resync read failed", extra={"adapter": self.adapter.name, "error": str(exc)})
             return None

@@ -76,30 +76,49 @@ class KeyQueue:
 class ResyncBacklog:
     """A resync's work for the applier: read the gateway back (repair drift), and decide every map
     again, its keys fed to `queue` a slice at a time when it has nothing else, so a resync of 10,000
-    maps never holds a fresh event back or the event loop up."""
+    maps never holds a fresh event back or the event loop up. With `pages`, the read-back goes
+    with the slices too: each slice fed is a page to read back before it is decided (the last one
+    also reads what the gateway serves besides), so a read of 10,000 maps never holds the applier
+    either."""
 
-    def __init__(self, queue: KeyQueue) -> None:
+    def __init__(self, queue: KeyQueue, *, pages: bool = False) -> None:
         self._queue = queue
+        self._pages = pages
         self._keys: list[MapKey] = []
         self._reconcile_due = False
+        # The slice fed last, not read back yet, and whether it is the resync's last.
+        self._page: tuple[list[MapKey], bool] | None = None
 
     def request(self, keys: Iterable[MapKey]) -> None:
         """A resync fell due: a read-back, then `keys` decided again."""
-        self._reconcile_due = True
         self._keys = sorted(keys, reverse=True)
+        if self._pages:
+            self._page = None
+            if not self._keys:
+                self._page = ([], True)  # nothing to decide: what the gateway serves besides
+        else:
+            self._reconcile_due = True
         self.feed()
 
     def take_reconcile(self) -> bool:
-        """Whether a read-back is due; it is not any more."""
+        """Whether a read-back of the whole gateway is due; it is not any more."""
         due, self._reconcile_due = self._reconcile_due, False
         return due
+
+    def take_page(self) -> tuple[list[MapKey], bool] | None:
+        """The page to read back now, with whether it is the resync's last; None: none is due."""
+        page, self._page = self._page, None
+        return page
 
     def feed(self) -> None:
         """The next slice of keys, when the queue holds none."""
         if self._keys and not len(self._queue):
-            for key in self._keys[-DECIDE_SLICE:]:
-                self._queue.add(key)
+            page = self._keys[-DECIDE_SLICE:]
             del self._keys[-DECIDE_SLICE:]
+            for key in page:
+                self._queue.add(key)
+            if self._pages:
+                self._page = (page, not self._keys)
 
     def __len__(self) -> int:
         """Keys not yet fed to the queue."""

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -59,7 +59,7 @@ class Publisher:
         self.clock = clock
         self.wall_clock = wall_clock
         self.queue = KeyQueue(clock)
-        self.resync = ResyncBacklog(self.queue)
+        self.resync = ResyncBacklog(self.queue, pages=adapter.reads_in_pages)
         self.decisions = Decisions(stores, options, adapter.check)
         self.gateway = Gateway(adapter, options, clock)
         # Clear while the applier is in a pass: the status writer's cue (see gateway_turn).
@@ -182,6 +182,9 @@ class Publisher:
                 await asyncio.sleep(hold_off)
             if self.resync.take_reconcile():
                 await self.reconcile()
+            page = self.resync.take_page()
+            if page is not None:
+                await self.reconcile(page)
             await self.sync_once(self.queue.take_ready())
             self.resync.feed()
 
@@ -192,10 +195,11 @@ class Publisher:
             async with asyncio.timeout(STATUS_YIELD_CAP):  # not wait_for: it may swallow a cancellation
                 await self.applier_idle.wait()
 
-    async def reconcile(self) -> None:
-        """Read the gateway back and write back whatever drifted from what it confirmed; hold
-        what a client refuses, and decide again what a read-back changed."""
-        done = await self.gateway.reconcile()
+    async def reconcile(self, page: tuple[Collection[MapKey], bool] | None = None) -> None:
+        """Read the gateway back (a `page` of maps, with whether it is a resync's last, or the
+        whole gateway) and write back whatever drifted from what it confirmed; hold what a client
+        refuses, and decide again what a read-back changed."""
+        done = await self.gateway.reconcile(page)
         if done is None:
             return
         for key in done.released:

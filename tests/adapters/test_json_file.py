@@ -232,3 +232,50 @@ async def test_directory_mode_reads_back_what_it_wrote_without_parsing_it(tmp_pa
     read = await writer.read()
     assert parsed == ["m3"] and [b.weight for b in read[m3].backends] == [5, 2]
     assert all(read[key] is route for key, route in routes.items() if key != m3)
+
+
+async def test_directory_mode_reads_a_page_of_maps_and_what_else_the_directory_serves(tmp_path, monkeypatch):
+    """Issue 29: a resync read every file in one go, holding the applier (200-450 ms at 10,000
+    maps, changes waiting behind it). A page reads the files of its maps alone; the last page
+    also lists the directory for maps the engine does not hold, and checks the index."""
+    import os
+
+    from adapters.json import transport as module
+
+    adapter = engine(tmp_path, "dir")
+    await adapter.start()
+    await adapter.apply({p.key: p for p in (pub(f"m{i}", 1, 2) for i in range(6))})
+    monkeypatch.setattr(module, "RACY_NS", 0)
+    reader = module.JsonDirTransport(tmp_path)
+    await reader.read()
+    opened: list[str] = []
+    real_stat = os.stat
+    monkeypatch.setattr(module.os, "stat", lambda path, *a, **k: opened.append(os.path.basename(path)) or real_stat(path, *a, **k))
+    m1, m2, stray = MapKey("prod", "m1"), MapKey("prod", "m2"), MapKey("prod", "stray")
+    (tmp_path / map_file(m2)).unlink()
+    page = await reader.read_page([m1, m2])
+    assert sorted(opened) == [map_file(m1), map_file(m2)]
+    assert set(page) == {m1} and [b.weight for b in page[m1].backends] == [1, 2]
+    (tmp_path / map_file(stray)).write_text(json.dumps({"namespace": "prod", "name": "stray", "hostname": "stray.example.com",
+                                                         "backends": [{"cluster": "w", "endpoint": "http://w.example.com", "weight": 1}]}))
+    (tmp_path / INDEX_FILE).unlink()
+    others = await reader.read_others([MapKey("prod", f"m{i}") for i in range(6)])
+    assert list(others) == [stray]
+    assert _index(tmp_path)["maps"] == 6  # five maps' files and the stray one
+
+
+async def test_a_paged_reconcile_repairs_its_page_and_the_last_page_what_else_is_served(tmp_path):
+    adapter = engine(tmp_path, "dir")
+    await adapter.start()
+    assert adapter.reads_in_pages
+    await adapter.apply({p.key: p for p in (pub(f"m{i}", 1) for i in range(4))})
+    m0, m3 = MapKey("prod", "m0"), MapKey("prod", "m3")
+    for key in (m0, m3):
+        (tmp_path / map_file(key)).unlink()
+    stray = tmp_path / map_file(MapKey("prod", "stray"))
+    stray.write_bytes((tmp_path / map_file(MapKey("prod", "m1"))).read_bytes().replace(b'"m1"', b'"stray"'))
+    first = await adapter.reconcile_page([m0, MapKey("prod", "m1")], last=False)
+    assert first.repaired == {m0} and not (tmp_path / map_file(m3)).exists() and stray.exists()
+    last = await adapter.reconcile_page([MapKey("prod", "m2"), m3], last=True)
+    assert last.repaired == {m3, MapKey("prod", "stray")}
+    assert served_names(tmp_path, "dir") == ["m0", "m1", "m2", "m3"]
