@@ -9,6 +9,7 @@ import pytest
 from adapters.base import Unavailable
 from publisher import loop
 from publisher.loop import KeyQueue, LoopOptions, Publisher
+from publisher.loop.options import RESYNC_REST_CAP
 from publisher.retry import Backoff
 from publisher.core.model import parse_traffic_map
 from publisher.core.values import MapKey, Reason
@@ -589,6 +590,42 @@ async def test_a_paged_read_back_goes_a_page_at_a_time_with_fresh_changes_applie
     assert fresh_write < second_page and fresh not in pages[0]
     assert [b.cluster for b in gateway.held[fresh].backends] == ["worker-a"] and MapKey("prod", "m0007") in gateway.held
     assert MapKey("prod", "stray") not in gateway.held
+
+
+async def test_a_resync_rests_between_its_slices_as_long_as_the_last_took():
+    """Issue 29: a resync's slices ran back to back, so a read-back and re-decide of 10,000 maps
+    kept the event loop busy for half a second (yielding between slices, but saturated). The
+    applier now rests before each next slice as long as the pass took (at most RESYNC_REST_CAP)."""
+    clock = FakeClock()
+    rests: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        rests.append(delay)
+        await asyncio.sleep(0)
+
+    gateway = PagedMemoryGateway()
+    stores = Stores.empty()
+    publisher = Publisher(stores, memory_engine(gateway)[0], LoopOptions(adapter_name="memory"), clock=clock, sleep=sleep)
+    for i in range(loop.DECIDE_SLICE * 3 + 1):
+        put_map(stores, make_map(f"m{i:04}"), isvc=make_isvc(f"m{i:04}"))
+    await publisher.start()
+    publisher.synced()
+    applier = asyncio.create_task(publisher.run_applier())
+    await loop_idle(publisher)
+    took = iter([0.02, 0.3, 0.01, 0.02])  # each page's read, as the clock sees it
+
+    def page_read(page: int) -> None:
+        clock.now += next(took)
+
+    gateway.during_page = page_read
+    publisher.resync_now()
+    try:
+        await eventually(lambda: any(what == "others" for what, _ in gateway.log))
+        await loop_idle(publisher)
+    finally:
+        applier.cancel()
+        await asyncio.gather(applier, return_exceptions=True)
+    assert rests == pytest.approx([0.02, RESYNC_REST_CAP, 0.01])  # none after the last slice
 
 
 async def test_a_pass_of_many_maps_lets_other_tasks_run_while_it_decides():

@@ -22,6 +22,8 @@ STARTUP_GC_OLDER = 1_000
 # applier holds a chunk back at most STATUS_YIELD_CAP seconds, so status is never starved.
 STATUS_CHUNK = 64
 STATUS_YIELD_CAP = 0.25
+# Between two slices of a resync the applier rests as long as the last pass took, at most this.
+RESYNC_REST_CAP = 0.05
 # A map waiting for a gateway client to connect is retried at least this often, so a gateway that
 # comes up is written within seconds, however long it took.
 PENDING_RETRY_CAP = 5.0
