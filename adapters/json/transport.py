@@ -95,8 +95,8 @@ class JsonDirTransport(TransportDefaults):
                     self._parsed.pop(name, None)
                     continue
                 found = self._route_of(name, stat, settled, self._parsed)
-                if found is not None and found[0] == key:
-                    routes[key] = found[1]
+                if found is not None:
+                    routes[key] = found[1]  # the file is named for its map: found[0] is key
         except OSError as exc:
             raise Unavailable(f"cannot read {self._dir}: {exc}") from exc
         return routes
