@@ -15,15 +15,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Set
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Set
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from adapters.base import NotConnected, Unavailable, WriteResult
 from adapters.envoy.lrs import LoadReports
-from adapters.envoy.resources import SCOPE_TYPE, MapResources, XdsRenderer
-from adapters.envoy.xds_plan import WriteAnswer, add_votes, most_voted, served_versions, write_outcome
+from adapters.envoy.resources import SCOPE_TYPE, MapResources, XdsRenderer, key_of, map_name
+from adapters.envoy.xds_plan import EnvoyState, WriteAnswer, add_votes, most_voted, served_versions, write_outcome
 from adapters.envoy.xds_session import EnvoyStatus, Session
 from adapters.grpc_server import SERVER_OPTIONS, Handlers, add_port, instance_label
 from adapters.grpc_tls import ServerTls
@@ -249,24 +249,9 @@ class XdsTransport:
         The first read of a started transport also makes what it read the target, re-rendered, so
         an Envoy connecting before the first write gets it, Envoys that disagree on a map converge
         on the route the read reported, and nothing they hold is taken away."""
-        deadline = time.monotonic() + self.read_wait
-        while not self._sessions or not all(s.state.readable for s in self._sessions):
-            if time.monotonic() > deadline:
-                if not self._sessions:
-                    return {}
-                raise Unavailable("envoy: a connected Envoy has not listed what it holds")
-            await asyncio.sleep(0.01)
-        # Reading what an Envoy holds takes about 12 us a map: counted a slice at a time, 10,000
-        # maps on two Envoys held the event loop 250 ms in one turn. A snapshot of the names, as
-        # the Envoys' streams go on meanwhile.
-        target = self._target if self._seeded else None
-        votes: dict[MapKey, list[Route]] = {}
-        for state in [s.state for s in sorted(self._sessions, key=lambda s: s.name)]:
-            names = list(state.held[SCOPE_TYPE])
-            for start in range(0, len(names), READ_SLICE):
-                add_votes(votes, state, names[start : start + READ_SLICE], target)
-                await asyncio.sleep(0)
-        served = most_voted(votes)
+        if not await self._readable():
+            return {}
+        served = await self._count_votes(lambda state: list(state.held[SCOPE_TYPE]))
         if not self._seeded:
             seeded: dict[MapKey, MapResources] = {}
             for count, (key, route) in enumerate(served.items(), 1):
@@ -279,6 +264,53 @@ class XdsTransport:
                 session.state.dirty.update(self._target)
                 session.wake.set()
         return served
+
+    async def read_page(self, keys: Collection[MapKey]) -> dict[MapKey, Route]:
+        """`read` for the maps of `keys` alone. Before the first read or write made a target,
+        the page is read as `read` reads everything, which makes it."""
+        if not self._seeded:
+            served = await self.read()
+            return {key: served[key] for key in keys if key in served}
+        if not await self._readable():
+            return {}
+        names = [map_name(key) for key in keys]
+        return await self._count_votes(lambda state: names)
+
+    async def read_others(self, known: Collection[MapKey]) -> dict[MapKey, Route]:
+        """`read` for the maps the Envoys hold besides `known`."""
+        if not await self._readable():
+            return {}
+
+        def others(state: EnvoyState) -> list[str]:
+            return [name for name in state.held[SCOPE_TYPE] if (key := key_of(name)) is not None and key not in known]
+
+        return await self._count_votes(others)
+
+    async def _readable(self) -> bool:
+        """Whether an Envoy is connected, once every connected one has listed what it holds
+        (waited for at most `read_wait`; False when none connected by then)."""
+        deadline = time.monotonic() + self.read_wait
+        while not self._sessions or not all(s.state.readable for s in self._sessions):
+            if time.monotonic() > deadline:
+                if not self._sessions:
+                    return False
+                raise Unavailable("envoy: a connected Envoy has not listed what it holds")
+            await asyncio.sleep(0.01)
+        return True
+
+    async def _count_votes(self, names_of: Callable[[EnvoyState], list[str]]) -> dict[MapKey, Route]:
+        """The route most Envoys serve for each scope `names_of` lists of them. Reading what an
+        Envoy holds takes about 12 us a map: counted a slice at a time, 10,000 maps on two Envoys
+        held the event loop 250 ms in one turn. The names are a snapshot, as the Envoys' streams
+        go on meanwhile."""
+        target = self._target if self._seeded else None
+        votes: dict[MapKey, list[Route]] = {}
+        for state in [s.state for s in sorted(self._sessions, key=lambda s: s.name)]:
+            names = names_of(state)
+            for start in range(0, len(names), READ_SLICE):
+                add_votes(votes, state, names[start : start + READ_SLICE], target)
+                await asyncio.sleep(0)
+        return most_voted(votes)
 
     def refusals(self) -> Mapping[MapKey, str]:
         """Each map an Envoy refused outside a write since the last call (one that connected

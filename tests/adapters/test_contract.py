@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from adapters import ADAPTERS, Engine
-from adapters.base import Unavailable
+from adapters.base import PagedRead, Unavailable
 from adapters.envoy import EnvoyOptions
 from adapters.envoy.bootstrap import bootstrap, xds_bootstrap
 from adapters.envoy.process import run_envoy
@@ -216,6 +216,24 @@ async def test_withdrawal_leaves_the_others(gateway):
     await engine.apply({p.key: p for p in (pub("a", 1), pub("b", 2))})
     await engine.apply({MapKey("prod", "a"): None})
     assert set(await served(gateway)) == {MapKey("prod", "b")}
+    await engine.aclose()
+
+
+async def test_a_read_back_in_pages_finds_what_the_whole_read_finds(gateway):
+    """Issue 29: a resync reads a gateway that can be read a map at a time (--json-dir, Envoy over
+    xDS) a page at a time; the pages and what else it serves are what the whole read gives, and
+    nothing drifted. A gateway read whole is read whole by the first page."""
+    engine = await started(gateway)
+    pubs = {p.key: p for p in (pub("a", 1, 2), pub("b", 0, 3), pub("c", 4))}
+    await engine.apply(pubs)
+    keys = sorted(pubs)
+    if isinstance(engine.transport, PagedRead):
+        paged = {**await engine.transport.read_page(keys[:2]), **await engine.transport.read_page(keys[2:]),
+                 **await engine.transport.read_others(keys[:1])}
+        assert paged == await engine.transport.read() == {key: p.route for key, p in pubs.items()}
+    for index, key in enumerate(keys):
+        done = await engine.reconcile_page([key], last=index == len(keys) - 1)
+        assert not done.repaired and not done.refused
     await engine.aclose()
 
 
