@@ -550,6 +550,18 @@ class PagedMemoryGateway(MemoryGateway):
         return await super().write(parts, changes)
 
 
+async def resync_to_its_end(publisher: Publisher, gateway: PagedMemoryGateway, applier: asyncio.Task) -> None:
+    """A resync, served by `applier` until its last page is read and the loop is idle; then the
+    applier is stopped."""
+    publisher.resync_now()
+    try:
+        await eventually(lambda: any(what == "others" for what, _ in gateway.log))
+        await loop_idle(publisher)
+    finally:
+        applier.cancel()
+        await asyncio.gather(applier, return_exceptions=True)
+
+
 async def test_a_paged_read_back_goes_a_page_at_a_time_with_fresh_changes_applied_between_pages():
     """Issue 29: a resync read the whole gateway before anything else (--json-dir: 200-450 ms at
     10,000 maps), and changes arriving meanwhile waited for it. A gateway that reads in pages is
@@ -574,13 +586,7 @@ async def test_a_paged_read_back_goes_a_page_at_a_time_with_fresh_changes_applie
 
     gateway.during_page = meanwhile
     gateway.log.clear()
-    publisher.resync_now()
-    try:
-        await eventually(lambda: any(what == "others" for what, _ in gateway.log))
-        await loop_idle(publisher)
-    finally:
-        applier.cancel()
-        await asyncio.gather(applier, return_exceptions=True)
+    await resync_to_its_end(publisher, gateway, applier)
     reads = [what for what, _ in gateway.log if what != "write"]
     assert reads == ["page", "page", "page", "others"]  # no read of the whole gateway
     pages = [keys_read for what, keys_read in gateway.log if what == "page"]
@@ -618,13 +624,7 @@ async def test_a_resync_rests_between_its_slices_as_long_as_the_last_took():
         clock.now += next(took)
 
     gateway.during_page = page_read
-    publisher.resync_now()
-    try:
-        await eventually(lambda: any(what == "others" for what, _ in gateway.log))
-        await loop_idle(publisher)
-    finally:
-        applier.cancel()
-        await asyncio.gather(applier, return_exceptions=True)
+    await resync_to_its_end(publisher, gateway, applier)
     assert rests == pytest.approx([0.02, RESYNC_REST_CAP, 0.01])  # none after the last slice
 
 

@@ -106,31 +106,17 @@ class JsonDirTransport(TransportDefaults):
         return await asyncio.to_thread(self._read_others, names)
 
     def _read(self) -> dict[MapKey, Route]:
-        routes: dict[MapKey, Route] = {}
         parsed: dict[str, tuple[_Signature, MapKey, Route]] = {}
-        settled = time.time_ns() - RACY_NS
-        try:
-            index = self._read_index()
-            with os.scandir(self._dir) as entries:
-                for entry in entries:
-                    name = entry.name
-                    if not _is_map_file(name):
-                        continue
-                    try:
-                        stat = entry.stat()
-                    except OSError:
-                        continue
-                    found = self._route_of(name, stat, settled, parsed)
-                    if found is not None:
-                        routes[found[0]] = found[1]
-        except OSError as exc:
-            raise Unavailable(f"cannot read {self._dir}: {exc}") from exc
+        routes = self._scan(set(), parsed)
         self._parsed = parsed
-        self._settle_index(index, len(routes))
         return routes
 
     def _read_others(self, names: set[str]) -> dict[MapKey, Route]:
-        """The maps in files other than `names`; the index checked against the map files there."""
+        return self._scan(names, self._parsed)
+
+    def _scan(self, names: set[str], parsed: dict[str, tuple[_Signature, MapKey, Route]]) -> dict[MapKey, Route]:
+        """The maps in the directory's files but `names` (counted, not read), each kept in
+        `parsed`; the index checked against the count of map files."""
         routes: dict[MapKey, Route] = {}
         listed = 0
         settled = time.time_ns() - RACY_NS
@@ -148,7 +134,7 @@ class JsonDirTransport(TransportDefaults):
                         stat = entry.stat()
                     except OSError:
                         continue
-                    found = self._route_of(name, stat, settled, self._parsed)
+                    found = self._route_of(name, stat, settled, parsed)
                     if found is not None:
                         routes[found[0]] = found[1]
         except OSError as exc:
