@@ -221,6 +221,17 @@ class EngineSimulation(RuleBasedStateMachine):
         self.publisher.changed(self.publisher.all_keys(), at=self.clock.now)
         self._pass()
 
+    @rule(size=st.integers(min_value=1, max_value=3))
+    def resync_in_pages(self, size: int) -> None:
+        """A resync reading the gateway back a page of maps at a time (issue 29), each page's
+        maps decided again after it; the last page also reads what else the clients serve."""
+        keys = sorted(self.publisher.all_keys())
+        pages = [keys[start : start + size] for start in range(0, len(keys), size)] or [[]]
+        for index, page in enumerate(pages):
+            self.run(self.publisher.reconcile((page, index == len(pages) - 1)))
+            self.publisher.changed(page, at=self.clock.now)
+            self._pass()
+
     @precondition(lambda self: bool(self.fleet.connected()))
     @rule()
     def sidecar_restarts(self) -> None:

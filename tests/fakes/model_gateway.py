@@ -13,7 +13,8 @@ transport behaves as the Transport protocol asks of a gateway with several clien
   when no client connected through the whole write acknowledged it, or when told to fail;
 - `read()` reports every map some connected client serves, with the route most of them hold, and
   takes that as its target (sent at once to every client after a restart, and with the next write
-  otherwise), so a client that differs is converged to what was reported;
+  otherwise), so a client that differs is converged to what was reported; `read_page(keys)` and
+  `read_others(known)` report the same of some maps and change no target;
 - a client that connects is sent the target; what it refuses is reported by `refusals()`.
 
 The fleet also records what the engine must never cause: a client serving one hostname for two
@@ -23,7 +24,7 @@ maps, and a map removed from a client although the write's `changes` did not rem
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from adapters.base import NotConnected, TransportDefaults, Unavailable, WriteResult
@@ -89,14 +90,8 @@ class ModelTransport(TransportDefaults):
 
     # Transport
     async def read(self) -> dict[MapKey, Route]:
+        served = self._most_held(lambda key: True)
         clients = self.fleet.connected()
-        if not clients:
-            raise NotConnected("no client connected")
-        votes: dict[MapKey, Counter[Route]] = {}
-        for client in clients:
-            for key, route in client.held.items():
-                votes.setdefault(key, Counter())[route] += 1
-        served = {key: min(counter, key=lambda route: (-counter[route], repr(route))) for key, counter in votes.items()}
         restarted = self.target is None
         self.target = dict(served)
         self.asked = None
@@ -104,6 +99,29 @@ class ModelTransport(TransportDefaults):
             for client in clients:
                 self._send_target(client)
         return served
+
+    async def read_page(self, keys: Collection[MapKey]) -> dict[MapKey, Route]:
+        """`read` of `keys` alone, and no new target (as Envoy over xDS reads a page); before a
+        target was made, the whole read makes it."""
+        if self.target is None:
+            served = await self.read()
+            return {key: served[key] for key in keys if key in served}
+        return self._most_held(set(keys).__contains__)
+
+    async def read_others(self, known: Collection[MapKey]) -> dict[MapKey, Route]:
+        return self._most_held(lambda key: key not in known)
+
+    def _most_held(self, wanted: Callable[[MapKey], bool]) -> dict[MapKey, Route]:
+        """The route most connected clients hold of each `wanted` map some client holds."""
+        clients = self.fleet.connected()
+        if not clients:
+            raise NotConnected("no client connected")
+        votes: dict[MapKey, Counter[Route]] = {}
+        for client in clients:
+            for key, route in client.held.items():
+                if wanted(key):
+                    votes.setdefault(key, Counter())[route] += 1
+        return {key: min(counter, key=lambda route: (-counter[route], repr(route))) for key, counter in votes.items()}
 
     async def write(self, parts: Mapping[MapKey, Route], changes: Mapping[MapKey, Route | None]) -> WriteResult:
         clients = self.fleet.connected()
