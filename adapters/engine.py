@@ -17,7 +17,7 @@ half of a bisected write, ever puts two maps on one hostname, whatever the gatew
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic
@@ -158,12 +158,7 @@ class Engine(Generic[PartT]):
             self._refused.update(refused)
             return Reconciled(refused=refused, released=released)
         served = await self._transport.read()
-        # A served route is mostly the very Route confirmed (the transport gives back what it was
-        # given): identity first, so 10,000 unchanged maps compare nothing field by field.
-        routes = self._routes
-        drift = {key for key, route in served.items() if (confirmed := routes.get(key)) is not route and confirmed != route}
-        drift.update(routes.keys() - served.keys())
-        return await self._repair(drift)
+        return await self._repair(self._drift(served, self._routes.keys()))
 
     @property
     def reads_in_pages(self) -> bool:
@@ -179,9 +174,17 @@ class Engine(Generic[PartT]):
         served = await transport.read_page(keys)
         if last:
             served.update(await transport.read_others(self._routes.keys()))
+        return await self._repair(self._drift(served, keys))
+
+    def _drift(self, served: Mapping[MapKey, Route], read: Iterable[MapKey]) -> set[MapKey]:
+        """The maps whose route in `served` is not the confirmed one, and the confirmed maps of
+        `read` (the maps the read covered) that `served` lacks. A served route is mostly the very
+        Route confirmed (the transport gives back what it was given): identity first, so 10,000
+        unchanged maps compare nothing field by field."""
         routes = self._routes
-        drift = {key for key in served.keys() | set(keys) if (confirmed := routes.get(key)) is not (route := served.get(key)) and confirmed != route}
-        return await self._repair(drift)
+        drift = {key for key, route in served.items() if (confirmed := routes.get(key)) is not route and confirmed != route}
+        drift.update(key for key in read if key in routes and key not in served)
+        return drift
 
     async def _repair(self, drift: set[MapKey]) -> Reconciled:
         """Write back what `drift` names as the engine confirmed it; hold what a client refuses."""
