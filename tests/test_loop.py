@@ -598,20 +598,15 @@ async def test_a_paged_read_back_goes_a_page_at_a_time_with_fresh_changes_applie
     assert MapKey("prod", "stray") not in gateway.held
 
 
-async def test_a_resync_rests_between_its_slices_as_long_as_the_last_took():
+async def test_a_resync_rests_between_its_slices_as_long_as_the_last_took_and_a_change_ends_the_rest():
     """Issue 29: a resync's slices ran back to back, so a read-back and re-decide of 10,000 maps
     kept the event loop busy for half a second (yielding between slices, but saturated). The
-    applier now rests before each next slice as long as the pass took (at most RESYNC_REST_CAP)."""
+    applier now rests before each next slice as long as the pass took (at most RESYNC_REST_CAP),
+    waiting on its queue: a change arriving meanwhile ends the rest and is taken at once."""
     clock = FakeClock()
-    rests: list[float] = []
-
-    async def sleep(delay: float) -> None:
-        rests.append(delay)
-        await asyncio.sleep(0)
-
     gateway = PagedMemoryGateway()
     stores = Stores.empty()
-    publisher = Publisher(stores, memory_engine(gateway)[0], LoopOptions(adapter_name="memory"), clock=clock, sleep=sleep)
+    publisher = Publisher(stores, memory_engine(gateway)[0], LoopOptions(adapter_name="memory"), clock=clock)
     for i in range(loop.DECIDE_SLICE * 3 + 1):
         put_map(stores, make_map(f"m{i:04}"), isvc=make_isvc(f"m{i:04}"))
     await publisher.start()
@@ -623,9 +618,23 @@ async def test_a_resync_rests_between_its_slices_as_long_as_the_last_took():
     def page_read(page: int) -> None:
         clock.now += next(took)
 
+    rests: list[tuple[float, bool]] = []
+    waiting = publisher.queue.wait
+
+    async def rest_or_wait(timeout: float | None = None) -> bool:
+        if timeout is None:
+            return await waiting()
+        if len(rests) == 1:  # a change arrives during the second rest
+            publisher.changed([MapKey("prod", "m0000")], at=0.0)
+        rests.append((timeout, await waiting(timeout)))
+        return rests[-1][1]
+
+    publisher.queue.wait = rest_or_wait  # type: ignore[method-assign]
     gateway.during_page = page_read
     await resync_to_its_end(publisher, gateway, applier)
-    assert rests == pytest.approx([0.02, RESYNC_REST_CAP, 0.01])  # none after the last slice
+    # The change's own pass rests as long as it took (0 by this clock); none after the last slice.
+    assert [timeout for timeout, _ in rests] == pytest.approx([0.02, RESYNC_REST_CAP, 0.0, 0.01])
+    assert [ended_by_a_change for _, ended_by_a_change in rests] == [False, True, False, False]
 
 
 async def test_a_pass_of_many_maps_lets_other_tasks_run_while_it_decides():

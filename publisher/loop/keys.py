@@ -54,8 +54,16 @@ class KeyQueue:
         ready, self._ready = self._ready, {}
         return ready
 
-    async def wait(self) -> None:
-        """Until at least one key is ready."""
+    async def wait(self, timeout: float | None = None) -> bool:
+        """Until at least one key is ready (True), or `timeout` seconds passed (False)."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._until_ready()
+        except TimeoutError:
+            return False
+        return True
+
+    async def _until_ready(self) -> None:
         while True:
             wait = self._promote_due()
             if self._ready:

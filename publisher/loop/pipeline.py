@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,14 +52,12 @@ class Publisher:
         status_sink: status.StatusSink | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.stores = stores
         self.adapter = adapter
         self.options = options
         self.clock = clock
         self.wall_clock = wall_clock
-        self.sleep = sleep
         self.queue = KeyQueue(clock)
         self.resync = ResyncBacklog(self.queue, pages=adapter.reads_in_pages)
         self.decisions = Decisions(stores, options, adapter.check)
@@ -181,7 +179,7 @@ class Publisher:
             self.applier_idle.clear()
             hold_off = self.adapter.hold_off()
             if hold_off > 0:
-                await self.sleep(hold_off)
+                await asyncio.sleep(hold_off)
             started = self.clock()
             if self.resync.take_reconcile():
                 await self.reconcile()
@@ -192,9 +190,10 @@ class Publisher:
             if len(self.resync):
                 # A resync is background work: before its next slice the applier rests as long as
                 # this pass took, so a resync of 10,000 maps leaves the event loop idle half the
-                # time instead of busy for half a second (yielding, but saturated).
+                # time instead of busy for half a second (yielding, but saturated). A fresh change
+                # ends the rest: it is taken at once, and the slice waits for an empty queue.
                 self.applier_idle.set()
-                await self.sleep(min(self.clock() - started, RESYNC_REST_CAP))
+                await self.queue.wait(min(self.clock() - started, RESYNC_REST_CAP))
             self.resync.feed()
 
     async def gateway_turn(self) -> None:
