@@ -407,7 +407,7 @@ def per_event_costs(raw: dict[str, Any], rounds: int = 2000, repeats: int = 5) -
     from publisher.core.model import parse_traffic_map
     from publisher.core.values import MapKey
     from publisher.source.informer import Informer, WatchOptions
-    from publisher.source.objects import parse_isvc, relevant_digest
+    from publisher.source.objects import map_digest, parse_isvc
     from publisher.source.store import Stores
     from publisher.source.watch import WatchState
     from tests.fakes.memory_adapter import memory_engine
@@ -439,6 +439,9 @@ def per_event_costs(raw: dict[str, Any], rounds: int = 2000, repeats: int = 5) -
                 for changed in keys:
                     publisher.decide(changed)
 
+            def reported(self, keys: Any) -> None:
+                return None
+
             def synced(self) -> None:
                 return None
 
@@ -460,7 +463,7 @@ def per_event_costs(raw: dict[str, Any], rounds: int = 2000, repeats: int = 5) -
 
     own = f"{CONDITION_PREFIX}region-0"
     bare = min(decoded() for _ in range(repeats))
-    noted = min(timed(lambda obj: relevant_digest(obj, own)) for _ in range(repeats))
+    noted = min(timed(lambda obj: map_digest(obj, own)) for _ in range(repeats))
     parsed = min(timed(None) for _ in range(repeats))
     return {"event_bytes": len(lines[0]), "bare_decode_us": round(bare, 1), "noted_us": round(noted, 1), "parsed_and_decided_us": round(parsed, 1)}
 

@@ -147,6 +147,9 @@ class NullSink:
     def changed(self, keys, *, at):  # type: ignore[no-untyped-def]
         pass
 
+    def reported(self, keys):  # type: ignore[no-untyped-def]
+        pass
+
     def synced(self) -> None:
         pass
 

@@ -7,7 +7,8 @@ import pytest
 from publisher.core.values import MapKey
 from publisher.kube import KubeError
 from publisher.retry import ReconnectBackoff
-from publisher.source.informer_state import Digests, InformerHealth, Listing, Reconnects, Recovery
+from publisher.source.informer_state import Digests, InformerHealth, Listing, Reconnects, Recovery, Sameness
+from publisher.source.objects import MapDigest
 
 CHAT = MapKey("prod", "chat")
 CODE = MapKey("prod", "code")
@@ -53,14 +54,14 @@ def test_a_listing_keeps_the_first_pages_version_and_follows_the_continue_token(
     listing: Listing[str] = Listing("trafficmaps")
     first = {"metadata": {"resourceVersion": "10", "continue": "page-2"}, "items": [{"a": 1}]}
     assert list(listing.items(first)) == [{"a": 1}]
-    listing.add(CHAT, "chat", "7", b"digest")
+    listing.add(CHAT, "chat", "7", MapDigest(b"digest", None))
     assert (listing.version, listing.token) == ("10", "page-2")
     last = {"metadata": {"resourceVersion": "11"}, "items": None}
     assert list(listing.items(last)) == []
     listing.add(CODE, "code", "9", None)
     assert (listing.version, listing.token) == ("10", None)
     assert listing.entries == [(CHAT, "chat", "7"), (CODE, "code", "9")]
-    assert listing.digests == {CHAT: b"digest"}
+    assert listing.digests == {CHAT: MapDigest(b"digest", None)}
 
 
 @pytest.mark.parametrize("page", [None, ["item"], "text", {"items": {"a": 1}}, {"metadata": ["x"]}])
@@ -70,12 +71,15 @@ def test_a_page_that_is_not_a_list_response_is_a_transient_error(page):
     assert raised.value.reason == "InvalidResponse"
 
 
-def test_an_object_is_unchanged_only_at_the_digest_it_was_stored_from():
+def test_an_event_is_alike_only_to_the_digest_its_object_was_stored_from():
     digests = Digests()
-    assert not digests.unchanged(CHAT, None)
-    digests.note(CHAT, b"one")
-    assert digests.unchanged(CHAT, b"one") and not digests.unchanged(CHAT, b"two") and not digests.unchanged(CHAT, None)
+    one, own = MapDigest(b"one", None), MapDigest(b"one", {"type": "gateway-publisher.ome.io/eu"})
+    assert digests.compare(CHAT, None) is Sameness.DECIDED and digests.compare(CHAT, one) is Sameness.DECIDED
+    digests.note(CHAT, one)
+    assert digests.compare(CHAT, MapDigest(b"one", None)) is Sameness.NOTHING
+    assert digests.compare(CHAT, own) is Sameness.OWN_VERDICT
+    assert digests.compare(CHAT, MapDigest(b"two", None)) is Sameness.DECIDED and digests.compare(CHAT, None) is Sameness.DECIDED
     digests.note(CHAT, None)  # stored from an object not digested, or deleted
-    assert not digests.unchanged(CHAT, b"one")
-    digests.replace({CODE: b"three"})
-    assert digests.unchanged(CODE, b"three") and not digests.unchanged(CHAT, b"one")
+    assert digests.compare(CHAT, one) is Sameness.DECIDED
+    digests.replace({CODE: own})
+    assert digests.compare(CODE, own) is Sameness.NOTHING and digests.compare(CHAT, one) is Sameness.DECIDED

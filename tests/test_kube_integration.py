@@ -267,13 +267,11 @@ async def test_another_regions_condition_is_noted_not_decided(kube_api, kubeconf
                 return {"type": f"gateway-publisher.ome.io/{region}", "status": "True", "reason": "Published", "message": region,
                         "observedGeneration": 1, "lastTransitionTime": "2026-11-30T12:00:00Z"}
 
-            # The first other region's condition on a map is parsed in full, once (until then the
-            # map has no digest: see relevant_digest); every one after it is only noted.
-            first = await status.write_condition(kube, MapKey("prod", "chat"), condition("ap"), "ap")
-            await eventually(lambda: publisher.stores.maps.version(MapKey("prod", "chat")) == first)
             changed: list = []
             passed_on = publisher.changed
             publisher.changed = lambda keys, *, at: (changed.extend(keys), passed_on(keys, at=at))
+            first = await status.write_condition(kube, MapKey("prod", "chat"), condition("ap"), "ap")
+            await eventually(lambda: publisher.stores.maps.version(MapKey("prod", "chat")) == first)
             version = await status.write_condition(kube, MapKey("prod", "chat"), condition("us"), "us")
         finally:
             await kube.close()
@@ -282,3 +280,24 @@ async def test_another_regions_condition_is_noted_not_decided(kube_api, kubeconf
         rescale(kube_api, "chat", 4)
         await eventually(lambda: published(out) == {"chat": [1, 3]})
         assert changed == [("prod", "chat")]  # the rescale alone
+
+
+async def test_our_condition_coming_back_is_compared_not_decided_and_written_again_when_edited(kube_api, kubeconfig, tmp_path):
+    # Issue 29: the echo of every condition the sidecar wrote woke the applier to decide, apply
+    # and settle the map again (10,000 passes at start at 10,000 maps, then one a change), though
+    # no decision reads our own condition. It is the status writer's alone to compare.
+    seed(kube_api, published=make_condition("Published", observed_generation=1), observed_traffic_map_generation=1)
+    out = tmp_path / "out.json"
+    async with running(kubeconfig, out) as publisher:
+        written = await eventually(lambda: ours(kube_api))
+        await eventually(lambda: status.own_condition(publisher.stores.maps.get(MapKey("prod", "chat")), "eu") is not None)
+        changed: list = []
+        passed_on = publisher.changed
+        publisher.changed = lambda keys, *, at: (changed.extend(keys), passed_on(keys, at=at))
+        edited = kube_api.get(TM, "prod", "chat")
+        next(c for c in edited["status"]["conditions"] if c["type"] == CONDITION)["message"] = "edited by hand"
+        kube_api.update(edited)
+        repaired = await eventually(lambda: (c := ours(kube_api)).get("message", "edited by hand") != "edited by hand" and c)
+        await eventually(lambda: publisher.stores.maps.version(MapKey("prod", "chat")) == kube_api.get(TM, "prod", "chat")["metadata"]["resourceVersion"])
+        assert repaired == written
+        assert changed == []

@@ -21,7 +21,7 @@ from publisher.loop.states import MapStates, StateChange
 from publisher.source.objects import parse_isvc
 from publisher.source.store import Stores
 from publisher.status import Verdict
-from tests.builders import make_entry, make_isvc, make_map
+from tests.builders import make_condition, make_entry, make_isvc, make_map
 from tests.gateways import eventually
 
 CHAT = MapKey("prod", "chat")
@@ -70,7 +70,7 @@ def test_what_the_adapter_cannot_serve_is_held_with_its_words():
 def test_a_map_whose_objects_did_not_change_is_not_decided_again():
     """A resync re-decided every map: 10,000 gates, verifies and plans a minute whose outcome
     could not differ (a decision reads no clock). Now a map is decided again only when the Stores
-    hold another object for it or its InferenceService."""
+    hold another object for it (our own condition aside) or its InferenceService."""
     stores = stores_with(make_map(), make_map("embed"))
     checked: list[str] = []
 
@@ -93,6 +93,22 @@ def test_a_map_whose_objects_did_not_change_is_not_decided_again():
     assert len(checked) == 4  # its InferenceService is another object
     stores.maps.delete(EMBED)
     assert isinstance(decisions(EMBED), Withdraw)
+
+
+def test_a_map_stored_again_with_only_our_condition_changed_is_not_decided_again():
+    # Issue 29: the echo of our own condition write is stored (the status writer reads it), but a
+    # new object made every map that got one (all of them, after a start) decided again at the
+    # next resync.
+    stores = stores_with(make_map())
+    checked = []
+    decisions = Decisions(stores, OPTIONS, lambda publication: checked.append(publication) and None)
+    first = decisions(CHAT)
+    echo = make_map(resource_version="9")
+    echo["status"]["conditions"].append(make_condition("gateway-publisher.ome.io/eu", reason="Published"))
+    stores.maps.upsert(CHAT, parse_traffic_map(echo), "9", decided_alike=True)
+    assert decisions(CHAT) is first and len(checked) == 1
+    stores.maps.upsert(CHAT, parse_traffic_map(make_map(resource_version="10")), "10")
+    assert decisions(CHAT) == first and len(checked) == 2  # anything else stored is decided again
 
 
 # --- a pass's batch -------------------------------------------------------------------------------

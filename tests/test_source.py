@@ -12,7 +12,7 @@ import yaml
 from publisher.core.model import InvalidObject, TrafficMap
 from publisher.core.values import MapKey
 from publisher.source.directory import DirectorySource
-from publisher.source.objects import relevant_digest
+from publisher.source.objects import map_digest
 from publisher.source.store import Store, Stores
 from publisher.source.watch import Bookmark, Event, Relist, WatchError, WatchState
 from tests.builders import make_condition, make_isvc, make_map
@@ -88,10 +88,14 @@ def test_replace_yields_vanished_keys_within_its_namespace():
 class Sink:
     def __init__(self) -> None:
         self.keys: set[MapKey] = set()
+        self.reported_keys: list[MapKey] = []
         self.synced_count = 0
 
     def changed(self, keys, *, at: float) -> None:
         self.keys |= set(keys)
+
+    def reported(self, keys) -> None:
+        self.reported_keys.extend(keys)
 
     def synced(self) -> None:
         self.synced_count += 1
@@ -237,14 +241,14 @@ def test_a_refusal_names_verb_resource_scope_and_fix(code, namespace, expected):
 
 
 @contextlib.asynccontextmanager
-async def kube_source(kubeconfig, sink, stores=None):
+async def kube_source(kubeconfig, sink, stores=None, region=None):
     from publisher.kube import Kube
     from publisher.source.informer import WatchOptions
     from publisher.source.kube_source import KubeSource
 
     kube = await Kube.connect(kubeconfig)
     stores = stores or Stores.empty()
-    source = KubeSource(kube, stores, sink, WatchOptions(backoff_initial=0.01, backoff_max=0.05, silence_timeout=5), clock=time.monotonic)
+    source = KubeSource(kube, stores, sink, WatchOptions(backoff_initial=0.01, backoff_max=0.05, silence_timeout=5, region=region), clock=time.monotonic)
     task = asyncio.create_task(source.run())
     try:
         yield stores, task
@@ -333,25 +337,50 @@ def with_condition(raw: dict, type_: str, status: str = "True", manager: str | N
 
 
 @pytest.mark.parametrize(
-    ("change", "matters"),
+    ("change", "decided", "own"),
     [
-        (lambda raw: with_condition(raw, "gateway-publisher.ome.io/us", manager="ome-gateway-publisher-us"), False),
-        (lambda raw: with_condition(raw, "gateway-publisher.ome.io/eu"), True),
-        (lambda raw: with_condition(raw, "Published"), True),
-        (lambda raw: make_map(generation=4, resource_version="9"), True),
+        (lambda raw: with_condition(raw, "gateway-publisher.ome.io/us", manager="ome-gateway-publisher-us"), False, False),
+        (lambda raw: with_condition(raw, "gateway-publisher.ome.io/eu"), False, True),
+        (lambda raw: with_condition(raw, "Published"), True, False),
+        (lambda raw: make_map(generation=4, resource_version="9"), True, False),
     ],
     ids=["other-region", "own-condition", "omes-condition", "spec"],
 )
-def test_only_other_instances_conditions_leave_the_digest_alone(change, matters):
+def test_a_digest_sets_apart_what_is_decided_from_our_own_condition_and_ignores_other_instances(change, decided, own):
     raw = with_condition(make_map(), "gateway-publisher.ome.io/ap", manager="ome-gateway-publisher-ap", version="8")
-    assert (relevant_digest(change(raw), "gateway-publisher.ome.io/eu") != relevant_digest(raw, "gateway-publisher.ome.io/eu")) is matters
+    before, after = map_digest(raw, "gateway-publisher.ome.io/eu"), map_digest(change(raw), "gateway-publisher.ome.io/eu")
+    assert (before.decided != after.decided, before.own != after.own) == (decided, own)
 
 
-def test_a_map_no_other_instance_writes_on_is_not_digested():
-    # One region alone paid 22 us an event for a digest that can never match: with no other
-    # instance's condition on the map, no event can change only other instances' verdicts.
-    own = "gateway-publisher.ome.io/eu"
-    assert relevant_digest(make_map(), own) is None
-    assert relevant_digest(with_condition(make_map(), own), own) is None
-    assert relevant_digest(with_condition(make_map(), "Published"), own) is None
-    assert relevant_digest(with_condition(make_map(), "gateway-publisher.ome.io/us"), own) is not None
+async def test_the_echo_of_our_own_condition_is_stored_and_reported_not_decided_again(kube_api, kubeconfig):
+    """Every condition the sidecar wrote came back as a change: parsed, decided and settled again
+    (10,000 passes at start, one a change after), though no decision reads our own condition."""
+    from publisher import status
+    from publisher.core.model import Condition, validate
+    from publisher.kube import Kube
+    from tests.gateways import eventually
+
+    kube_api.create(make_isvc())
+    kube_api.create(make_map())
+    sink = Sink()
+    async with kube_source(kubeconfig, sink, region="eu") as (stores, task):
+        await eventually(lambda: sink.synced_count == 1 or task.done(), timeout=10)
+        sink.keys.clear()
+        revision = stores.maps.revision(CHAT)
+        ours = make_condition("gateway-publisher.ome.io/eu", reason="Published", lastTransitionTime="2026-12-06T12:00:00Z")
+        kube = await Kube.connect(kubeconfig)
+        try:
+            echo = await status.write_condition(kube, CHAT, ours, "eu")
+        finally:
+            await kube.close()
+        await eventually(lambda: stores.maps.version(CHAT) == echo or task.done(), timeout=10)
+        item = stores.maps.get(CHAT)
+        assert isinstance(item, TrafficMap)
+        assert item.status.condition("gateway-publisher.ome.io/eu") == validate(Condition, ours)
+        assert (sink.keys, sink.reported_keys, stores.maps.revision(CHAT)) == (set(), [CHAT], revision)
+        # OME's own condition is decided from: a change, and a new revision.
+        omes = kube_api.get("ome.io/v1beta1/trafficmaps", "prod", "chat")
+        omes["status"]["conditions"] = [c for c in omes["status"]["conditions"] if c["type"] != "Routable"]
+        kube_api.update(omes)
+        await eventually(lambda: CHAT in sink.keys or task.done(), timeout=10)
+        assert stores.maps.revision(CHAT) != revision and sink.reported_keys == [CHAT]

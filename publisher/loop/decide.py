@@ -54,28 +54,30 @@ def _decide(
 
 
 class Decisions:
-    """Each map's outcome, kept with the objects it was decided from. `decide` is a function of
-    the map, its InferenceService, the options and the adapter's pure check alone (no clock), and
-    the Stores hold an object until an event replaces it: while both objects are the ones kept,
-    the kept outcome is the decision. A resync's re-decide of 10,000 unchanged maps is then a
-    lookup each (it was a gate, a verify and a plan each: 0.5-0.8 s of CPU a minute)."""
+    """Each map's outcome, kept with what it was decided from. `decide` is a function of the map,
+    its InferenceService, the options and the adapter's pure check alone (no clock), and the
+    Stores hold an object until an event replaces it: while the map's revision (which the echo of
+    our own condition leaves alone) and the InferenceService object are the ones kept, the kept
+    outcome is the decision. A resync's re-decide of 10,000 unchanged maps is then a lookup each
+    (it was a gate, a verify and a plan each: 0.5-0.8 s of CPU a minute)."""
 
     def __init__(self, stores: Stores, options: LoopOptions, check: Callable[[Publication], Held | None]) -> None:
         self._stores = stores
         self._options = options
         self._check = check
-        self._kept: dict[MapKey, tuple[TrafficMap | InvalidObject, InferenceService | None, Outcome]] = {}
+        self._kept: dict[MapKey, tuple[int, InferenceService | None, Outcome]] = {}
 
     def __call__(self, key: MapKey) -> Outcome:
         item, isvc = _objects(key, self._stores)
+        revision = self._stores.maps.revision(key)
         kept = self._kept.get(key)
-        if kept is not None and kept[0] is item and kept[1] is isvc:
+        if kept is not None and kept[0] == revision and kept[1] is isvc:
             return kept[2]
         outcome = _decide(item, isvc, self._options, self._check)
-        if item is None:
+        if revision is None:
             self._kept.pop(key, None)
         else:
-            self._kept[key] = (item, isvc, outcome)
+            self._kept[key] = (revision, isvc, outcome)
         return outcome
 
 

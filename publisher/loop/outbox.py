@@ -146,6 +146,14 @@ class StatusOutbox:
         """Another replica writes status (or none does until the Lease is won): this one stops."""
         self._leading = False
 
+    def compare(self, keys: Iterable[MapKey]) -> None:
+        """Compare these maps' verdicts with what the server holds now (their condition changed)."""
+        if self.sink is None:
+            return
+        for key in keys:
+            if key in self.verdicts:
+                self.due.add(key)
+
     def recheck(self) -> None:
         """Compare every verdict with what the server holds now, and rewrite what differs (a
         report removed or edited by hand, a write of another leader)."""

@@ -97,6 +97,12 @@ class Publisher:
         for key in keys:
             self.queue.add(key, at)
 
+    def reported(self, keys: Iterable[MapKey]) -> None:
+        """Only our condition changed on these maps (nearly always the echo of our own write): no
+        decision can differ, so the applier is not woken; the status writer compares each
+        verdict with the condition, and writes it again if someone else edited it."""
+        self.outbox.compare(keys)
+
     def synced(self) -> None:
         """The source has delivered its first full view: from now on absence means withdrawal."""
         self.is_synced = True

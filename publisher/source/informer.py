@@ -17,8 +17,8 @@ from publisher import metrics
 from publisher.core.model import object_key
 from publisher.kube import Kube, KubeError, Resource
 from publisher.retry import ReconnectBackoff
-from publisher.source.informer_state import Digests, InformerHealth, Listing, Reconnects
-from publisher.source.objects import resource_version
+from publisher.source.informer_state import Digests, InformerHealth, Listing, Reconnects, Sameness
+from publisher.source.objects import MapDigest, resource_version
 from publisher.source.refusals import REFUSAL_CODES, SourceRefused, describe_refusal, scope_in_words
 from publisher.source.store import ChangeSink, Store
 from publisher.source.watch import Bookmark, Event, Relist, WatchError, WatchState
@@ -58,8 +58,9 @@ class WatchOptions:
     # Warn once when no list or watch has succeeded for this long (the gateway keeps serving).
     stale_after: float = 300.0
     # This sidecar's instance name: a TrafficMap event that changes only other instances'
-    # conditions is not parsed or decided (with R regions, R - 1 of every R status events).
-    # None: every event is.
+    # conditions is not parsed or decided (with R regions, R - 1 of every R status events), and
+    # one that changes only its own (the echo of its status write) is parsed but not decided.
+    # None: every event is both.
     region: str | None = None
 
 
@@ -70,7 +71,8 @@ class Informer(Generic[T]):
     List pages are parsed as they arrive, so the raw objects of only one page are alive at once.
     Nothing the API server does empties the Store: only a list that succeeds replaces it.
     `digest`, when given, says what of an object matters: an event with the digest the Store's
-    object was parsed from only moves its resourceVersion.
+    object was parsed from only moves its resourceVersion; one that changed only this instance's
+    own condition is stored, and the sink told it was `reported`, not `changed`.
     """
 
     def __init__(
@@ -86,7 +88,7 @@ class Informer(Generic[T]):
         on_synced: Callable[[], None],
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        digest: Callable[[dict[str, Any]], bytes | None] | None = None,
+        digest: Callable[[dict[str, Any]], MapDigest | None] | None = None,
     ) -> None:
         self._kube = kube
         self._resource = resource
@@ -227,7 +229,8 @@ class Informer(Generic[T]):
             if key is None:
                 return
             digest = self._digest(item.object) if self._digest is not None and item.type != "DELETED" else None
-            if self._digests.unchanged(key, digest):
+            sameness = self._digests.compare(key, digest)
+            if sameness is Sameness.NOTHING:
                 self._store.touch(key, resource_version(item.object))
                 return
             obj = self._parse(item.object) if item.type != "DELETED" else None
@@ -236,6 +239,13 @@ class Informer(Generic[T]):
                 changed = self._store.delete(key)
             else:
                 self._digests.note(key, digest)
-                changed = self._store.upsert(key, obj, resource_version(item.object))
+                # Our own condition alone changed (nearly always the echo of our write): the
+                # status writer reads it from the Store; no decision changes, and parsing the map
+                # as valid or not is part of the decision.
+                alike = sameness is Sameness.OWN_VERDICT and type(obj) is type(self._store.get(key))
+                changed = self._store.upsert(key, obj, resource_version(item.object), decided_alike=alike)
+                if changed and alike:
+                    self._sink.reported((key,))
+                    return
             if changed:
                 self._sink.changed((key,), at=self._clock())

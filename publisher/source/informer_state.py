@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Generic, TypeVar
 
 from publisher.core.values import MapKey
 from publisher.kube import KubeError
 from publisher.retry import ReconnectBackoff
+from publisher.source.objects import MapDigest
 
 T = TypeVar("T")
 
@@ -87,7 +89,7 @@ class Listing(Generic[T]):
 
     def __init__(self, plural: str) -> None:
         self.entries: list[tuple[MapKey, T, str]] = []
-        self.digests: dict[MapKey, bytes] = {}
+        self.digests: dict[MapKey, MapDigest] = {}
         self.version = ""
         self.token: str | None = None
         self._plural = plural
@@ -104,29 +106,39 @@ class Listing(Generic[T]):
         items: Iterable[Any] = page.get("items") or ()
         return items
 
-    def add(self, key: MapKey, obj: T, version: str, digest: bytes | None) -> None:
+    def add(self, key: MapKey, obj: T, version: str, digest: MapDigest | None) -> None:
         self.entries.append((key, obj, version))
         if digest is not None:
             self.digests[key] = digest
 
 
+class Sameness(Enum):
+    """What an event of an object changed, by its digest against the one the Store's object came from."""
+
+    NOTHING = "nothing the loop reads: only other instances' verdicts"
+    OWN_VERDICT = "this instance's own condition alone: nothing to decide again"
+    DECIDED = "what a decision is made from (or nothing is known)"
+
+
 class Digests:
-    """The digest of each object an informer holds in its Store, when it digests them: an event with
-    the same digest changes nothing the loop reads."""
+    """The digest of each object an informer holds in its Store, when it digests them."""
 
     def __init__(self) -> None:
-        self._by_key: dict[MapKey, bytes] = {}
+        self._by_key: dict[MapKey, MapDigest] = {}
 
-    def unchanged(self, key: MapKey, digest: bytes | None) -> bool:
-        return digest is not None and self._by_key.get(key) == digest
+    def compare(self, key: MapKey, digest: MapDigest | None) -> Sameness:
+        seen = self._by_key.get(key)
+        if digest is None or seen is None or seen.decided != digest.decided:
+            return Sameness.DECIDED
+        return Sameness.NOTHING if seen.own == digest.own else Sameness.OWN_VERDICT
 
-    def note(self, key: MapKey, digest: bytes | None) -> None:
+    def note(self, key: MapKey, digest: MapDigest | None) -> None:
         """`key` is now stored from an object of `digest` (None: not digested, or gone)."""
         if digest is None:
             self._by_key.pop(key, None)
         else:
             self._by_key[key] = digest
 
-    def replace(self, digests: dict[MapKey, bytes]) -> None:
+    def replace(self, digests: dict[MapKey, MapDigest]) -> None:
         """A list replaced the Store: these are the digests of what it holds now."""
         self._by_key = digests

@@ -13,7 +13,7 @@ from publisher.core.model import parse_traffic_map
 from publisher.core.values import condition_type
 from publisher.kube import INFERENCE_SERVICES, TRAFFIC_MAPS, Kube
 from publisher.source.informer import Informer, WatchOptions
-from publisher.source.objects import parse_isvc, relevant_digest
+from publisher.source.objects import map_digest, parse_isvc
 from publisher.source.refusals import SourceRefused
 from publisher.source.store import ChangeSink, MappedOnly, Stores
 
@@ -38,10 +38,10 @@ class KubeSource:
         informers: list[Informer[Any]] = []
         isvc_sink = MappedOnly(self._sink, self._stores.maps)
         region = self._options.region
-        map_digest = functools.partial(relevant_digest, own_condition=condition_type(region)) if region is not None else None
+        digest = functools.partial(map_digest, own_condition=condition_type(region)) if region is not None else None
         for namespace in namespaces:
-            for resource, store, parse, sink, digest in (
-                (TRAFFIC_MAPS, self._stores.maps, parse_traffic_map, self._sink, map_digest),
+            for resource, store, parse, sink, digested in (
+                (TRAFFIC_MAPS, self._stores.maps, parse_traffic_map, self._sink, digest),
                 (INFERENCE_SERVICES, self._stores.isvcs, parse_isvc, isvc_sink, None),
             ):
                 informers.append(
@@ -55,7 +55,7 @@ class KubeSource:
                         sink=sink,
                         on_synced=self._one_synced,
                         clock=self._clock,
-                        digest=digest,
+                        digest=digested,
                     )
                 )
         return informers

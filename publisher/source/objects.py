@@ -1,10 +1,11 @@
 """What the source reads of one raw object: its resourceVersion, the digest of what the loop reads
-of a TrafficMap, and an InferenceService parsed (or refused with a warning)."""
+of a TrafficMap (`map_digest`), and an InferenceService parsed (or refused with a warning)."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import pydantic_core
@@ -21,30 +22,39 @@ def resource_version(raw: dict[str, Any]) -> str:
     return str(raw.get("metadata", {}).get("resourceVersion", ""))
 
 
-def relevant_digest(raw: dict[str, Any], own_condition: str) -> bytes | None:
-    """A digest of what the loop reads of a TrafficMap: all of it but metadata.managedFields and
-    .resourceVersion and the conditions of our family that are not `own_condition`. Two events
-    with one digest differ only in other instances' verdicts. Our own condition counts: the
-    ConditionSink compares with it once the Store's version passes its write.
+@dataclass(frozen=True, slots=True)
+class MapDigest:
+    """What one event of a TrafficMap carries that the loop reads: `decided`, a digest of all the
+    map but metadata.managedFields and .resourceVersion and every instance's condition (what a
+    decision is made from), and `own`, this instance's condition as the server holds it (None: it
+    has none), which only the status writer reads."""
 
-    None when no other instance has a condition on the map: then an event that changes nothing
-    but other instances' verdicts cannot happen, and one region alone pays nothing for the digest
-    (22 us an event). The event that brings the first one is parsed in full, once."""
+    decided: bytes
+    own: Any
+
+
+def map_digest(raw: dict[str, Any], own_condition: str) -> MapDigest:
+    """The MapDigest of a raw TrafficMap. Two events with one `decided` differ only in verdicts:
+    other instances' (nothing of ours reads them) or ours (the echo of the status writer's own
+    write, which nothing needs to decide again). About 22 us an event, against the 50 us of a
+    parse and the 200 us of a pass that decides nothing new."""
     status = raw.get("status")
     conditions = status.get("conditions") if isinstance(status, dict) else None
-    if not isinstance(conditions, list) or not any(_foreign(c, own_condition) for c in conditions):
-        return None
     view = dict(raw)
     metadata = raw.get("metadata")
     if isinstance(metadata, dict):
         view["metadata"] = {k: v for k, v in metadata.items() if k not in ("managedFields", "resourceVersion")}
-    view["status"] = {**status, "conditions": [c for c in conditions if not _foreign(c, own_condition)]}
-    return hashlib.blake2b(pydantic_core.to_json(view), digest_size=16).digest()
+    own = None
+    if isinstance(conditions, list):
+        assert isinstance(status, dict)
+        own = next((c for c in conditions if _type(c) == own_condition), None)
+        view["status"] = {**status, "conditions": [c for c in conditions if not _type(c).startswith(CONDITION_PREFIX)]}
+    return MapDigest(hashlib.blake2b(pydantic_core.to_json(view), digest_size=16).digest(), own)
 
 
-def _foreign(condition: Any, own_condition: str) -> bool:
+def _type(condition: Any) -> str:
     kind = condition.get("type") if isinstance(condition, dict) else None
-    return isinstance(kind, str) and kind.startswith(CONDITION_PREFIX) and kind != own_condition
+    return kind if isinstance(kind, str) else ""
 
 
 def parse_isvc(raw: dict[str, Any]) -> InferenceService | None:

@@ -3,6 +3,7 @@ what a source tells the loop (`ChangeSink`): which keys changed."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -15,11 +16,14 @@ T = TypeVar("T")
 
 
 class Store(Generic[T]):
-    """The newest object per key, with the resourceVersion it was seen at."""
+    """The newest object per key, with the resourceVersion it was seen at and its revision: a
+    number that changes whenever an object is stored that a decision could differ on."""
 
     def __init__(self) -> None:
         self._objects: dict[MapKey, T] = {}
         self._versions: dict[MapKey, str] = {}
+        self._revisions: dict[MapKey, int] = {}
+        self._stored = itertools.count()
 
     def get(self, key: MapKey) -> T | None:
         return self._objects.get(key)
@@ -28,18 +32,26 @@ class Store(Generic[T]):
         """The resourceVersion `key` was last seen at ("" when absent)."""
         return self._versions.get(key, "")
 
+    def revision(self, key: MapKey) -> int | None:
+        """The revision of `key`'s object (None when absent): equal revisions, equal decisions."""
+        return self._revisions.get(key)
+
     def keys(self) -> Iterable[MapKey]:
         return self._objects.keys()
 
     def __len__(self) -> int:
         return len(self._objects)
 
-    def upsert(self, key: MapKey, obj: T, version: str) -> bool:
-        """Store `obj`; False when the same version is already held (nothing changed)."""
+    def upsert(self, key: MapKey, obj: T, version: str, *, decided_alike: bool = False) -> bool:
+        """Store `obj`; False when the same version is already held (nothing changed).
+        `decided_alike`: `obj` differs from the object held only in what no decision reads (this
+        instance's own condition), so the revision stays."""
         if version and self._versions.get(key) == version:
             return False
         self._objects[key] = obj
         self._versions[key] = version
+        if not decided_alike or key not in self._revisions:
+            self._revisions[key] = next(self._stored)
         return True
 
     def touch(self, key: MapKey, version: str) -> None:
@@ -49,6 +61,7 @@ class Store(Generic[T]):
 
     def delete(self, key: MapKey) -> bool:
         self._versions.pop(key, None)
+        self._revisions.pop(key, None)
         return self._objects.pop(key, None) is not None
 
     def replace(
@@ -86,9 +99,9 @@ class MapStore(Store[MapObject]):
         """The maps whose spec.service is `service`."""
         return frozenset(self._by_service.get(service, ()))
 
-    def upsert(self, key: MapKey, obj: MapObject, version: str) -> bool:
+    def upsert(self, key: MapKey, obj: MapObject, version: str, *, decided_alike: bool = False) -> bool:
         old = self.get(key)
-        if not super().upsert(key, obj, version):
+        if not super().upsert(key, obj, version, decided_alike=decided_alike):
             return False
         if old is not None:
             self._unindex(key, old)
@@ -121,9 +134,13 @@ class Stores:
 
 
 class ChangeSink(Protocol):
-    """What a source tells the loop: these keys changed (`at` is when the change was seen)."""
+    """What a source tells the loop: these keys changed (`at` is when the change was seen), or
+    only this instance's own condition on these maps did (`reported`: nothing to decide, but a
+    condition edited by someone else is written again)."""
 
     def changed(self, keys: Iterable[MapKey], *, at: float) -> None: ...
+
+    def reported(self, keys: Iterable[MapKey]) -> None: ...
 
     def synced(self) -> None: ...
 
@@ -142,6 +159,9 @@ class MappedOnly:
         mapped = {mapped for key in keys for mapped in self._maps.naming(key)}
         if mapped:
             self._sink.changed(mapped, at=at)
+
+    def reported(self, keys: Iterable[MapKey]) -> None:
+        """An InferenceService carries no condition of ours: nothing to pass on."""
 
     def synced(self) -> None:
         self._sink.synced()
