@@ -301,3 +301,29 @@ async def test_our_condition_coming_back_is_compared_not_decided_and_written_aga
         await eventually(lambda: publisher.stores.maps.version(MapKey("prod", "chat")) == kube_api.get(TM, "prod", "chat")["metadata"]["resourceVersion"])
         assert repaired == written
         assert changed == []
+
+
+async def test_each_request_carries_the_token_the_configuration_holds_at_that_moment(kube_api, kubeconfig):
+    # Requests go on kubernetes_asyncio's session but not through its call_api (whose generic
+    # serialisation was a third of a status write's client CPU): the token must still be the
+    # configuration's of the moment, as its refresh hook rotates in-cluster and exec tokens.
+    from publisher.kube import TRAFFIC_MAPS
+
+    seed(kube_api)
+    kube = await Kube.connect(kubeconfig)
+    tokens = iter(["first", "second", "third"])
+
+    def rotate(configuration) -> None:
+        configuration.api_key["BearerToken"] = f"Bearer {next(tokens)}"
+
+    kube.api_client.configuration.refresh_api_key_hook = rotate
+    try:
+        assert (await kube.get(TRAFFIC_MAPS, "prod", "chat"))["metadata"]["name"] == "chat"
+        listed = await kube.list(TRAFFIC_MAPS, namespace="prod", label_selector="app notin (other,more)", limit=1)
+        applied = await status.write_condition(kube, MapKey("prod", "chat"), make_condition(CONDITION, reason="Published"), "eu")
+    finally:
+        await kube.close()
+    assert [item["metadata"]["name"] for item in listed["items"]] == ["chat"]
+    assert applied == kube_api.get(TM, "prod", "chat")["metadata"]["resourceVersion"]
+    assert [(r.verb, r.token) for r in kube_api.requests[-3:]] == [("get", "first"), ("list", "second"), ("patch", "third")]
+    assert kube_api.requests[-1].content_type == "application/apply-patch+yaml" and kube_api.requests[-1].field_manager == "ome-gateway-publisher-eu"

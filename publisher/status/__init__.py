@@ -182,6 +182,8 @@ class ConditionSink:
         # the API server.
         self._concurrency = concurrency
         self._written: dict[MapKey, tuple[Condition, str]] = {}
+        # Looked up once: a start writes one condition per map, and a lookup cost a tenth of a write.
+        self._written_count = metrics.STATUS_WRITES.labels(result="written")
 
     def stale(self) -> None:
         # The watch cache is live: only what report mode may have left needs another look.
@@ -231,7 +233,7 @@ class ConditionSink:
                         failed[key] = str(exc)
                     continue
                 self._written[key] = (validate(Condition, condition), version)
-                metrics.STATUS_WRITES.labels(result="written").inc()
+                self._written_count.inc()
 
         async with asyncio.TaskGroup() as group:
             for _ in range(min(self._concurrency, len(writes))):
