@@ -185,8 +185,8 @@ class Kube:
 
         Sent on kubernetes_asyncio's own session (its TLS context) with its headers, token
         (refreshed by its hook), proxy and TLS server name, but not through `call_api`: its
-        generic serialisation of headers, query and body cost about a third of our client's CPU
-        per status write, 10,000 of them at a start."""
+        generic serialisation of headers, query and body was most of what a status write cost us
+        over a bare aiohttp client (benchmarks/status_floor.py), 10,000 writes at a start."""
         api_client = self.api_client
         rest = api_client.rest_client
         headers = {**api_client.default_headers, "Content-Type": content_type, "Accept": "application/json"}

@@ -305,7 +305,7 @@ async def test_our_condition_coming_back_is_compared_not_decided_and_written_aga
 
 async def test_each_request_carries_the_token_the_configuration_holds_at_that_moment(kube_api, kubeconfig):
     # Requests go on kubernetes_asyncio's session but not through its call_api (whose generic
-    # serialisation was a third of a status write's client CPU): the token must still be the
+    # serialisation was most of what a status write cost over a bare client): the token must still be the
     # configuration's of the moment, as its refresh hook rotates in-cluster and exec tokens.
     from publisher.kube import TRAFFIC_MAPS
 
