@@ -154,12 +154,19 @@ class StatusOutbox:
             if key in self.verdicts:
                 self.due.add(key)
 
+    def stale(self) -> None:
+        """What the server holds may have changed behind the writer: the sink reads it again before
+        its next write. A resync says this, then settles every map again, which compares each
+        verdict (a report removed or edited by hand is rewritten then)."""
+        if self.sink is not None:
+            self.sink.stale()
+
     def recheck(self) -> None:
         """Compare every verdict with what the server holds now, and rewrite what differs (a
         report removed or edited by hand, a write of another leader)."""
         if self.sink is None:
             return
-        self.sink.stale()
+        self.stale()
         for key in self.verdicts:
             self.due.add(key)
 

@@ -229,10 +229,11 @@ class Publisher:
 
     def resync_now(self) -> None:
         """Ask the applier to repair drift and re-decide every map; the status is repaired as the
-        gateway is (what the server holds is compared with every verdict)."""
+        gateway is: the sink reads what the server holds again, and each verdict is compared with
+        it as its map is settled (once: queueing them all here too compared each twice)."""
         self.resync.request(self.all_keys())
         if self.outbox.leading:
-            self.outbox.recheck()
+            self.outbox.stale()
 
     def split_changed(self, key: MapKey) -> None:
         """A map's served split turned off or back: decide it again, so its condition says so."""
