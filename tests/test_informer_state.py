@@ -7,7 +7,7 @@ import pytest
 from publisher.core.values import MapKey
 from publisher.kube import KubeError
 from publisher.retry import ReconnectBackoff
-from publisher.source.informer_state import Digests, InformerHealth, Listing, Reconnects, Recovery, Sameness
+from publisher.source.informer_state import Changed, Digests, InformerHealth, Listing, Reconnects, Recovery
 from publisher.source.objects import MapDigest
 
 CHAT = MapKey("prod", "chat")
@@ -74,12 +74,12 @@ def test_a_page_that_is_not_a_list_response_is_a_transient_error(page):
 def test_an_event_is_alike_only_to_the_digest_its_object_was_stored_from():
     digests = Digests()
     one, own = MapDigest(b"one", None), MapDigest(b"one", {"type": "gateway-publisher.ome.io/eu"})
-    assert digests.compare(CHAT, None) is Sameness.DECIDED and digests.compare(CHAT, one) is Sameness.DECIDED
+    assert digests.compare(CHAT, None) is Changed.DECISION_INPUT and digests.compare(CHAT, one) is Changed.DECISION_INPUT
     digests.note(CHAT, one)
-    assert digests.compare(CHAT, MapDigest(b"one", None)) is Sameness.NOTHING
-    assert digests.compare(CHAT, own) is Sameness.OWN_VERDICT
-    assert digests.compare(CHAT, MapDigest(b"two", None)) is Sameness.DECIDED and digests.compare(CHAT, None) is Sameness.DECIDED
+    assert digests.compare(CHAT, MapDigest(b"one", None)) is Changed.NOTHING
+    assert digests.compare(CHAT, own) is Changed.OWN_VERDICT
+    assert digests.compare(CHAT, MapDigest(b"two", None)) is Changed.DECISION_INPUT and digests.compare(CHAT, None) is Changed.DECISION_INPUT
     digests.note(CHAT, None)  # stored from an object not digested, or deleted
-    assert digests.compare(CHAT, one) is Sameness.DECIDED
+    assert digests.compare(CHAT, one) is Changed.DECISION_INPUT
     digests.replace({CODE: own})
-    assert digests.compare(CODE, own) is Sameness.NOTHING and digests.compare(CHAT, one) is Sameness.DECIDED
+    assert digests.compare(CODE, own) is Changed.NOTHING and digests.compare(CHAT, one) is Changed.DECISION_INPUT

@@ -17,7 +17,7 @@ from publisher import metrics
 from publisher.core.model import object_key
 from publisher.kube import Kube, KubeError, Resource
 from publisher.retry import ReconnectBackoff
-from publisher.source.informer_state import Digests, InformerHealth, Listing, Reconnects, Sameness
+from publisher.source.informer_state import Changed, Digests, InformerHealth, Listing, Reconnects
 from publisher.source.objects import MapDigest, resource_version
 from publisher.source.refusals import REFUSAL_CODES, SourceRefused, describe_refusal, scope_in_words
 from publisher.source.store import ChangeSink, Store
@@ -229,8 +229,8 @@ class Informer(Generic[T]):
             if key is None:
                 return
             digest = self._digest(item.object) if self._digest is not None and item.type != "DELETED" else None
-            sameness = self._digests.compare(key, digest)
-            if sameness is Sameness.NOTHING:
+            what_changed = self._digests.compare(key, digest)
+            if what_changed is Changed.NOTHING:
                 self._store.touch(key, resource_version(item.object))
                 return
             obj = self._parse(item.object) if item.type != "DELETED" else None
@@ -242,7 +242,7 @@ class Informer(Generic[T]):
                 # Our own condition alone changed (nearly always the echo of our write): the
                 # status writer reads it from the Store; no decision changes, and parsing the map
                 # as valid or not is part of the decision.
-                alike = sameness is Sameness.OWN_VERDICT and type(obj) is type(self._store.get(key))
+                alike = what_changed is Changed.OWN_VERDICT and type(obj) is type(self._store.get(key))
                 changed = self._store.upsert(key, obj, resource_version(item.object), decided_alike=alike)
                 if changed and alike:
                     self._sink.reported((key,))

@@ -112,12 +112,12 @@ class Listing(Generic[T]):
             self.digests[key] = digest
 
 
-class Sameness(Enum):
+class Changed(Enum):
     """What an event of an object changed, by its digest against the one the Store's object came from."""
 
     NOTHING = "nothing the loop reads: only other instances' verdicts"
     OWN_VERDICT = "this instance's own condition alone: nothing to decide again"
-    DECIDED = "what a decision is made from (or nothing is known)"
+    DECISION_INPUT = "what a decision is made from (or nothing is known)"
 
 
 class Digests:
@@ -126,11 +126,11 @@ class Digests:
     def __init__(self) -> None:
         self._by_key: dict[MapKey, MapDigest] = {}
 
-    def compare(self, key: MapKey, digest: MapDigest | None) -> Sameness:
+    def compare(self, key: MapKey, digest: MapDigest | None) -> Changed:
         seen = self._by_key.get(key)
         if digest is None or seen is None or seen.decided != digest.decided:
-            return Sameness.DECIDED
-        return Sameness.NOTHING if seen.own == digest.own else Sameness.OWN_VERDICT
+            return Changed.DECISION_INPUT
+        return Changed.NOTHING if seen.own == digest.own else Changed.OWN_VERDICT
 
     def note(self, key: MapKey, digest: MapDigest | None) -> None:
         """`key` is now stored from an object of `digest` (None: not digested, or gone)."""
