@@ -147,7 +147,7 @@ class StatusOutbox:
         self._leading = False
 
     def compare(self, keys: Iterable[MapKey]) -> None:
-        """Compare these maps' verdicts with what the server holds now (their condition changed)."""
+        """Compare these maps' verdicts (those it has) with what the server holds now."""
         if self.sink is None:
             return
         for key in keys:
@@ -164,11 +164,8 @@ class StatusOutbox:
     def recheck(self) -> None:
         """Compare every verdict with what the server holds now, and rewrite what differs (a
         report removed or edited by hand, a write of another leader)."""
-        if self.sink is None:
-            return
         self.stale()
-        for key in self.verdicts:
-            self.due.add(key)
+        self.compare(self.verdicts)
 
     def sink_failures(self) -> int:
         """Failed attempts in a row to write to a sink that could write nothing."""

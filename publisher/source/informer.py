@@ -234,6 +234,7 @@ class Informer(Generic[T]):
                 self._store.touch(key, resource_version(item.object))
                 return
             obj = self._parse(item.object) if item.type != "DELETED" else None
+            alike = False
             if obj is None:
                 self._digests.note(key, None)
                 changed = self._store.delete(key)
@@ -244,8 +245,9 @@ class Informer(Generic[T]):
                 # as valid or not is part of the decision.
                 alike = what_changed is Changed.OWN_VERDICT and type(obj) is type(self._store.get(key))
                 changed = self._store.upsert(key, obj, resource_version(item.object), decided_alike=alike)
-                if changed and alike:
-                    self._sink.reported((key,))
-                    return
-            if changed:
+            if not changed:
+                return
+            if alike:
+                self._sink.reported((key,))
+            else:
                 self._sink.changed((key,), at=self._clock())
