@@ -344,6 +344,77 @@ async def role_bare(kubeconfig: Path, out: Path) -> None:
     out.write_text(json.dumps(seen))
 
 
+# --- role: the status writes' floor ----------------------------------------------------------------
+
+
+FLOOR_REGION = "floor"  # a region of its own: the sidecar does not read its verdicts
+FLOOR_IN_FLIGHT = 8
+FLOOR_MAX_WRITES = 3000
+REPORTS_PATH = f"/apis/gateway-publisher.ome.io/v1alpha1/namespaces/{NAMESPACE}/regionreports"
+REPORT_MAPS = 8  # maps per RegionReport, as the sidecar shards them
+
+
+def condition_body(index: int, seq: int, region: str) -> dict[str, Any]:
+    """One region's condition on map `index`, as the sidecar applies it to trafficmaps/status."""
+    condition = {"type": f"gateway-publisher.ome.io/{region}", "status": "True", "reason": "Published",
+                 "message": f"published to the gateway, round {seq}", "observedGeneration": 1, "lastTransitionTime": now()}
+    return {"apiVersion": API, "kind": "TrafficMap", "metadata": {"name": map_name(index), "namespace": NAMESPACE},
+            "status": {"conditions": [condition]}}  # fmt: skip
+
+
+def report_body(shard: int, seq: int, region: str) -> dict[str, Any]:
+    """One region's RegionReport `shard` (maps 8 * shard onwards), as the sidecar applies it."""
+    entry = {"observedGeneration": 1, "status": "True", "reason": "Published", "message": f"published to the gateway, round {seq}",
+             "lastTransitionTime": now(), "uid": f"uid-{seq}"}
+    return {"apiVersion": "gateway-publisher.ome.io/v1alpha1", "kind": "RegionReport",
+            "metadata": {"name": f"{region}-{shard}", "namespace": NAMESPACE, "labels": {"gateway-publisher.ome.io/region": region}},
+            "region": region, "maps": {map_name(REPORT_MAPS * shard + i): entry for i in range(REPORT_MAPS)}}  # fmt: skip
+
+
+def bare_status_writer(session: aiohttp.ClientSession, url: str, status_mode: str, region: str) -> Callable[[int, int], Awaitable[None]]:
+    """Writes one verdict as a bare client would: server-side apply of a condition on trafficmaps/
+    status (or of a RegionReport in report mode), encoded and the answer decoded by the json module."""
+    params = {"fieldManager": f"ome-gateway-publisher-{region}", "force": "true"}
+
+    async def write(index: int, seq: int) -> None:
+        if status_mode == "report":
+            target, body = f"{url}{REPORTS_PATH}/{region}-{index}", report_body(index, seq, region)
+        else:
+            target, body = f"{url}{TM_PATH}/{map_name(index)}/status", condition_body(index, seq, region)
+        async with session.patch(target, params=params, data=json.dumps(body), headers=APPLY) as response:
+            response.raise_for_status()
+            json.loads(await response.read())
+
+    return write
+
+
+async def role_floor(url: str, maps: int, status_mode: str, writes: int) -> None:
+    """The client CPU of `writes` verdicts written by `bare_status_writer`, 8 at a time, after a
+    warm-up of 200: prints {"writes": N, "cpu_ms_per_write": X}."""
+    targets = maps if status_mode != "report" else max(1, maps // REPORT_MAPS)
+    limit = asyncio.Semaphore(FLOOR_IN_FLIGHT)
+    async with aiohttp.ClientSession() as session:
+        write = bare_status_writer(session, url, status_mode, FLOOR_REGION)
+
+        async def one(seq: int) -> None:
+            async with limit:
+                await write(seq % targets, seq)
+
+        await asyncio.gather(*(one(seq) for seq in range(200)))
+        cpu = time.process_time()
+        await asyncio.gather(*(one(200 + seq) for seq in range(writes)))
+        cpu = time.process_time() - cpu
+    print(json.dumps({"writes": writes, "cpu_ms_per_write": round(1000 * cpu / writes, 4)}), flush=True)
+
+
+async def status_writes(metrics_url: str) -> int:
+    """The sidecar's status writes so far (its metrics: conditions, or RegionReports in report mode)."""
+    async with aiohttp.ClientSession() as session, session.get(metrics_url) as response:
+        text = await response.text()
+    found = re.search(r'^ome_gateway_publisher_status_writes_total\{result="written"\} (\S+)$', text, re.M)
+    return int(float(found.group(1))) if found else 0
+
+
 # --- process accounting ---------------------------------------------------------------------------
 
 
@@ -1172,7 +1243,7 @@ SHORT_PERIODS = ["--resync", "10s", "--split-interval", "10s"]  # the shortest -
 class RunOptions:
     """How a run looks beyond its size and rate (see parse_args)."""
 
-    report_status: bool = True
+    status_mode: str = "condition"  # the sidecar's --status-mode: condition, report or off
     served: bool = True  # time served requests where the mode has a gateway (SERVED_MODES)
     short_periods: bool = True  # SHORT_PERIODS, so a short churn covers two of each
     settle: float = 1.0  # seconds between all maps served and the churn
@@ -1187,7 +1258,7 @@ def py_spy() -> str | None:
 
 async def run_once(mode: Mode, maps: int, rate: int, seconds: float, options: RunOptions) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"compare-{mode.name}-"))
-    result: dict[str, Any] = {"adapter": mode.name, "maps": maps, "rate": rate, "seconds": seconds,
+    result: dict[str, Any] = {"adapter": mode.name, "maps": maps, "rate": rate, "seconds": seconds, "status_mode": options.status_mode,
                               "load_average_start": os.getloadavg()[0]}
     served_probe_on = options.served and mode.name in SERVED_MODES
     async with contextlib.AsyncExitStack() as stack:
@@ -1218,11 +1289,12 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, options: Ru
             peak.watch(launched.gateway_label, launched.gateway_pid)
         started, started_wall = time.monotonic(), time.time()
         bare = await spawn(stack, sys.executable, script, "_bare", str(kubeconfig), str(work / "bare.json"), log=work / "bare.log")
-        status = [] if options.report_status else ["--no-report-status"]
         periods = SHORT_PERIODS if options.short_periods else []
+        metrics_port = free_port()
         sidecar = await spawn(stack, *publisher_cli("run", "--source", "kube", "--kubeconfig", str(kubeconfig),
-                                                    "--namespace", NAMESPACE, "--listen", f"127.0.0.1:{free_port()}",
-                                                    "--log-level", "warning", *status, *periods, *launched.args),
+                                                    "--namespace", NAMESPACE, "--listen", f"127.0.0.1:{metrics_port}",
+                                                    "--log-level", "warning", "--status-mode", options.status_mode,
+                                                    *periods, *launched.args),
                               log=work / "sidecar.log")
         peak.watch("sidecar", sidecar.pid)
         peak.watch("bare watcher", bare.pid)
@@ -1253,6 +1325,8 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, options: Ru
             result["detector_at_start"] = detector.notes(started_wall)
             result["sidecar_rss_start_mb"] = round(rss_mb(sidecar.pid, "VmHWM"))
             await asyncio.sleep(options.settle)  # 1 s by default: the first publish's tail (status, resync); 0 with --long
+            metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+            writes_before = await status_writes(metrics_url)
             cpu_before = {label: peak.cpu(label) for label in peak.roots}
             churn_start = time.monotonic()
             profiler, profiled_from = None, time.monotonic()
@@ -1277,6 +1351,7 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, options: Ru
             churn_seconds = time.monotonic() - churn_start
             cpu = {label: peak.cpu(label) - cpu_before[label] for label in peak.roots}
             peak.sample()
+            writes = await status_writes(metrics_url) - writes_before
             if profiler is not None:
                 profiled_seconds = time.monotonic() - profiled_from
                 await stop_process(profiler, signal.SIGINT, 60)
@@ -1295,6 +1370,18 @@ async def run_once(mode: Mode, maps: int, rate: int, seconds: float, options: Ru
         if served_probe_on:
             await stop_process(prober)
             probed = json.loads((work / "served.json").read_text()) if (work / "served.json").exists() else {"served": {}}
+        if writes > 0:
+            # The floor of those writes, in this run: a bare client writes as many (up to 3,000) to
+            # the same fake, with the sidecar stopped.
+            await stop_process(sidecar)
+            floor = await spawn(stack, sys.executable, script, "_floor", url, str(maps), options.status_mode,
+                                str(min(writes, FLOOR_MAX_WRITES)), log=work / "floor.log", stdout=asyncio.subprocess.PIPE)
+            floored = json.loads((await asyncio.wait_for(floor.stdout.readline(), 300)).decode())
+            per_change = writes / max(1, len(sent))
+            floor_ms = cpu["bare watcher"] * 1000 / max(1, len(sent)) + per_change * floored["cpu_ms_per_write"]
+            result["status_floor"] = {"writes": writes, "writes_per_change": round(per_change, 2),
+                                      "bare_ms_per_write": floored["cpu_ms_per_write"], "floor_ms_per_change": round(floor_ms, 2),
+                                      "sidecar_over_floor": round(cpu["sidecar"] * 1000 / max(1, len(sent)) / floor_ms, 2)}
 
     publisher_latencies, bare_latencies, own, late_at = [], [], [], []
     first = min((record["stamp"] for record in sent), default=0.0)
@@ -1409,7 +1496,7 @@ def print_run(r: dict[str, Any]) -> None:
           f"(sidecar peak RSS then {r['sidecar_rss_start_mb']} MB)")
     if r.get("detector_at_start"):
         print(f"  the detector saw, by then: {json.dumps(r['detector_at_start'])}")
-    print(f"  peak RSS: " + ", ".join(f"{k} {v} MB" for k, v in r["peak_rss_mb"].items())
+    print("  peak RSS: " + ", ".join(f"{k} {v} MB" for k, v in r["peak_rss_mb"].items())
           + (f" (gateway processes seen: {r['gateway_processes_seen']})" if r["gateway_processes_seen"] else ""))
     print(f"  latency stamp -> served: publisher p50 {p['p50']} ms, p99 {p['p99']} ms, max {p['max']} ms")
     print(f"  latency stamp -> decoded: bare watch p50 {b['p50']} ms, p99 {b['p99']} ms, max {b['max']} ms")
@@ -1423,6 +1510,11 @@ def print_run(r: dict[str, Any]) -> None:
               f"({(late['share'] or 0) * 100:.2f}%; at {late['at_s']} s into the churn)")
     print(f"  CPU per update: sidecar {cpu.get('sidecar')} ms, bare watch {cpu.get('bare watcher')} ms"
           + "".join(f", {k} {v} ms" for k, v in gateway.items()) + f", fake API {cpu.get('fake API')} ms")
+    if r.get("status_floor"):
+        f = r["status_floor"]
+        print(f"  status writes ({r['status_mode']}): {f['writes']} in the churn, {f['writes_per_change']} per change; a bare client's "
+              f"CPU for one such write in this run {f['bare_ms_per_write']} ms; the bare watch plus those writes "
+              f"{f['floor_ms_per_change']} ms per change: sidecar / that floor {f['sidecar_over_floor']}x")
     print(f"  updates confirmed / sent: {r['confirmed']} / {r['sent']} (bare watch saw {r['bare_seen']}; "
           f"{r['send_failures']} writes failed); detector read {r['detector_read_ms']} ms on average, "
           f"reading {r['detector_duty']:.0%} of the time")
@@ -1459,7 +1551,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
              "ratio_p99", "cpu_ms_per_update.sidecar", "cpu_ms_per_update.bare watcher", "peak_rss_mb.sidecar",
              "confirmed", "sent", "load_average_start",
              "served.served_ms.p50", "served.served_ms.p99", "served.served_ms.max", "served.ratio_p99", "served.late_share",
-             "profile.stall.ms"]
+             "profile.stall.ms", "status_floor.writes_per_change", "status_floor.bare_ms_per_write",
+             "status_floor.floor_ms_per_change", "status_floor.sidecar_over_floor"]
     for label in runs[0]["peak_rss_mb"]:
         if label not in ("sidecar", "bare watcher"):
             paths += [f"peak_rss_mb.{label}", f"cpu_ms_per_update.{label}"]
@@ -1485,7 +1578,7 @@ async def main(args: argparse.Namespace) -> None:
         for maps in sizes:
             runs = []
             for _ in range(args.runs):
-                options = RunOptions(report_status=args.report_status, served=args.served, short_periods=not args.long,
+                options = RunOptions(status_mode=args.status_mode, served=args.served, short_periods=not args.long,
                                      settle=0.0 if args.long else 1.0, profile_rate=args.profile_rate,
                                      profile_out=args.profile_out)
                 limit = RUN_LIMIT + 30 + max(0.0, args.seconds - 20)
@@ -1515,8 +1608,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=None,
                         help="how long the sender changes maps (default 25, two of the short periods; 150 with --long)")
     parser.add_argument("--runs", type=int, default=1, help="runs per configuration (median and range when > 1)")
-    parser.add_argument("--report-status", action=argparse.BooleanOptionalAction, default=True,
-                        help="let the sidecar write its status condition on each map")
+    parser.add_argument("--status-mode", choices=("condition", "report", "off"), default="condition",
+                        help="the sidecar's --status-mode; with status on, the run also measures a bare client's "
+                             "CPU for as many status writes (the floor the bare watch does not pay)")
     parser.add_argument("--served", action=argparse.BooleanOptionalAction, default=True,
                         help=f"time requests through the gateway too ({', '.join(SERVED_MODES)})")
     parser.add_argument("--long", action="store_true",
@@ -1536,6 +1630,8 @@ def parse_args() -> argparse.Namespace:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_fake":
         asyncio.run(role_fake(int(sys.argv[2]), sys.argv[3]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_floor":
+        asyncio.run(role_floor(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])))
     elif len(sys.argv) > 1 and sys.argv[1] == "_sender":
         _, _, url, n, rate, seconds, style, out, *rest = sys.argv  # [START_VERSION [NOTIFY]]
         asyncio.run(role_sender(url, int(n), int(rate), float(seconds), style, Path(out), int(rest[0]) if rest else 0, *rest[1:]))

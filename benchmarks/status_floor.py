@@ -30,15 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402
 
 CONCURRENCY = 8
-
-
-def condition_body(index: int, round_: int) -> dict:
-    condition = {"type": "gateway-publisher.ome.io/default", "status": "True", "reason": "Published",
-                 "message": f"published to the gateway, round {round_}", "observedGeneration": 1,
-                 "lastTransitionTime": compare.now()}
-    return {"apiVersion": compare.API, "kind": "TrafficMap",
-            "metadata": {"name": compare.map_name(index), "namespace": compare.NAMESPACE},
-            "status": {"conditions": [condition]}}  # fmt: skip
+REGION = "default"
 
 
 async def measure(maps: int, writes: int, client: str) -> dict:
@@ -63,16 +55,9 @@ async def measure(maps: int, writes: int, client: str) -> dict:
 
 
 async def bare_writer(stack: contextlib.AsyncExitStack, url: str) -> Callable[[int, int], Awaitable[None]]:
-    """One aiohttp session, the body encoded and the answer decoded by the json module."""
-    params = {"fieldManager": "gateway-publisher-default", "force": "true"}
+    """compare.py's bare status writer over one aiohttp session."""
     session = await stack.enter_async_context(aiohttp.ClientSession())
-
-    async def write(index: int, seq: int) -> None:
-        async with session.patch(f"{url}{compare.TM_PATH}/{compare.map_name(index)}/status", params=params,
-                                 data=json.dumps(condition_body(index, seq)), headers=compare.APPLY) as response:
-            json.loads(await response.read())
-
-    return write
+    return compare.bare_status_writer(session, url, "condition", REGION)
 
 
 async def sidecar_writer(stack: contextlib.AsyncExitStack, work: Path, url: str) -> Callable[[int, int], Awaitable[None]]:
@@ -86,8 +71,8 @@ async def sidecar_writer(stack: contextlib.AsyncExitStack, work: Path, url: str)
     stack.push_async_callback(kube.close)
 
     async def write(index: int, seq: int) -> None:
-        condition = condition_body(index, seq)["status"]["conditions"][0]
-        await status.write_condition(kube, MapKey(compare.NAMESPACE, compare.map_name(index)), condition, "default")
+        condition = compare.condition_body(index, seq, REGION)["status"]["conditions"][0]
+        await status.write_condition(kube, MapKey(compare.NAMESPACE, compare.map_name(index)), condition, REGION)
 
     return write
 

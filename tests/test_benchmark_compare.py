@@ -15,9 +15,9 @@ from tests.benchmark_scripts import load, script
 SCRIPT = script("compare")
 
 
-def _run(adapter: str) -> tuple[str, dict]:
+def _run(adapter: str, *extra: str) -> tuple[str, dict]:
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--adapter", adapter, "--maps", "50", "--seconds", "2", "--rate", "50"],
+        [sys.executable, str(SCRIPT), "--adapter", adapter, "--maps", "50", "--seconds", "2", "--rate", "50", *extra],
         capture_output=True, text=True, timeout=300, cwd=SCRIPT.parent.parent,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -43,6 +43,11 @@ def _check(stdout: str, report: dict, adapter: str) -> None:
         assert "served" not in report
     if _compare_py_spy():
         assert report["profile"]["samples"] > 0 and "longest event-loop stall" in stdout
+    # Status is on: the floor of the writes the sidecar made in the churn, measured by a bare
+    # client in the same run.
+    floor = report["status_floor"]
+    assert floor["writes"] > 0 and floor["bare_ms_per_write"] > 0, stdout
+    assert floor["floor_ms_per_change"] > report["cpu_ms_per_update"]["bare watcher"] and "sidecar / that floor" in stdout
 
 
 def _compare_py_spy() -> bool:
@@ -51,6 +56,12 @@ def _compare_py_spy() -> bool:
 
 def test_json_adapter_end_to_end_at_tiny_scale():
     stdout, report = _run("json")
+    _check(stdout, report, "json")
+
+
+def test_report_status_mode_writes_region_reports_and_measures_their_floor():
+    stdout, report = _run("json", "--status-mode", "report")
+    assert report["status_mode"] == "report"
     _check(stdout, report, "json")
 
 
