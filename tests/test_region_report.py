@@ -185,6 +185,33 @@ async def test_placing_new_maps_looks_at_each_shard_about_once(kube_api, kube):
     assert ("eu-100", "new-1") in places and ("eu-0", "new-2") in places
 
 
+async def test_a_read_of_the_reports_loads_each_page_before_it_asks_for_the_next(kube_api, kube, monkeypatch):
+    """Issue 29: at each resync the sink listed all of its region's reports, then loaded them in
+    one go (1,250 at 10,000 maps: the event loop held 150 ms, benchmarks/compare.py --status-mode
+    report). Loaded a page at a time, the loop is free while each next page is on its way."""
+    maps = keys(130 * SHARD_ENTRIES)
+    writer = sink_for(kube)
+    await writer.start()
+    assert await writer.write({key: published() for key in maps}) == {}
+    loaded_after: list[int] = []  # per list request, the reports loaded before the next one
+    list_page, load = kube.list, RegionReportSink._load
+
+    async def counted_list(*args, **kwargs):
+        loaded_after.append(0)
+        return await list_page(*args, **kwargs)
+
+    def counted_load(self, *args):
+        loaded_after[-1] += 1
+        return load(self, *args)
+
+    monkeypatch.setattr(kube, "list", counted_list)
+    monkeypatch.setattr(RegionReportSink, "_load", counted_load)
+    reader = sink_for(kube)
+    await reader.start()
+    assert loaded_after == [100, 30]
+    assert all(reader.verdict(key) is not None for key in maps)
+
+
 async def test_a_restart_writes_nothing_and_forgets_maps_gone_while_down(kube_api, kube):
     maps = keys(40)
     first = sink_for(kube)
