@@ -171,11 +171,12 @@ async def test_placing_new_maps_looks_at_each_shard_about_once(kube_api, kube):
     sink = sink_for(kube)
     await sink.start()
     maps = keys(100 * SHARD_ENTRIES)
+    previous = sys.gettrace()
     sys.settrace(trace)
     try:
         assert await sink.write({key: published() for key in maps}) == {}
     finally:
-        sys.settrace(None)
+        sys.settrace(previous)
     assert len(kube_api.objects(RR)) == 100 and len(stored(kube_api)) == len(maps)
     assert len(maps) <= looked <= len(maps) + 100
     # A place freed in the same write is still the next new map's, wherever the search had got to.
