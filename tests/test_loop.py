@@ -17,7 +17,7 @@ from publisher.core.values import MapKey, Reason
 from publisher.source.objects import parse_isvc
 from publisher.source.store import Stores
 from tests.loop_turns import loop_turns
-from tests.builders import make_entry, make_isvc, make_map
+from tests.builders import make_condition, make_entry, make_isvc, make_map
 from tests.fakes.memory_adapter import MemoryGateway, memory_engine
 from tests.gateways import eventually
 
@@ -324,6 +324,29 @@ async def test_held_map_is_logged_once_per_reason(caplog):
         await publisher.sync_once(publisher.queue.take_ready())
     held = [r for r in caplog.records if r.getMessage() == "map held"]
     assert [r.reason for r in held] == ["VerificationFailed", "RoutableOutdated"]
+
+
+async def test_a_published_map_between_omes_two_writes_is_logged_at_info_and_other_holds_as_warnings(caplog):
+    # Issue 29: each change of every map logged a WARNING "map held" (RoutableOutdated) for the
+    # milliseconds between OME's entries and its Routable for them: 10 a second at 10 changes/s.
+    publisher, stores, _ = make_publisher()
+    put_map(stores, make_map(generation=3))
+    await publisher.start()
+    publisher.synced()
+    await publisher.sync_once(publisher.queue.take_ready())
+    assert publisher.states.state(CHAT).state == "published"
+    with caplog.at_level("INFO", logger="publisher.loop"):
+        # OME's first write of a change: the entries of generation 4, Routable still about 3.
+        put_map(stores, make_map(generation=4, resource_version="2", routable=make_condition("Routable", observed_generation=3)))
+        publisher.changed([CHAT], at=0.0)
+        await publisher.sync_once(publisher.queue.take_ready())
+        # A map never published waits on Routable: that is news.
+        other = MapKey("prod", "other")
+        put_map(stores, make_map(name="other", generation=2, routable=make_condition("Routable", observed_generation=1)))
+        publisher.changed([other], at=0.0)
+        await publisher.sync_once(publisher.queue.take_ready())
+    held = [(r.map, r.reason, r.levelname) for r in caplog.records if r.getMessage() == "map held"]
+    assert held == [(str(CHAT), "RoutableOutdated", "INFO"), (str(other), "RoutableOutdated", "WARNING")]
 
 
 def test_published_message_names_the_weights_and_what_an_all_zero_map_gets():

@@ -202,7 +202,12 @@ class Settler:
         metrics.MAPS.labels(state=new.state).set(self.states.count(new.state))
         metrics.map_state(key, new.state, new.reason)
         if new.state == "held":
-            log.warning("map held", extra={"map": str(key), "reason": new.reason, "detail": new.message})
+            # OME writes a change in two steps, the entries, then Routable for their generation: a
+            # published map held RoutableOutdated is nearly always between the two, for
+            # milliseconds, once per change. Not a warning; one that lasts is reported by its
+            # condition (after --status-delay) and alerted on by the maps{state="held"} gauge.
+            between = new.reason == Reason.ROUTABLE_OUTDATED and old is not None and old.state == "published"
+            log.log(logging.INFO if between else logging.WARNING, "map held", extra={"map": str(key), "reason": new.reason, "detail": new.message})
         elif new.state == "failed":
             log.warning("map apply failed", extra={"map": str(key), "reason": new.reason, "detail": new.message})
         elif new.state == "published" and old is not None and old.state != "pending":
