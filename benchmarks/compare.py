@@ -43,6 +43,11 @@ fresh request through the gateway every millisecond per change until the new bac
 py-spy samples the sidecar during the churn (profile_phases.py): CPU per phase of a change, and the
 longest event-loop stall with what it was doing.
 
+With status on (`--status-mode condition`, the default, or `report`) the bare watch is no floor:
+it writes nothing. The run counts the sidecar's status writes in the churn (its metrics) and then,
+the sidecar stopped, has a bare client write as many to the same fake (`_floor`); the bare watch's
+CPU per change plus those writes' is the floor the sidecar is also compared with.
+
 The churn covers two periods of every periodic task: by default the sidecar runs with `--resync
 10s --split-interval 10s` and the churn lasts 25 s; `--long` is the issue's run (150 s at 10
 changes/s from the moment the gateway serves every map, the sidecar's own periods of 1 minute).
