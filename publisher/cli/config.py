@@ -75,7 +75,7 @@ class _RunCore(BaseModel):
     resync: Duration = Field(60.0, description="Re-read the gateway and re-decide every map this often, repairing drift (a minute bounds how long drift lasts).")
     report_status: bool = Field(True, description="Write this instance's condition on each TrafficMap.")
     status_delay: StatusDelay = Field(
-        0.5, description="Write a verdict other than published once it has stood this long (0: at once): a map held for milliseconds between OME's two writes of a change is no news. The gateway never waits for it.")
+        0.5, description="A hold is news once it has stood this long (0: at once): between OME's two writes of a change a published map stays published, and a verdict other than published is written only then. The gateway never waits for it.")
     status_mode: Literal["condition", "report", "off"] = Field(
         "condition",
         description="Where this instance's verdicts go: `condition` on each TrafficMap (a few regions), `report` in this "

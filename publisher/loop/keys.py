@@ -18,13 +18,18 @@ from publisher.loop.options import DECIDE_SLICE
 class KeyQueue:
     """Dirty keys, deduplicated. A key added again before it is taken is processed once; one added
     while its batch is being processed is processed once more afterwards. `add_after` parks a key
-    until a delay passes (backoff). Remembers the earliest event time of each pending key."""
+    until a delay passes (backoff), `cancel_after` drops what it was parked for. Remembers the
+    earliest event time of each pending key."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._ready: dict[MapKey, float | None] = {}
         self._delayed: list[tuple[float, int, MapKey]] = []
         self._sequence = 0
+        # Per parked key: how many of its entries the heap holds, and the newest one cancelled
+        # (that one and every older one are dropped when they fall due).
+        self._parked: dict[MapKey, int] = {}
+        self._cancelled: dict[MapKey, int] = {}
         self._wakeup = asyncio.Event()
 
     def add(self, key: MapKey, at: float | None = None) -> None:
@@ -36,7 +41,13 @@ class KeyQueue:
     def add_after(self, key: MapKey, delay: float) -> None:
         self._sequence += 1
         heapq.heappush(self._delayed, (self._clock() + delay, self._sequence, key))
+        self._parked[key] = self._parked.get(key, 0) + 1
         self._wakeup.set()
+
+    def cancel_after(self, key: MapKey) -> None:
+        """`key` need not come back for what it was parked for: its parked entries are dropped."""
+        if key in self._parked:
+            self._cancelled[key] = self._sequence
 
     def __len__(self) -> int:
         return len(self._ready)
@@ -45,8 +56,16 @@ class KeyQueue:
         """Move due delayed keys to ready; return seconds until the next one is due."""
         now = self._clock()
         while self._delayed and self._delayed[0][0] <= now:
-            _, _, key = heapq.heappop(self._delayed)
-            self._ready.setdefault(key, None)
+            _, sequence, key = heapq.heappop(self._delayed)
+            cancelled = sequence <= self._cancelled.get(key, 0)
+            left = self._parked[key] - 1
+            if left:
+                self._parked[key] = left
+            else:
+                del self._parked[key]
+                self._cancelled.pop(key, None)
+            if not cancelled:
+                self._ready.setdefault(key, None)
         return self._delayed[0][0] - now if self._delayed else None
 
     def take_ready(self) -> dict[MapKey, float | None]:

@@ -37,8 +37,9 @@ class LoopOptions:
     host_template: str = plan.DEFAULT_HOST_TEMPLATE
     # Resync re-reads the gateway and repairs drift; a minute bounds how long drift can last.
     resync: float = 60.0
-    # A not-published verdict is written once it has stood this long: between OME's two writes of
-    # a change (entries, then Routable) a map is held for milliseconds, news to no one (issue 20).
+    # A hold is news once it has stood this long: between OME's two writes of a change (entries,
+    # then Routable) a published map stays published (issue 29), and a verdict other than
+    # published is written only then (issue 20).
     status_delay: float = 0.5
     backoff_base: float = 0.5
     backoff_cap: float = 60.0

@@ -55,9 +55,10 @@ class StatusOutbox:
         """Whether this replica writes status (the Lease's holder, or the only replica)."""
         return self._leading
 
-    def put(self, key: MapKey, verdict: status.Verdict) -> None:
+    def put(self, key: MapKey, verdict: status.Verdict, *, since: float | None = None) -> None:
         """The latest verdict wins; a published one is written at once, any other once it has
-        stood for status_delay (the gateway is not waiting: this is only what the status says)."""
+        stood for status_delay (the gateway is not waiting: this is only what the status says),
+        counted from `since` when the loop knows the map was held before (default: now)."""
         if self.sink is None:
             return
         self.verdicts[key] = verdict
@@ -65,7 +66,7 @@ class StatusOutbox:
             self._unpublished_since.pop(key, None)
             self.due.add(key)
             return
-        since = self._unpublished_since.setdefault(key, self.clock())
+        since = self._unpublished_since.setdefault(key, self.clock() if since is None else since)
         wait = since + self._delay - self.clock()
         if wait > 0:
             self.due.add_after(key, wait)

@@ -51,8 +51,12 @@ class Settler:
         self._queue = queue
         self._outbox = outbox
         self._clock = clock
+        self._delay = options.status_delay
         self.states = MapStates()
         self.provenance: dict[MapKey, Publication] = {}
+        # Published maps held RoutableOutdated, since when: OME's first write of a change is in,
+        # its second (Routable for the new entries) due milliseconds later.
+        self.between_writes: dict[MapKey, float] = {}
         self.backoff = Backoff(options.backoff_base, options.backoff_cap)
         self.probes = ProbeNotes(options.probe_max_age, wall_clock)
 
@@ -126,6 +130,8 @@ class Settler:
             metrics.MAPS.labels(state=state.state).set(self.states.count(state.state))
         self._outbox.forget(key)
         self.provenance.pop(key, None)
+        if self.between_writes.pop(key, None) is not None:
+            self._queue.cancel_after(key)
         self.backoff.forget(key)
         self.probes.forget(key)
         metrics.forget_map(key)
@@ -133,6 +139,9 @@ class Settler:
     def _settle(self, key: MapKey, outcome: Outcome, failed_keys: frozenset[MapKey], applied: Applied, split: SplitVerifier | None) -> None:
         """Record the map's state, back off what failed, and queue its report."""
         failure, result = applied.failure, applied.result
+        waits, held_since = self._between_writes(key, outcome, result)
+        if waits:
+            return
         adapter = self._adapter.name
         item = self._stores.maps.get(key)
         generation = item.metadata.generation if isinstance(item, TrafficMap) else item.generation if item else 0
@@ -180,7 +189,34 @@ class Settler:
             if failed is None:
                 self.forget(key)
         else:
-            self._outbox.put(key, verdict)
+            self._outbox.put(key, verdict, since=held_since)
+
+    def _between_writes(self, key: MapKey, outcome: Outcome, result: ApplyResult) -> tuple[bool, float | None]:
+        """Whether the map waits for OME's second write of a change, and since when a hold that
+        stopped waiting has stood. A published map held RoutableOutdated (the entries of a new
+        generation are in, Routable for them milliseconds later) stays published, as the gateway
+        serves it still: no state, verdict, series or log line per change. It is looked at again
+        once the hold has stood status_delay, and settled as held then."""
+        since = self.between_writes.pop(key, None)
+        if not (
+            isinstance(outcome, Hold)
+            and outcome.held.reason == Reason.ROUTABLE_OUTDATED
+            and key not in result.rejected
+            and self.states.state(key).state == "published"
+        ):
+            if since is not None:
+                self._queue.cancel_after(key)
+            return False, None
+        now = self._clock()
+        if since is None:
+            if self._delay <= 0:
+                return False, None
+            self._queue.add_after(key, self._delay)
+            since = now
+        if now - since >= self._delay:
+            return False, since
+        self.between_writes[key] = since
+        return True, None
 
     def _keeping(self, key: MapKey, message: str) -> str:
         if key not in self._adapter.confirmed:
@@ -202,12 +238,7 @@ class Settler:
         metrics.MAPS.labels(state=new.state).set(self.states.count(new.state))
         metrics.map_state(key, new.state, new.reason)
         if new.state == "held":
-            # OME writes a change in two steps, the entries, then Routable for their generation: a
-            # published map held RoutableOutdated is nearly always between the two, for
-            # milliseconds, once per change. Not a warning; one that lasts is reported by its
-            # condition (after --status-delay) and alerted on by the maps{state="held"} gauge.
-            between = new.reason == Reason.ROUTABLE_OUTDATED and old is not None and old.state == "published"
-            log.log(logging.INFO if between else logging.WARNING, "map held", extra={"map": str(key), "reason": new.reason, "detail": new.message})
+            log.warning("map held", extra={"map": str(key), "reason": new.reason, "detail": new.message})
         elif new.state == "failed":
             log.warning("map apply failed", extra={"map": str(key), "reason": new.reason, "detail": new.message})
         elif new.state == "published" and old is not None and old.state != "pending":
