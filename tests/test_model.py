@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from publisher.core.gate import GateOptions, decide
 from publisher.core.addresses import is_canonical_ipv4, is_hostname, parse_endpoint
-from publisher.core.model import TrafficMap, parse_traffic_map
+from publisher.core.model import InvalidObject, TrafficMap, parse_traffic_map
 from publisher.core.values import Reason
-from tests.builders import make_entry, make_map
+from tests.builders import make_condition, make_entry, make_map
 
 A = "worker-a"
 
@@ -167,3 +167,22 @@ def test_an_endpoint_is_parsed_once_however_often_it_is_checked(monkeypatch):
     for _ in range(3):
         assert addresses.parse_endpoint(url).port == 8080
     assert checked == ["parsed-once.worker-a.example.com"]
+
+
+def test_a_status_change_is_parsed_as_the_whole_map_is_but_keeps_the_held_spec():
+    from publisher.core.model import parse_status_change
+
+    raw = make_map(generation=3)
+    held = parse_traffic_map(raw)
+    ours = make_condition("gateway-publisher.ome.io/eu", observed_generation=3)
+    echo = {**raw, "metadata": {**raw["metadata"], "resourceVersion": "9"},
+            "status": {**raw["status"], "conditions": [*raw["status"]["conditions"], ours]}}
+    item = parse_status_change(held, echo)
+    assert item == parse_traffic_map(echo) and item.spec is held.spec
+    # What the whole map's parse refuses, the status change's refuses alike.
+    broken = {**echo, "status": {**echo["status"], "conditions": [{**ours, "status": "Maybe"}]}}
+    assert isinstance(parse_status_change(held, broken), InvalidObject)
+    assert parse_status_change(held, broken) == parse_traffic_map(broken)
+    # An invalid map held is parsed again in full.
+    invalid = parse_traffic_map({**raw, "spec": {**raw["spec"], "entries": [{"cluster": "Bad Name"}]}})
+    assert parse_status_change(invalid, echo) == parse_traffic_map(echo)

@@ -72,7 +72,8 @@ class Informer(Generic[T]):
     Nothing the API server does empties the Store: only a list that succeeds replaces it.
     `digest`, when given, says what of an object matters: an event with the digest the Store's
     object was parsed from only moves its resourceVersion; one that changed only this instance's
-    own condition is stored, and the sink told it was `reported`, not `changed`.
+    own condition is stored, and the sink told it was `reported`, not `changed`; `restatus`, when
+    given, makes what is stored then from the Store's object and the event (only the status new).
     """
 
     def __init__(
@@ -89,6 +90,7 @@ class Informer(Generic[T]):
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         digest: Callable[[dict[str, Any]], MapDigest | None] | None = None,
+        restatus: Callable[[T, dict[str, Any]], T | None] | None = None,
     ) -> None:
         self._kube = kube
         self._resource = resource
@@ -101,6 +103,7 @@ class Informer(Generic[T]):
         self._clock = clock
         self._sleep = sleep
         self._digest = digest
+        self._restatus = restatus
         self._digests = Digests()
         self._reconnects = Reconnects(ReconnectBackoff(options.backoff_initial, options.backoff_max, options.backoff_reset))
         # For staleness and the operator (KubeSource reads it).
@@ -233,7 +236,13 @@ class Informer(Generic[T]):
             if what_changed is Changed.NOTHING:
                 self._store.touch(key, resource_version(item.object))
                 return
-            obj = self._parse(item.object) if item.type != "DELETED" else None
+            held = self._store.get(key)
+            if item.type == "DELETED":
+                obj = None
+            elif what_changed is Changed.OWN_VERDICT and self._restatus is not None and held is not None:
+                obj = self._restatus(held, item.object)
+            else:
+                obj = self._parse(item.object)
             alike = False
             if obj is None:
                 self._digests.note(key, None)
@@ -243,7 +252,7 @@ class Informer(Generic[T]):
                 # Our own condition alone changed (nearly always the echo of our write): the
                 # status writer reads it from the Store; no decision changes, and parsing the map
                 # as valid or not is part of the decision.
-                alike = what_changed is Changed.OWN_VERDICT and type(obj) is type(self._store.get(key))
+                alike = what_changed is Changed.OWN_VERDICT and type(obj) is type(held)
                 changed = self._store.upsert(key, obj, resource_version(item.object), decided_alike=alike)
             if not changed:
                 return

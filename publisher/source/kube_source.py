@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from publisher.core.model import parse_traffic_map
+from publisher.core.model import parse_status_change, parse_traffic_map
 from publisher.core.values import condition_type
 from publisher.kube import INFERENCE_SERVICES, TRAFFIC_MAPS, Kube
 from publisher.source.informer import Informer, WatchOptions
@@ -40,9 +40,9 @@ class KubeSource:
         region = self._options.region
         digest = functools.partial(map_digest, own_condition=condition_type(region)) if region is not None else None
         for namespace in namespaces:
-            for resource, store, parse, sink, digested in (
-                (TRAFFIC_MAPS, self._stores.maps, parse_traffic_map, self._sink, digest),
-                (INFERENCE_SERVICES, self._stores.isvcs, parse_isvc, isvc_sink, None),
+            for resource, store, parse, sink, digested, restatus in (
+                (TRAFFIC_MAPS, self._stores.maps, parse_traffic_map, self._sink, digest, parse_status_change),
+                (INFERENCE_SERVICES, self._stores.isvcs, parse_isvc, isvc_sink, None, None),
             ):
                 informers.append(
                     Informer(
@@ -56,6 +56,7 @@ class KubeSource:
                         on_synced=self._one_synced,
                         clock=self._clock,
                         digest=digested,
+                        restatus=restatus,
                     )
                 )
         return informers
