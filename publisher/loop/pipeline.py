@@ -210,8 +210,8 @@ class Publisher:
         survived. What the sidecar holds long (maps, verdicts, what the gateway serves) is
         replaced a change at a time, and the collector's full collections walked all of it that
         was new since the start. Cyclic garbage frozen with it would never be collected: the
-        sidecar makes next to none (the collector found a few dozen objects in 9,000 changes), and
-        `gc_frozen_objects` shows one that leaks."""
+        sidecar makes little, and young (2,852 objects in 9,000 changes at 10,000 maps, all found
+        by collections of the young generations), and `gc_frozen_objects` shows one that leaks."""
         await self.first_view_frozen.wait()
         while True:
             await asyncio.sleep(FREEZE_EVERY)

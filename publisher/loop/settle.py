@@ -214,6 +214,7 @@ class Settler:
             self._queue.add_after(key, self._delay)
             since = now
         if now - since >= self._delay:
+            self._queue.cancel_after(key)  # when an event, not the park, brought it here
             return False, since
         self.between_writes[key] = since
         return True, None
