@@ -2,8 +2,9 @@
 (put in the status outbox), its retry and the metrics and log lines that count them.
 
 Owns each map's state and the counts by state (`states`), which Publication each served route came
-from (`provenance`), the per-map backoff of gateway writes, and the stale-probe notes. Re-queues
-on the applier's KeyQueue (the loop's) what failed or what the engine released.
+from (`provenance`), the per-map backoff of gateway writes, the stale-probe notes, and since when
+each published map waits for OME's second write of a change. Re-queues on the applier's KeyQueue
+(the loop's) what failed, what the engine released and what waits for that write.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class Settler:
         self.provenance: dict[MapKey, Publication] = {}
         # Published maps held RoutableOutdated, since when: OME's first write of a change is in,
         # its second (Routable for the new entries) due milliseconds later.
-        self.between_writes: dict[MapKey, float] = {}
+        self._waiting_since: dict[MapKey, float] = {}
         self.backoff = Backoff(options.backoff_base, options.backoff_cap)
         self.probes = ProbeNotes(options.probe_max_age, wall_clock)
 
@@ -130,7 +131,7 @@ class Settler:
             metrics.MAPS.labels(state=state.state).set(self.states.count(state.state))
         self._outbox.forget(key)
         self.provenance.pop(key, None)
-        if self.between_writes.pop(key, None) is not None:
+        if self._waiting_since.pop(key, None) is not None:
             self._queue.cancel_after(key)
         self.backoff.forget(key)
         self.probes.forget(key)
@@ -197,7 +198,7 @@ class Settler:
         generation are in, Routable for them milliseconds later) stays published, as the gateway
         serves it still: no state, verdict, series or log line per change. It is looked at again
         once the hold has stood status_delay, and settled as held then."""
-        since = self.between_writes.pop(key, None)
+        since = self._waiting_since.pop(key, None)
         if not (
             isinstance(outcome, Hold)
             and outcome.held.reason == Reason.ROUTABLE_OUTDATED
@@ -216,7 +217,7 @@ class Settler:
         if now - since >= self._delay:
             self._queue.cancel_after(key)  # when an event, not the park, brought it here
             return False, since
-        self.between_writes[key] = since
+        self._waiting_since[key] = since
         return True, None
 
     def _keeping(self, key: MapKey, message: str) -> str:
