@@ -10,7 +10,6 @@ the small `Health` protocol, so this module knows nothing of the loop's internal
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
@@ -94,14 +93,6 @@ BUILD_INFO.labels(version=__version__).set(1)
 ProcessCollector(registry=REGISTRY)
 PlatformCollector(registry=REGISTRY)
 GCCollector(registry=REGISTRY)
-# Counted when scraped (a walk of the frozen objects, a millisecond or two at 10,000 maps).
-GC_FROZEN = Gauge(
-    PREFIX + "gc_frozen_objects",
-    "Objects the cyclic collector no longer walks (frozen by the loop): what the sidecar holds, and any cyclic garbage "
-    "frozen with it. Growing while the maps do not is a leak.",
-    registry=REGISTRY,
-)
-GC_FROZEN.set_function(gc.get_freeze_count)
 
 # Label values known before anything happens: their series start at 0, so rate() and increase()
 # see the first event instead of a series that appears with it. Only the paths the running

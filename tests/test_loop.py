@@ -882,45 +882,6 @@ async def test_start_up_collects_only_the_young_generation_and_the_first_sync_fr
         gc.unfreeze()
 
 
-async def test_what_survives_a_second_is_frozen_so_a_full_collection_never_walks_the_maps(monkeypatch):
-    """Issue 29: the first view was frozen, but each map a change replaced was new to the collector
-    again: at 10,000 maps and 100 changes/s a full collection walked some 400,000 objects (430 ms)."""
-    import gc
-    import weakref
-
-    from publisher.loop import pipeline
-
-    monkeypatch.setattr(pipeline, "FREEZE_EVERY", 0.01)
-    freezes = []
-    freeze = gc.freeze
-    monkeypatch.setattr(gc, "freeze", lambda: freezes.append(1) or freeze())
-    publisher, stores, adapter = make_publisher()
-    task = asyncio.create_task(loop.run(publisher, OneMapSource(publisher, stores)))
-    try:
-        await eventually(lambda: CHAT in adapter.held)
-        put_map(stores, make_map(resource_version="2", entries=[make_entry("worker-a", allocated=3, ready=3, weight=3),
-                                                               make_entry("worker-b", weight=1)]))
-        publisher.changed([CHAT], at=0.0)
-        await eventually(lambda: weights(adapter, CHAT) == [3, 1])
-        changed = stores.maps.get(CHAT)
-
-        class Node:
-            pass
-
-        garbage = Node()
-        garbage.itself = garbage  # type: ignore[attr-defined]
-        dead = weakref.ref(garbage)
-        del garbage
-        rounds = len(freezes)
-        await eventually(lambda: len(freezes) >= rounds + 2)
-        assert not any(o is changed.spec for o in gc.get_objects())  # frozen: no collection walks it
-        assert dead() is None  # young cyclic garbage is collected, not frozen
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        gc.unfreeze()
-
-
 async def test_a_sidecar_stopped_before_its_first_sync_puts_the_collector_back():
     import gc
 

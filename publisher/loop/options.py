@@ -22,11 +22,6 @@ STARTUP_GC_OLDER = 1_000
 # applier holds a chunk back at most STATUS_YIELD_CAP seconds, so status is never starved.
 STATUS_CHUNK = 64
 STATUS_YIELD_CAP = 0.25
-# Every this many seconds the collector's young generations are collected and what survived them
-# frozen (gc.freeze moves it out of every later collection at no cost): a full collection then
-# walks at most this long's survivors, never the maps held since (at 10,000 maps and 100
-# changes/s one walked some 400,000 objects for 430 ms, once a minute).
-FREEZE_EVERY = 1.0
 # Between two slices of a resync the applier rests as long as the last pass took, at most this.
 RESYNC_REST_CAP = 0.05
 # A map waiting for a gateway client to connect is retried at least this often, so a gateway that

@@ -25,7 +25,7 @@ from publisher.loop.debug import debug_maps
 from publisher.loop.decide import Decisions, engine_batch
 from publisher.loop.gateway import Gateway
 from publisher.loop.keys import KeyQueue, ResyncBacklog
-from publisher.loop.options import DECIDE_SLICE, FREEZE_EVERY, RESYNC_REST_CAP, STATUS_YIELD_CAP, LoopOptions
+from publisher.loop.options import DECIDE_SLICE, RESYNC_REST_CAP, STATUS_YIELD_CAP, LoopOptions
 from publisher.loop.outbox import StatusOutbox
 from publisher.loop.settle import Settler
 from publisher.loop.states import MapStates
@@ -71,7 +71,6 @@ class Publisher:
         self.synced_event = asyncio.Event()
         self.started = False
         self.gc_threshold = gc.get_threshold()  # restored once the first sync is done
-        self.first_view_frozen = asyncio.Event()
         # What the source says is wrong (a refusal, an unreachable server), for /readyz.
         self.source_problem: Callable[[], str | None] = lambda: None
         # The served-split check, where the gateway counts requests and it is on.
@@ -180,7 +179,6 @@ class Publisher:
         # the heap only grew (what cyclic garbage start-up made died young and was collected).
         gc.freeze()
         gc.set_threshold(*self.gc_threshold)
-        self.first_view_frozen.set()
         while True:
             self.applier_idle.set()
             await self.queue.wait()
@@ -203,20 +201,6 @@ class Publisher:
                 self.applier_idle.set()
                 await self.queue.wait(min(self.clock() - started, RESYNC_REST_CAP))
             self.resync.feed()
-
-    async def run_freezer(self) -> None:
-        """Forever, once the first view is frozen: every FREEZE_EVERY seconds collect the young
-        generations (a few milliseconds: they hold what the last second made) and freeze what
-        survived. What the sidecar holds long (maps, verdicts, what the gateway serves) is
-        replaced a change at a time, and the collector's full collections walked all of it that
-        was new since the start. Cyclic garbage frozen with it would never be collected: the
-        sidecar makes little, and young (2,852 objects in 9,000 changes at 10,000 maps, all found
-        by collections of the young generations), and `gc_frozen_objects` shows one that leaks."""
-        await self.first_view_frozen.wait()
-        while True:
-            await asyncio.sleep(FREEZE_EVERY)
-            gc.collect(1)
-            gc.freeze()
 
     async def gateway_turn(self) -> None:
         """Until the applier has finished its pass and waits for work (at most STATUS_YIELD_CAP):

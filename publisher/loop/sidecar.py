@@ -84,7 +84,6 @@ async def run(
             await publisher.start()
             group.create_task(publisher.run_applier())
             group.create_task(publisher.run_resync())
-            group.create_task(publisher.run_freezer())
             if publisher.split is not None:
                 group.create_task(publisher.split.run())
             if publisher.outbox.sink is not None:
