@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from adapters.nginx.lua_snippet import http_snippet
 from publisher import cli
 from publisher.cli import config
-from publisher.core.durations import format_duration
+from publisher.core.durations import format_duration, parse_duration
 from publisher.source.selector import SELECTOR_PATTERN, selector_problem
 from tests.fakes.test_kube_api import MALFORMED_SELECTORS
 from tests.test_label_selector import VALID_SELECTORS
@@ -168,7 +168,7 @@ def test_each_duration_edge(path: str, value: str, inside: bool) -> None:
     option = chart_limits.DURATIONS[path]
     assert f"{config.flag(option)}={value}" in args
     loaded = _run_accepts(args)
-    assert getattr(loaded, option) == pytest.approx(config.parse_duration(value, zero_ok=True))
+    assert getattr(loaded, option) == pytest.approx(parse_duration(value, zero_ok=True))
 
 
 def test_the_issues_interval_is_refused_by_the_chart() -> None:

@@ -5,7 +5,8 @@ import argparse
 import pytest
 
 from publisher.cli import config
-from publisher.cli.config import ConfigError, RunConfig, load, parse_duration
+from publisher.cli.config import ConfigError, RunConfig, load
+from publisher.core.durations import parse_duration
 
 
 def parse_flags(*argv: str) -> dict:

@@ -25,7 +25,7 @@ from publisher.core.gate import PublishedGate
 from publisher.metrics import PerMap
 from publisher.source.selector import selector_problem
 from publisher.core.addresses import is_dns_label, split_host_port
-from publisher.core.durations import DAY, DURATION_UNITS, HOUR, Duration, DurationRange, format_duration, parse_duration
+from publisher.core.durations import DAY, DURATION_UNITS, HOUR, Duration, DurationRange, format_duration
 
 ENV_PREFIX = "OME_PUBLISHER_"
 
