@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import time
 from pathlib import Path
@@ -9,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from publisher.core.model import InvalidObject, TrafficMap
+from publisher.core.model import InvalidObject, TrafficMap, parse_traffic_map
 from publisher.core.values import MapKey
 from publisher.source.directory import DirectorySource
 from publisher.source.objects import map_digest
-from publisher.source.store import Store, Stores
+from publisher.source.store import MapStore, Store, Stores
 from publisher.source.watch import Bookmark, Event, Relist, WatchError, WatchState
 from tests.builders import make_condition, make_isvc, make_map
 
@@ -80,6 +81,35 @@ def test_replace_yields_vanished_keys_within_its_namespace():
     changed = store.replace([(CHAT, "a", "1")], namespace="prod")
     assert changed == {MapKey("prod", "gone")}
     assert store.get(other) == "a"
+
+
+def test_the_map_store_indexes_each_map_by_its_service_and_an_unmoved_map_makes_nothing_new():
+    """The index follows a map that names another InferenceService; an event that keeps the
+    service (nearly all: an echo of our condition, new entries) leaves the index as it was, not
+    a new set and keys for the collector to walk (two keys and a set per echo at a start)."""
+    store = MapStore()
+    store.upsert(CHAT, parse_traffic_map(make_map()), "1")
+    store.upsert(MapKey("prod", "other"), parse_traffic_map(make_map("other")), "1")
+    chat_service = MapKey("prod", "chat")
+    assert store.naming(chat_service) == {CHAT}
+    moved = make_map()
+    moved["spec"]["service"] = "other"
+    store.upsert(CHAT, parse_traffic_map(moved), "2")
+    assert store.naming(chat_service) == frozenset()
+    assert store.naming(MapKey("prod", "other")) == {CHAT, MapKey("prod", "other")}
+    store.upsert(CHAT, parse_traffic_map(make_map()), "3")
+    assert store.naming(chat_service) == {CHAT} and store.naming(MapKey("prod", "other")) == {MapKey("prod", "other")}
+    stays = parse_traffic_map(make_map(resource_version="4"))
+    key = MapKey("prod", "chat")  # equal to CHAT, as an event's key is, but another object
+    gc.collect()
+    gc.disable()
+    try:
+        store.upsert(key, stays, "4")
+        young = gc.get_objects(generation=0)
+    finally:
+        gc.enable()
+    assert store.get(CHAT) is stays and store.naming(chat_service) == {CHAT}
+    assert not [obj for obj in young if type(obj) in (set, MapKey)]
 
 
 # --- DirectorySource --------------------------------------------------------------------------------

@@ -103,9 +103,14 @@ class MapStore(Store[MapObject]):
         old = self.get(key)
         if not super().upsert(key, obj, version, decided_alike=decided_alike):
             return False
+        service = service_of(key, obj)
         if old is not None:
+            if service_of(key, old) == service:
+                # Nearly every event (an echo of our condition, new entries): the index holds
+                # this already, and a new set and keys for it would be new to the collector.
+                return True
             self._unindex(key, old)
-        self._by_service.setdefault(service_of(key, obj), set()).add(key)
+        self._by_service.setdefault(service, set()).add(key)
         return True
 
     def delete(self, key: MapKey) -> bool:
