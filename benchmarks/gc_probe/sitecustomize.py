@@ -4,9 +4,11 @@
 
 Each process writes GC_PROBE_DIR/out-PID.txt every 2 s: its command line, the seconds spent in
 collections, the collections and the objects they found per generation, the frozen count, then
-one line per collection that took over 10 ms (Unix time, generation, ms, objects found). py-spy
-shows a collection as one Python frame sampled many times in a row (the frame whose allocation
-triggered it); this says which it was. Not imported by anything else.
+one line per collection that took over 10 ms (Unix time, generation, ms, objects found). With
+GC_PROBE_TYPES=1, each full collection over 10 ms also lists what it left in the generation it
+walked, by type (the 15 commonest), and how many: what a process keeps that the next one walks.
+py-spy shows a collection as one Python frame sampled many times in a row (the frame whose
+allocation triggered it); this says which it was. Not imported by anything else.
 """
 
 import gc
@@ -14,13 +16,15 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 
 _DIR = os.environ.get("GC_PROBE_DIR", "/tmp/gc-probe")
+_TYPES = os.environ.get("GC_PROBE_TYPES") == "1"
 _started = [0.0]
 _seconds = [0.0, 0.0, 0.0]
 _collections = [0, 0, 0]
 _found = [0, 0, 0]
-_long: list[tuple[float, int, float, int]] = []
+_long: list[tuple] = []
 
 
 def _timed(phase: str, info: dict) -> None:
@@ -33,7 +37,12 @@ def _timed(phase: str, info: dict) -> None:
     _collections[generation] += 1
     _found[generation] += info["collected"]
     if took > 0.01:
-        _long.append((round(time.time(), 2), generation, round(took * 1000, 1), info["collected"]))
+        row: tuple = (round(time.time(), 2), generation, round(took * 1000, 1), info["collected"])
+        if _TYPES and generation == 2:
+            kept = gc.get_objects(2)
+            row += (len(kept), Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in kept).most_common(15))
+            del kept
+        _long.append(row)
 
 
 def _write() -> None:
