@@ -55,8 +55,9 @@ class Settler:
         self._delay = options.status_delay
         self.states = MapStates()
         self.provenance: dict[MapKey, Publication] = {}
-        # Published maps held RoutableOutdated, since when: OME's first write of a change is in,
-        # its second (Routable for the new entries) due milliseconds later.
+        # Published maps decided RoutableOutdated but not settled so (published still), since
+        # when: OME's first write of a change is in, its second (Routable for the new entries)
+        # due milliseconds later.
         self._waiting_since: dict[MapKey, float] = {}
         self.backoff = Backoff(options.backoff_base, options.backoff_cap)
         self.probes = ProbeNotes(options.probe_max_age, wall_clock)
